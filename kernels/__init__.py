@@ -1,0 +1,18 @@
+"""minillm's Triton kernels. Every op has a plain-torch twin in `kernels.reference`.
+
+- layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
+- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
+- attention: fused causal/full prefill attention with online softmax, per-sequence lengths
+- decode_attention: split-K (flash-decoding) attention of one query over a KV cache
+- softmax, gelu: row softmax and elementwise GELU
+"""
+from .activations import ACTIVATIONS, gelu
+from .attention import attention
+from .decode_attention import decode_attention
+from .layernorm import add_layernorm, layernorm
+from .linear import linear
+from .softmax import softmax
+
+__all__ = ["ACTIVATIONS", "add_layernorm", "attention", "decode_attention", "gelu", "layernorm", "linear",
+           "softmax"]
+__version__ = "0.1.0"

@@ -1,0 +1,145 @@
+"""Fused prefill attention (FlashAttention-2 style forward).
+
+Each program owns BLOCK_M queries of one (batch, head) and streams the keys and values in
+BLOCK_N blocks, keeping a running max and running sum (online softmax), so the T x T score
+matrix never exists. Blocks wholly below the causal diagonal and inside the sequence skip the
+masking work; only the diagonal and tail blocks pay for it.
+
+Ragged batches: prompts are right-padded to a common T, and `seq_lens[b]` hides key positions
+>= seq_lens[b] from every query of sequence b. Query rows past the end still get finite output
+(they see the valid keys), which the caller ignores.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_device_usable, check_tensor
+
+LOG2E = 1.4426950408889634
+
+
+def _configs():
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                                 (128, 32, 4, 3), (64, 32, 4, 4))]
+
+
+@triton.jit
+def _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_len, qk_scale,
+                stride_kn, stride_vn, D, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    d_mask = offs_d < D
+    if MASKED:
+        kv_mask = (offs_n[:, None] < kv_len) & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
+    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # log2 domain
+    if MASKED:
+        keep = offs_n[None, :] < kv_len
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.autotune(configs=_configs(), key=["T_BUCKET", "D", "CAUSAL"])
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr,
+    H, T, T_BUCKET, D, qk_scale,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    kv_len = T
+    if HAS_LENS:
+        kv_len = tl.minimum(tl.load(lens_ptr + b), T)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=q_mask, other=0.0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+
+    # keys this block of queries can see, and the prefix that needs no mask at all
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, (pid_m + 1) * BLOCK_M)
+        full = tl.minimum(kv_len, pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
+    else:
+        full = kv_len // BLOCK_N * BLOCK_N
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_len,
+                                    qk_scale, stride_kt, stride_vt, D, False, CAUSAL, BLOCK_N, INPUT_PRECISION)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_len,
+                                    qk_scale, stride_kt, stride_vt, D, True, CAUSAL, BLOCK_N, INPUT_PRECISION)
+
+    out = acc / l_i[:, None]
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    tl.store(o_base + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
+    """softmax(q k^T * scale [+ causal / length masks]) v without materializing the scores.
+
+    q, k, v: (B, H, T, D), any strides but a contiguous head dim; D from 16 to 256.
+    seq_lens: optional (B,) int tensor of valid lengths (>= 1) for right-padded batches.
+    out: optional (B, H, T, D) destination, e.g. a transposed view of a (B, T, H, D) buffer.
+    """
+    check_tensor("q", q, ndim=4, last_contiguous=True)
+    check_device_usable("q", q)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4, last_contiguous=True, dtypes=(q.dtype,), device=q.device)
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"k, v: expected the shape of q {tuple(q.shape)}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    B, H, T, D = q.shape
+    if not 16 <= D <= 256:
+        raise ValueError(f"q: expected a head_dim from 16 to 256, got {D}")
+    if seq_lens is not None:
+        check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=q.device)
+        if seq_lens.shape[0] != B:
+            raise ValueError(f"seq_lens: expected shape ({B},), got {tuple(seq_lens.shape)}")
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    check_tensor("out", o, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+    if o.shape != q.shape:
+        raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    if T == 0 or B * H == 0:
+        return o
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), B * H)
+    _attention_kernel[grid](
+        q, k, v, o, seq_lens if seq_lens is not None else o,
+        H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        CAUSAL=bool(causal), HAS_LENS=seq_lens is not None,
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+    )
+    return o

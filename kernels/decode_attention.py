@@ -1,0 +1,169 @@
+"""Split-K decode attention (flash-decoding): one query per sequence against its KV cache.
+
+One query per (batch, head) is far too little work for one program when the batch is small,
+so the cache length is cut into NUM_SPLITS chunks, one program each. Every program keeps an
+online softmax over its chunk and writes (max, sum, unnormalized output); the last program of
+a (batch, head) to arrive (an atomic counter) merges the partials in a fixed order. One
+launch, deterministic, and the grid depends only on shapes, so it replays in a CUDA graph
+while seq_lens changes on the device.
+
+Optionally the new token's key and value are written into the cache by the same launch
+(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_device_usable, check_tensor
+from ._workspace import arrival_counters
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
+    H, D, qk_scale, chunk,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+    stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
+    HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    seq_len = tl.load(lens_ptr + b)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    pos = seq_len - 1
+    if HAS_NEW:
+        k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
+        v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
+        if (pos >= start) & (pos < start + chunk):  # exactly one split owns the new position
+            tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
+            tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
+
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        if HAS_NEW:  # the cache row at pos may not be written yet: take it from registers
+            is_new = (offs_n == pos)[:, None]
+            k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
+            v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
+        s = tl.sum(q[None, :] * k, axis=1)
+        s = tl.where(n_mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+
+    o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_d
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, (acc / l_i).to(o_ptr.dtype.element_ty), mask=d_mask)
+    else:
+        # partial row: [max, sum, acc[0:BLOCK_D]]
+        row = part_ptr + (pid_bh * NUM_SPLITS + pid_s) * (BLOCK_D + 2)
+        tl.store(row, m_i)
+        tl.store(row + 1, l_i)
+        tl.store(row + 2 + offs_d, acc)
+        arrived = tl.atomic_add(count_ptr + pid_bh, 1, sem="acq_rel")
+        if arrived == NUM_SPLITS - 1:
+            offs_s = tl.arange(0, NUM_SPLITS)
+            rows = part_ptr + (pid_bh * NUM_SPLITS + offs_s) * (BLOCK_D + 2)
+            m_s = tl.load(rows, cache_modifier=".cg")
+            l_s = tl.load(rows + 1, cache_modifier=".cg")
+            acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], cache_modifier=".cg")
+            m = tl.max(m_s, axis=0)  # split 0 is never empty (seq_len >= 1), so m is finite
+            w = tl.exp2(m_s - m)  # empty splits: exp2(-inf) = 0
+            out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+            tl.atomic_xchg(count_ptr + pid_bh, 0)
+            tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _num_splits(device, bh, L):
+    """Enough programs to cover the SMs a few times over, each with at least 32 positions."""
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        sms = 2
+    splits = 1
+    while bh * splits < 4 * sms and splits * 2 * 32 <= L and splits < 64:
+        splits *= 2
+    return splits
+
+
+def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
+                     num_splits=None):
+    """Attention of one new query per sequence over its cache.
+
+    q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
+    seq_lens: (B,) int32/int64, 1 <= seq_lens[b] <= L: query b sees cache positions < seq_lens[b].
+    k_new, v_new: optional (B, H, D), written to position seq_lens[b] - 1 of the caches first.
+    Returns (B, H, D) in q's dtype (into `out` if given).
+    """
+    check_tensor("q", q, ndim=3, last_contiguous=True)
+    check_device_usable("q", q)
+    B, H, D = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, ndim=4, device=q.device, last_contiguous=True)
+        if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
+            raise ValueError(f"{name}: expected shape ({B}, {H}, L, {D}), got {tuple(t.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=q.device)
+    if seq_lens.shape[0] != B:
+        raise ValueError(f"seq_lens: expected shape ({B},), got {tuple(seq_lens.shape)}")
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new/v_new: expected both or neither")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t is not None:
+            check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
+            if t.shape != q.shape:
+                raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+    if o.shape != q.shape:
+        raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    L = k_cache.shape[2]
+    if B * H == 0:
+        return o
+    splits = _num_splits(q.device, B * H, L) if num_splits is None else int(num_splits)
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"num_splits: expected a power of two >= 1, got {splits}")
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    BLOCK_N = 64 if BLOCK_D <= 64 else 32
+    chunk = triton.cdiv(triton.cdiv(L, splits), BLOCK_N) * BLOCK_N
+    part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
+    counts = arrival_counters(q.device, B * H) if splits > 1 else part
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    kn = k_new if k_new is not None else q
+    vn = v_new if v_new is not None else q
+    _decode_attention_kernel[(B * H, splits)](
+        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
+        H, D, scale * LOG2E, chunk,  # log2(e): softmax via exp2
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
+        HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=4 if BLOCK_D <= 64 else 8,
+    )
+    return o

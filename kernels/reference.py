@@ -1,0 +1,87 @@
+"""Plain-torch versions of every kernel in this package.
+
+They define what the Triton kernels must compute: the tests compare against them (upcast to
+fp32/fp64), the benchmark uses them as the eager baseline, and the runtime's CPU backend
+(`backend="torch"`) runs on them. Signatures match the Triton launchers one to one.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
+
+
+def layernorm(x, weight, bias, eps=1e-5):
+    y = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
+    return y.to(x.dtype)
+
+
+def add_layernorm(x, residual, weight, bias, eps=1e-5):
+    """Returns (x + residual, layernorm(x + residual)); the sum is rounded to x's dtype first,
+    as the unfused pair of ops would do."""
+    h = (x.float() + residual.float()).to(x.dtype)
+    return h, layernorm(h, weight, bias, eps)
+
+
+def apply_activation(y, name, negative_slope=0.01):
+    if name is None:
+        return y
+    if name == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    if name == "gelu":
+        return F.gelu(y)
+    if name == "relu":
+        return F.relu(y)
+    if name == "leaky_relu":
+        return F.leaky_relu(y, negative_slope)
+    raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {name!r}")
+
+
+def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
+           ln_weight=None, ln_bias=None, ln_eps=1e-5):
+    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype."""
+    xf = x.float()
+    if ln_weight is not None:
+        xf = F.layer_norm(xf, (x.shape[-1],), ln_weight.float(), ln_bias.float(), ln_eps)
+    y = xf @ weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    y = apply_activation(y, activation, negative_slope)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype)
+
+
+def attention(q, k, v, causal=True, scale=None, seq_lens=None):
+    """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding)."""
+    B, H, T, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale  # (B, H, T, T)
+    mask = torch.zeros(B, 1, T, T, dtype=torch.bool, device=q.device)
+    if causal:
+        mask |= torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    if seq_lens is not None:
+        keys = torch.arange(T, device=q.device)
+        mask |= (keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, None, :]
+    s = s.masked_fill(mask, float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v.float()).to(q.dtype)
+
+
+def decode_attention(q, k_cache, v_cache, seq_lens, scale=None):
+    """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys."""
+    B, H, D = q.shape
+    L = k_cache.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = torch.einsum("bhd,bhld->bhl", q.float(), k_cache.float()) * scale
+    keys = torch.arange(L, device=q.device)
+    s = s.masked_fill((keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, :], float("-inf"))
+    return torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v_cache.float()).to(q.dtype)
+
+
+def softmax(x):
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
+
+
+def gelu(x, approximate="tanh"):
+    return F.gelu(x.float(), approximate=approximate).to(x.dtype)

@@ -1,0 +1,31 @@
+"""Test setup: no GPU means the real Triton kernels run under the interpreter on the CPU.
+
+TRITON_INTERPRET must be set before any kernel is defined, so it is set here, first.
+"""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def device():
+    return "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    # fp32 references must be true fp32: tf32 matmuls would miss the 1e-4 tolerance
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

@@ -1,0 +1,26 @@
+"""Shared checks for the kernel tests: fresh random inputs, poisoned outputs, relative error."""
+import torch
+
+from tests.conftest import ON_GPU
+
+# relative error ||out - ref|| / ||ref|| allowed, by the dtype the kernel ran in
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# half precision on the CPU interpreter is emulated through numpy and slow; the GPU runs all
+DTYPES = [torch.float32, torch.float16, torch.bfloat16] if ON_GPU else [torch.float32, torch.float16]
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0):
+    return (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
+
+
+def poisoned(shape, dtype, device):
+    """An output buffer full of NaN: any element the kernel fails to write fails the test."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def assert_rel_close(out, ref, dtype, what=""):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out64).all(), f"{what}: non-finite output (unwritten or overflowed elements)"
+    err = (out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)
+    assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3e} > {TOLERANCE[dtype]:.0e} ({dtype})"

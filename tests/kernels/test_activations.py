@@ -1,0 +1,30 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, randn
+
+SIZES = [1, 7, 1000, 4099] + ([1 << 22] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu(n, approximate, dtype, device):
+    x = randn(n, dtype=dtype, device=device, scale=3.0)
+    y = kernels.gelu(x, approximate=approximate)
+    assert_rel_close(y, F.gelu(x.double(), approximate=approximate), dtype, f"gelu {n}")
+
+
+def test_gelu_extremes(device):
+    x = torch.tensor([-1e4, -30.0, -5.0, 0.0, 1e-6, 5.0, 30.0, 1e4], device=device)
+    y = kernels.gelu(x)
+    assert torch.isfinite(y).all()
+    assert_rel_close(y, F.gelu(x.double(), approximate="tanh"), torch.float32)
+
+
+def test_gelu_errors(device):
+    with pytest.raises(ValueError, match="approximate"):
+        kernels.gelu(randn(4, device=device), approximate="fast")

@@ -1,0 +1,67 @@
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+
+# (B, H, T, D)
+SHAPES = [(1, 2, 1, 16), (2, 3, 7, 64), (1, 2, 129, 32), (2, 1, 33, 80)]
+if ON_GPU:
+    SHAPES += [(16, 12, 1024, 64), (2, 25, 1024, 64), (3, 4, 129, 96), (2, 4, 300, 128), (1, 12, 7, 64)]
+
+
+def _ref(q, k, v, causal, scale=None, seq_lens=None):
+    return ref.attention(q.double(), k.double(), v.double(), causal, scale, seq_lens)
+
+
+@pytest.mark.parametrize("B,H,T,D", SHAPES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention(B, H, T, D, causal, dtype, device):
+    q, k, v = (randn(B, H, T, D, dtype=dtype, device=device) for _ in range(3))
+    out = poisoned((B, H, T, D), dtype, device)
+    o = kernels.attention(q, k, v, causal=causal, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    assert_rel_close(o, _ref(q, k, v, causal), dtype, f"attention {B, H, T, D} causal={causal}")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_ragged_lengths(causal, device):
+    """Right-padded batch: each sequence sees only its own first seq_lens[b] keys, and its valid
+    rows equal the sequence computed alone."""
+    B, H, T, D = 3, 2, 37, 32
+    q, k, v = (randn(B, H, T, D, device=device) for _ in range(3))
+    lens = torch.tensor([37, 1, 20], dtype=torch.int32, device=device)
+    o = kernels.attention(q, k, v, causal=causal, seq_lens=lens)
+    assert torch.isfinite(o).all()
+    assert_rel_close(o, _ref(q, k, v, causal, seq_lens=lens), torch.float32)
+    for b, n in enumerate(lens.tolist()):
+        alone = kernels.attention(q[b:b + 1, :, :n], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=causal)
+        assert_rel_close(o[b:b + 1, :, :n], alone, torch.float32, f"sequence {b}")
+
+
+def test_attention_strided_views_and_scale(device):
+    """q, k, v as views into one (B, T, 3, H, D) projection, output into a (B, T, H, D) buffer."""
+    B, T, H, D = 2, 19, 3, 16
+    qkv = randn(B, T, 3, H, D, device=device)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    buf = poisoned((B, T, H, D), torch.float32, device)
+    kernels.attention(q, k, v, causal=True, scale=0.3, out=buf.transpose(1, 2))
+    assert_rel_close(buf.transpose(1, 2), _ref(q, k, v, True, 0.3), torch.float32)
+
+
+def test_attention_errors(device):
+    q = randn(1, 2, 4, 16, device=device)
+    with pytest.raises(ValueError, match="k, v: expected the shape of q"):
+        kernels.attention(q, randn(1, 2, 5, 16, device=device), q)
+    with pytest.raises(ValueError, match="head_dim"):
+        x = randn(1, 2, 4, 8, device=device)
+        kernels.attention(x, x, x)
+    with pytest.raises(ValueError, match="seq_lens: expected shape"):
+        kernels.attention(q, q, q, seq_lens=torch.ones(3, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="k: expected dtype"):
+        kernels.attention(q, q.half(), q)

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+
+# (B, H, L, D) with per-sequence lengths drawn in [1, L]
+SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80)]
+if ON_GPU:
+    SHAPES += [(1, 12, 1024, 64), (64, 12, 1024, 64), (8, 25, 1024, 64), (4, 16, 777, 128)]
+
+
+def _lens(B, L, device):
+    lens = torch.randint(1, L + 1, (B,))
+    lens[0] = L  # one full-length sequence every time
+    return lens.to(device=device, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("B,H,L,D", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention(B, H, L, D, dtype, device):
+    q = randn(B, H, D, dtype=dtype, device=device)
+    kc, vc = randn(B, H, L, D, dtype=dtype, device=device), randn(B, H, L, D, dtype=dtype, device=device)
+    lens = _lens(B, L, device)
+    out = poisoned((B, H, D), dtype, device)
+    o = kernels.decode_attention(q, kc, vc, lens, out=out)
+    expect = ref.decode_attention(q.double(), kc.double(), vc.double(), lens)
+    assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+def test_decode_attention_splits_and_new_token(splits, device):
+    """Every split count, with the new key/value written into the cache by the same launch."""
+    B, H, L, D = 3, 2, 150, 32
+    q = randn(B, H, D, device=device)
+    kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
+    k_new, v_new = randn(B, H, D, device=device), randn(B, H, D, device=device)
+    lens = torch.tensor([150, 1, 77], dtype=torch.int32, device=device)
+    expect_k, expect_v = kc.clone(), vc.clone()
+    rows = torch.arange(B, device=device)
+    expect_k[rows, :, lens - 1] = k_new
+    expect_v[rows, :, lens - 1] = v_new
+    for _ in range(2):  # repeated launches reuse the arrival counters
+        o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits)
+        assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
+        assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
+
+
+def test_decode_attention_matches_prefill_last_row(device):
+    """The last query row of causal prefill attention is exactly a decode step."""
+    B, H, T, D = 2, 3, 45, 64
+    q, k, v = (randn(B, H, T, D, device=device) for _ in range(3))
+    full = kernels.attention(q, k, v, causal=True)
+    lens = torch.full((B,), T, dtype=torch.int32, device=device)
+    o = kernels.decode_attention(q[:, :, -1].contiguous(), k, v, lens)
+    assert_rel_close(o, full[:, :, -1], torch.float32)
+
+
+def test_decode_attention_errors(device):
+    q = randn(2, 2, 16, device=device)
+    kc = randn(2, 2, 8, 16, device=device)
+    lens = torch.ones(2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="k_cache: expected shape"):
+        kernels.decode_attention(q, randn(2, 3, 8, 16, device=device), kc, lens)
+    with pytest.raises(ValueError, match="seq_lens: expected dtype"):
+        kernels.decode_attention(q, kc, kc, lens.float())
+    with pytest.raises(ValueError, match="num_splits"):
+        kernels.decode_attention(q, kc, kc, lens, num_splits=3)
+    with pytest.raises(ValueError, match="k_new/v_new"):
+        kernels.decode_attention(q, kc, kc, lens, k_new=q)

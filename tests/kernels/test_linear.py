@@ -1,0 +1,110 @@
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+
+# (M, K, N): decode rows (split-K path) and prefill rows (tile path), N and K off the blocks
+SHAPES = [(1, 50, 37), (3, 96, 100), (17, 200, 48), (130, 64, 70)]
+if ON_GPU:
+    SHAPES += [(1, 768, 2304), (1, 1600, 6400), (64, 1600, 6400), (1, 768, 50257), (1024, 768, 3072),
+               (4096, 3072, 768), (130, 1600, 4800)]
+
+
+def _ref(x, w, **kw):
+    kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    return ref.linear(x.double(), w.double(), **kw)
+
+
+def _weight(K, N, layout, dtype, device):
+    if layout == "conv1d":  # Hugging Face Conv1D: stored (in, out)
+        return randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    return randn(N, K, dtype=dtype, device=device, scale=K ** -0.5).t()  # nn.Linear, a view
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_epilogues(M, K, N, activation, dtype, device):
+    x = randn(M, K, dtype=dtype, device=device)
+    w = _weight(K, N, "conv1d", dtype, device)
+    bias = randn(N, dtype=dtype, device=device)
+    res = randn(M, N, dtype=dtype, device=device)
+    out = poisoned((M, N), dtype, device)
+    y = kernels.linear(x, w, bias, activation=activation, residual=res, negative_slope=0.2, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    expect = _ref(x, w, bias=bias, activation=activation, residual=res, negative_slope=0.2)
+    assert_rel_close(y, expect, dtype, f"linear {M}x{K}x{N} {activation}")
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("layout", ["conv1d", "linear_t"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_layouts_and_plain(M, K, N, layout, dtype, device):
+    x = randn(2, M, K, dtype=dtype, device=device)  # leading dims are flattened
+    w = _weight(K, N, layout, dtype, device)
+    y = kernels.linear(x, w)
+    assert y.shape == (2, M, N)
+    assert_rel_close(y, _ref(x, w), dtype, f"linear {layout}")
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_layernorm_prologue(M, K, N, dtype, device):
+    x = randn(M, K, dtype=dtype, device=device, scale=4.0) + 2.0
+    w = _weight(K, N, "conv1d", dtype, device)
+    g, b = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    bias = randn(N, dtype=dtype, device=device)
+    y = kernels.linear(x, w, bias, activation="gelu_tanh", ln_weight=g, ln_bias=b, ln_eps=1e-5)
+    expect = _ref(x, w, bias=bias, activation="gelu_tanh", ln_weight=g, ln_bias=b, ln_eps=1e-5)
+    assert_rel_close(y, expect, dtype, f"ln+linear {M}x{K}x{N}")
+
+
+@pytest.mark.parametrize("split_k", [1, 3, 4])
+@pytest.mark.parametrize("M", [1, 5, 33])
+def test_linear_split_k_reduction(split_k, M, device):
+    """Every split count, with K not a multiple of split * BLOCK_K, and repeated launches
+    (the arrival counters must be back at zero after each)."""
+    K, N = 230, 75
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": split_k}
+    for _ in range(2):
+        x, w = randn(M, K, device=device), randn(K, N, device=device)
+        res = randn(M, N, device=device)
+        y = kernels.linear(x, w, activation="relu", residual=res, _config=cfg)
+        assert_rel_close(y, _ref(x, w, activation="relu", residual=res), torch.float32, f"split {split_k}")
+
+
+def test_linear_in_place_residual(device):
+    x, w = randn(3, 40, device=device), randn(40, 24, device=device)
+    h = randn(3, 24, device=device)
+    expect = _ref(x, w, residual=h)
+    kernels.linear(x, w, residual=h, out=h)  # h += x @ w, GPT-2's residual stream
+    assert_rel_close(h, expect, torch.float32)
+
+
+def test_linear_same_rows_at_any_batch(device):
+    """A row's result does not depend on how many other rows share the launch (<= 64)."""
+    K, N = 96, 80
+    w, bias = randn(K, N, device=device), randn(N, device=device)
+    x = randn(64, K, device=device)
+    full = kernels.linear(x, w, bias, activation="gelu_tanh")
+    for m in (1, 7, 64):
+        assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh"), full[:m])
+
+
+def test_linear_errors(device):
+    x, w = randn(2, 8, device=device), randn(8, 4, device=device)
+    with pytest.raises(ValueError, match="weight: expected \\(8, N\\)"):
+        kernels.linear(x, randn(7, 4, device=device))
+    with pytest.raises(ValueError, match="activation: expected one of"):
+        kernels.linear(x, w, activation="swish")
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        kernels.linear(x, w, randn(5, device=device))
+    with pytest.raises(ValueError, match="residual: expected shape"):
+        kernels.linear(x, w, residual=randn(2, 5, device=device))
+    with pytest.raises(ValueError, match="weight: expected dtype"):
+        kernels.linear(x, w.half())
+    with pytest.raises(ValueError, match="ln_weight/ln_bias"):
+        kernels.linear(x, w, ln_weight=randn(8, device=device))
