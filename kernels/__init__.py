@@ -4,15 +4,17 @@
 - linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
+- embedding: token + position embedding gather
 - softmax, gelu: row softmax and elementwise GELU
 """
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
+from .embedding import embedding
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "attention", "decode_attention", "gelu", "layernorm", "linear",
+__all__ = ["ACTIVATIONS", "add_layernorm", "attention", "decode_attention", "embedding", "gelu", "layernorm", "linear",
            "softmax"]
 __version__ = "0.1.0"

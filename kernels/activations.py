@@ -10,14 +10,11 @@ ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
 
 @triton.jit
-def _tanh(x):
-    # tanh(x) = 1 - 2 / (exp(2x) + 1); tanh(20) is 1 in fp32, and the clamp keeps exp finite
-    return 1.0 - 2.0 / (tl.exp2(tl.minimum(x, 20.0) * 2.8853900817779268) + 1.0)  # 2*log2(e): exp via exp2
-
-
-@triton.jit
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))  # sqrt(2/pi)
+    # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u): no cancellation in 1 + tanh(u) for x << 0
+    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)  # sqrt(2/pi)
+    # -2 * log2(e): exp via exp2; the clamp keeps exp2 finite where the result is ~0 anyway
+    return x / (1.0 + tl.exp2(tl.minimum(-2.8853900817779268 * u, 126.0)))
 
 
 @triton.jit

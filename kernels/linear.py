@@ -11,8 +11,9 @@ Two launch shapes share one kernel:
   arrive (an atomic counter) sums the partials in a fixed order, runs the epilogue and stores.
   The reduction order depends only on (N, K), never on M or timing: results are deterministic
   and the same for a row whether it runs alone or among 64.
-The optional layernorm prologue recomputes each row's statistics over the whole K in every
-program (rows are a few KB, read from L2), which removes the separate layernorm launch.
+The optional layernorm prologue (decode rows) recomputes each row's statistics over the whole K
+in every program (rows are a few KB, read from L2), which removes the layernorm launch; with
+prefill rows the launcher runs the layernorm kernel once instead, as many tiles share a row.
 """
 import inspect
 import os
@@ -24,6 +25,7 @@ import triton.language as tl
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._workspace import arrival_counters
 from .activations import ACTIVATIONS, _apply_activation
+from .layernorm import layernorm
 
 SMALL_M = 64
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -194,6 +196,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         return y
 
     small = M <= SMALL_M
+    if ln_weight is not None and not small:
+        # many row tiles would each recompute the statistics: normalize once instead
+        x2 = layernorm(x2, ln_weight, ln_bias, ln_eps)
+        ln_weight = ln_bias = None
     kernel = _linear_decode if small else _linear_prefill
     max_split = MAX_SPLIT_K if small else 1
     meta = {}

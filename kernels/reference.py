@@ -12,16 +12,23 @@ import torch.nn.functional as F
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
 
-def layernorm(x, weight, bias, eps=1e-5):
+def _into(y, out):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def layernorm(x, weight, bias, eps=1e-5, out=None):
     y = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
-    return y.to(x.dtype)
+    return _into(y.to(x.dtype), out)
 
 
-def add_layernorm(x, residual, weight, bias, eps=1e-5):
+def add_layernorm(x, residual, weight, bias, eps=1e-5, out=None, sum_out=None):
     """Returns (x + residual, layernorm(x + residual)); the sum is rounded to x's dtype first,
     as the unfused pair of ops would do."""
-    h = (x.float() + residual.float()).to(x.dtype)
-    return h, layernorm(h, weight, bias, eps)
+    h = _into((x.float() + residual.float()).to(x.dtype), sum_out)
+    return h, layernorm(h, weight, bias, eps, out)
 
 
 def apply_activation(y, name, negative_slope=0.01):
@@ -39,7 +46,7 @@ def apply_activation(y, name, negative_slope=0.01):
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5):
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype."""
     xf = x.float()
     if ln_weight is not None:
@@ -50,10 +57,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     y = apply_activation(y, activation, negative_slope)
     if residual is not None:
         y = y + residual.float()
-    return y.to(x.dtype)
+    return _into(y.to(x.dtype), out)
 
 
-def attention(q, k, v, causal=True, scale=None, seq_lens=None):
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding)."""
     B, H, T, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -65,18 +72,28 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None):
         keys = torch.arange(T, device=q.device)
         mask |= (keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, None, :]
     s = s.masked_fill(mask, float("-inf"))
-    return (torch.softmax(s, dim=-1) @ v.float()).to(q.dtype)
+    return _into((torch.softmax(s, dim=-1) @ v.float()).to(q.dtype), out)
 
 
-def decode_attention(q, k_cache, v_cache, seq_lens, scale=None):
-    """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys."""
+def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
+                     num_splits=None):
+    """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
+    k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape
+    if k_new is not None:
+        rows = torch.arange(B, device=q.device)
+        k_cache[rows, :, seq_lens.long() - 1] = k_new.to(k_cache.dtype)
+        v_cache[rows, :, seq_lens.long() - 1] = v_new.to(v_cache.dtype)
     L = k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = torch.einsum("bhd,bhld->bhl", q.float(), k_cache.float()) * scale
     keys = torch.arange(L, device=q.device)
     s = s.masked_fill((keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, :], float("-inf"))
-    return torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v_cache.float()).to(q.dtype)
+    return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v_cache.float()).to(q.dtype), out)
+
+
+def embedding(ids, pos, wte, wpe, out=None):
+    return _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
 
 
 def softmax(x):

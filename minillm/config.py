@@ -1,0 +1,92 @@
+"""Model configuration: a dataclass read from a Hugging Face config.json, with named presets."""
+from dataclasses import asdict, dataclass
+
+SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel",)
+SUPPORTED_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                         "relu": "relu"}
+
+
+class ConfigError(ValueError):
+    """config.json describes a model this engine cannot run."""
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_positions: int = 1024
+    vocab_size: int = 50257
+    layer_norm_epsilon: float = 1e-5
+    activation: str = "gelu_tanh"  # a kernels.ACTIVATIONS name
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 50256
+    eos_token_id: int = 50256
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def n_params(self):
+        """Parameter count with the tied lm_head counted once."""
+        C, V = self.n_embd, self.vocab_size
+        per_layer = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+        return V * C + self.n_positions * C + self.n_layer * per_layer + 2 * C + (0 if self.tie_word_embeddings else V * C)
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, hf: dict, source="config.json"):
+        """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError."""
+        archs = hf.get("architectures") or []
+        model_type = hf.get("model_type")
+        if model_type != "gpt2" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
+            got = ", ".join(archs) or model_type or "unknown"
+            raise ConfigError(f"{source}: unsupported architecture {got}; minillm supports "
+                              f"{', '.join(SUPPORTED_ARCHITECTURES)} (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                              "distilgpt2)")
+        act = hf.get("activation_function", "gelu_new")
+        if act not in SUPPORTED_ACTIVATIONS:
+            raise ConfigError(f"{source}: activation_function {act!r} is not supported; "
+                              f"expected one of {sorted(SUPPORTED_ACTIVATIONS)}")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if hf.get(flag):
+                raise ConfigError(f"{source}: {flag}=true is not supported")
+        if not hf.get("scale_attn_weights", True):
+            raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
+        n_embd, n_head = int(hf.get("n_embd", 768)), int(hf.get("n_head", 12))
+        if n_embd % n_head:
+            raise ConfigError(f"{source}: n_embd {n_embd} is not divisible by n_head {n_head}")
+        eos = hf.get("eos_token_id", 50256)
+        bos = hf.get("bos_token_id", 50256)
+        return cls(
+            n_layer=int(hf.get("n_layer", 12)), n_head=n_head, n_embd=n_embd,
+            n_positions=int(hf.get("n_positions", hf.get("n_ctx", 1024))),
+            vocab_size=int(hf.get("vocab_size", 50257)),
+            layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
+            activation=SUPPORTED_ACTIVATIONS[act],
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            bos_token_id=int(bos[0] if isinstance(bos, list) else bos if bos is not None else 50256),
+            eos_token_id=int(eos[0] if isinstance(eos, list) else eos if eos is not None else 50256),
+        )
+
+    def to_hf(self):
+        """The config.json fields transformers needs to build the same GPT2LMHeadModel."""
+        act = {v: k for k, v in SUPPORTED_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[self.activation]
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": self.n_layer,
+                "n_head": self.n_head, "n_embd": self.n_embd, "n_positions": self.n_positions,
+                "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon,
+                "activation_function": act, "tie_word_embeddings": self.tie_word_embeddings,
+                "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
+
+
+# the GPT-2 family as published on the Hugging Face hub
+PRESETS = {
+    "distilgpt2": GPTConfig(n_layer=6, n_head=12, n_embd=768),
+    "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
+}

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+import kernels
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, randn
+
+SHAPES = [(1, 50, 16, 24), (37, 300, 64, 100)] + ([(4096, 50257, 1024, 1600)] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("R,V,P,C", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding(R, V, P, C, dtype, device):
+    wte, wpe = randn(V, C, dtype=dtype, device=device), randn(P, C, dtype=dtype, device=device)
+    ids = torch.randint(0, V, (R,), device=device)
+    pos = torch.randint(0, P, (R,), device=device, dtype=torch.int32)
+    out = torch.full((R, C), float("nan"), dtype=dtype, device=device)
+    y = kernels.embedding(ids, pos, wte, wpe, out=out)
+    expect = (wte[ids].double() + wpe[pos.long()].double()).to(dtype)
+    assert torch.equal(y, expect)  # one rounding of an exact fp32 sum: bit-identical
+
+
+def test_embedding_errors(device):
+    wte, wpe = randn(10, 8, device=device), randn(4, 8, device=device)
+    ids = torch.zeros(3, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="pos: expected shape"):
+        kernels.embedding(ids, ids[:2], wte, wpe)
+    with pytest.raises(ValueError, match="ids: expected dtype"):
+        kernels.embedding(ids.float(), ids, wte, wpe)
+    with pytest.raises(ValueError, match="wpe: expected 8 columns"):
+        kernels.embedding(ids, ids, wte, randn(4, 6, device=device))
