@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 import kernels
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import DTYPES, assert_rel_close, randn
+from tests.kernels.helpers import DTYPES, TOLERANCE, assert_rel_close, randn
 
 SIZES = [1, 7, 1000, 4099] + ([1 << 22] if ON_GPU else [])
 
@@ -22,7 +22,13 @@ def _gelu64(x, approximate):
 def test_gelu(n, approximate, dtype, device):
     x = randn(n, dtype=dtype, device=device, scale=3.0)
     y = kernels.gelu(x, approximate=approximate)
-    assert_rel_close(y, _gelu64(x, approximate), dtype, f"gelu {n}")
+    expect = _gelu64(x, approximate)
+    assert torch.isfinite(y).all()
+    # relative error, with an absolute floor of 1e-6 * ||x|| for the far negative tail where the
+    # result underflows or 1 + erf cancels (torch's own fp32/fp16 GELU does the same)
+    err = (y.double().cpu() - expect.cpu()).norm()
+    floor = 1e-6 * x.double().norm().item()
+    assert err <= TOLERANCE[dtype] * expect.norm().item() + floor, f"gelu {n}: error {err:.3e}"
 
 
 def test_gelu_extremes(device):
