@@ -88,8 +88,10 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = torch.einsum("bhd,bhld->bhl", q.float(), k_cache.float()) * scale
     keys = torch.arange(L, device=q.device)
-    s = s.masked_fill((keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, :], float("-inf"))
-    return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v_cache.float()).to(q.dtype), out)
+    hidden = (keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, :]  # (B, 1, L)
+    s = s.masked_fill(hidden, float("-inf"))
+    v = v_cache.float().masked_fill(hidden[..., None], 0.0)  # unwritten cache rows may hold NaN
+    return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v).to(q.dtype), out)
 
 
 def embedding(ids, pos, wte, wpe, out=None):

@@ -1,0 +1,189 @@
+"""The Python API: `LLM` loads a model once; `generate` runs batches; `stream` yields text."""
+import os
+import time
+import warnings
+
+import torch
+
+from .generate import ContextLengthError, Engine, GenerationResult
+from .loader import ModelLoadError, load_tokenizer, load_weights, read_config, resolve
+from .model import BACKENDS, GPT
+from .sampling import SamplingParams
+
+DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+class MiniLLMError(RuntimeError):
+    """A runtime problem with one clear message (the CLI prints it as one line)."""
+
+
+def _pick_device(device):
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise MiniLLMError(f"device: {device} was asked for, but CUDA is not available on this machine "
+                           "(use --device cpu)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    return dev
+
+
+class LLM:
+    """A GPT-2-family model ready to generate.
+
+    model: a local folder (config.json + safetensors + tokenizer files), a folder name under
+        weights/, or a Hugging Face hub id (downloaded to the HF cache; HF_HUB_OFFLINE honoured).
+    device: "cuda" (default when available) or "cpu".
+    dtype: "float16" (default on CUDA), "bfloat16" or "float32" (default on CPU), or a torch dtype.
+    backend: "triton" (default on CUDA; on CPU only under TRITON_INTERPRET=1) or "torch".
+    cuda_graphs: capture the decode step in CUDA graphs (default on CUDA).
+
+    >>> llm = LLM("gpt2")
+    >>> llm.generate("Hello, my name is", SamplingParams(max_new_tokens=20, temperature=0))[0].text
+    """
+
+    def __init__(self, model, device=None, dtype=None, backend=None, cuda_graphs=None):
+        self.device = _pick_device(device)
+        on_cuda = self.device.type == "cuda"
+        if dtype is None:
+            dtype = torch.float16 if on_cuda else torch.float32
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype: expected one of float16, bfloat16, float32, got {dtype!r}")
+            dtype = DTYPES[dtype]
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"dtype: expected float16, bfloat16 or float32, got {dtype}")
+        self.dtype = dtype
+        if backend is None:
+            backend = "triton" if on_cuda else "torch"
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+        if backend == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise MiniLLMError("backend: triton on the CPU needs TRITON_INTERPRET=1 set before start "
+                               "(or use backend torch)")
+        self.backend = backend
+        t0 = time.perf_counter()
+        self.model_dir = resolve(model)
+        self.config = read_config(self.model_dir)
+        weights = load_weights(self.model_dir, self.config, self.device, dtype)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        if self.tokenizer is None:
+            warnings.warn(f"{self.model_dir}: no tokenizer files; prompts must be token ids and .text is None",
+                          stacklevel=2)
+        self.model = GPT(self.config, weights, backend)
+        self.engine = Engine(self.model, use_cuda_graphs=cuda_graphs)
+        self.load_s = time.perf_counter() - t0
+
+    def __repr__(self):
+        c = self.config
+        return (f"LLM({self.model_dir.name}: {c.n_layer} layers, {c.n_embd} wide, {c.n_params / 1e6:.0f}M params; "
+                f"device={self.device}, dtype={str(self.dtype).replace('torch.', '')}, backend={self.backend}, "
+                f"cuda_graphs={self.engine.use_cuda_graphs})")
+
+    # -- prompts and text ---------------------------------------------------------------------
+    def encode(self, text):
+        if self.tokenizer is None:
+            raise MiniLLMError(f"{self.model_dir}: no tokenizer, so prompts must be lists of token ids")
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids):
+        return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _prompt_ids(self, prompts):
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts: expected a str, a list of str, or a list of token-id lists")
+        V = self.config.vocab_size
+        out = []
+        for i, p in enumerate(prompts):
+            ids = self.encode(p) if isinstance(p, str) else list(p)
+            if not ids:
+                raise ValueError(f"prompts[{i}]: expected at least one token")
+            if not all(isinstance(t, int) and 0 <= t < V for t in ids):
+                raise ValueError(f"prompts[{i}]: expected token ids in [0, {V})")
+            out.append(ids)
+        return out
+
+    def _stopper(self, params):
+        if not params.stop or self.tokenizer is None:
+            return None
+        return lambda b, ids: any(s in self.decode(ids) for s in params.stop)
+
+    def _finish(self, prompt, ids, params, timings, n_seq):
+        eos = None if params.ignore_eos else self.config.eos_token_id
+        reason = "length"
+        if eos is not None and eos in ids:
+            ids, reason = ids[:ids.index(eos) + 1], "stop"
+        text = self.decode([t for t in ids if t != eos] if reason == "stop" else ids)
+        if text is not None and params.stop:
+            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            if cut >= 0:
+                text, reason = text[:cut], "stop"
+                while len(ids) > 1 and params.stop and any(s in self.decode(ids[:-1]) for s in params.stop):
+                    ids = ids[:-1]
+        decode_s = timings["decode_s"]
+        metrics = {"prompt_tokens": len(prompt), "new_tokens": len(ids), "ttft_s": timings["ttft_s"],
+                   "decode_tok_s": (timings["steps"] - 1) / decode_s if decode_s > 0 else float("nan"),
+                   "batch_tok_s": n_seq * timings["steps"] / timings["total_s"], "total_s": timings["total_s"]}
+        return GenerationResult(prompt, ids, text, reason, metrics)
+
+    def _run(self, prompts, params, stream):
+        try:
+            yield from self.engine.steps(prompts, params, stream=stream, stop_check=self._stopper(params))
+        except torch.cuda.OutOfMemoryError:
+            c = self.config
+            per_seq = 2 * c.n_layer * c.n_positions * c.n_embd * torch.tensor([], dtype=self.dtype).element_size()
+            raise MiniLLMError(f"out of memory: batch {len(prompts)} needs a KV cache of "
+                               f"{len(prompts) * per_seq / 2**30:.2f} GiB on top of the weights; "
+                               "use a smaller batch") from None
+
+    # -- public -----------------------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | None = None):
+        """Generate for one prompt or a batch (run together, one forward per step).
+
+        prompts: a str, a list of str, or a list of token-id lists (lengths may differ).
+        Returns one GenerationResult per prompt: .token_ids (generated only), .text,
+        .finish_reason ("stop" or "length") and .metrics (prompt_tokens, new_tokens, ttft_s,
+        decode_tok_s, batch_tok_s, total_s).
+        """
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompts)
+        *_, (_, outs, timings) = self._run(ids, params, stream=False)
+        return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]
+
+    def stream(self, prompt, params: SamplingParams | None = None):
+        """Yield the text of one prompt's continuation piece by piece as tokens arrive.
+        After the loop, `self.last_result` holds the full GenerationResult."""
+        params = params or SamplingParams()
+        if self.tokenizer is None:
+            raise MiniLLMError(f"{self.model_dir}: stream() needs a tokenizer to produce text")
+        (ids,) = self._prompt_ids([prompt])
+        eos = None if params.ignore_eos else self.config.eos_token_id
+        hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
+        got, emitted = [], 0
+        for event in self._run([ids], params, stream=True):
+            if event[0] == "done":
+                self.last_result = self._finish(ids, event[1][0], params, event[2], 1)
+                break
+            tok = event[1][0]
+            if eos is not None and tok == eos:
+                continue
+            got.append(tok)
+            text = self.decode(got)
+            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            end = cut if cut >= 0 else len(text) - hold
+            if not text.endswith("\ufffd") and end > emitted:  # wait for whole UTF-8 characters
+                yield text[emitted:end]
+                emitted = end
+        final = self.last_result.text or ""
+        if len(final) > emitted:
+            yield final[emitted:]
+
+
+__all__ = ["LLM", "SamplingParams", "GenerationResult", "MiniLLMError", "ModelLoadError", "ContextLengthError"]

@@ -1,0 +1,196 @@
+"""The generation engine: prefill, decode_one_token, generate.
+
+All sequences of a batch decode in lockstep over a static KV cache. On CUDA the whole decode
+step (every layer, the lm_head, logits processing and the token draw, plus the bookkeeping:
+output write, EOS flags, next input and position) is captured once per (batch bucket, sampling
+mode) as a CUDA graph and replayed per token. The host reads the device back only every
+SYNC_EVERY steps (stop checks) or every step when streaming.
+"""
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams, sample
+
+SYNC_EVERY = 16
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ContextLengthError(ValueError):
+    """Prompt plus new tokens do not fit the model's context."""
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's output: generated ids only, their text (None without a tokenizer), why it
+    ended ("stop": EOS or a stop string; "length": max_new_tokens), and timings."""
+    prompt_token_ids: list
+    token_ids: list
+    text: str | None
+    finish_reason: str
+    metrics: dict = field(default_factory=dict)
+
+
+class _DecodeState:
+    """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
+
+    def __init__(self, batch, vocab, max_len, device, with_seen):
+        self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.out = torch.zeros(batch, max_len, dtype=torch.int64, device=device)
+        self.step = torch.zeros(1, dtype=torch.int64, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
+        self.graph = None
+
+
+def _bucket(n):
+    for b in BATCH_BUCKETS:
+        if n <= b:
+            return b
+    return n
+
+
+class Engine:
+    def __init__(self, model, use_cuda_graphs=None):
+        self.model = model
+        on_cuda = model.device.type == "cuda"
+        self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
+        self._caches = {}  # batch -> KVCache
+        self._states = {}  # (batch, sampling key, eos) -> _DecodeState (with its graph)
+
+    # -- pieces -------------------------------------------------------------------------
+    def cache_for(self, batch):
+        if batch not in self._caches:
+            self._caches[batch] = self.model.new_cache(batch)
+        return self._caches[batch]
+
+    def prefill(self, prompts, cache):
+        """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,))."""
+        dev = self.model.device
+        T = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), T, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            ids[i, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
+        ids, lens = ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True)
+        return self.model.prefill(ids, lens, cache), lens
+
+    def decode_one_token(self, st, params, cache, eos):
+        """One step on the state's buffers: next token for every row, appended in place."""
+        logits = self.model.decode(st.tokens, st.pos, cache)
+        nxt = sample(logits, params, st.seen)
+        self._advance(st, nxt, eos)
+
+    @staticmethod
+    def _advance(st, nxt, eos):
+        st.out.index_copy_(1, st.step, nxt[:, None])
+        if st.seen is not None:
+            st.seen.scatter_(1, nxt[:, None], True)
+        if eos is not None:
+            st.finished |= nxt == eos
+        st.tokens.copy_(nxt)
+        st.pos.add_(1)
+        st.step.add_(1)
+
+    def _state(self, batch, params, eos):
+        key = (batch, params.graph_key(), eos)
+        st = self._states.get(key)
+        if st is None:
+            c = self.model.config
+            st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
+                              with_seen=params.repetition_penalty != 1.0)
+            if self.use_cuda_graphs:
+                self._capture(st, params, eos)
+            self._states[key] = st
+        return st
+
+    def _capture(self, st, params, eos):
+        cache = self.cache_for(st.tokens.shape[0])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
+            for _ in range(2):
+                self.decode_one_token(st, params, cache, eos)
+        torch.cuda.current_stream().wait_stream(side)
+        st.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(st.graph):
+            self.decode_one_token(st, params, cache, eos)
+        torch.cuda.synchronize()
+
+    # -- the loop -------------------------------------------------------------------------
+    def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
+        """Generate for every prompt (lists of ids) in one batch, as a generator.
+
+        With stream, yields ("step", ids) after each step with the (B,) new ids (one sync per
+        step). stop_check(b, ids) -> bool is a host-side stop test (stop strings) for sequence b.
+        Last yields ("done", out, timings): the generated ids per sequence (up to the step where
+        all stopped; callers cut at EOS/stop) and the timings.
+        """
+        c = self.model.config
+        B = len(prompts)
+        longest = max(len(p) for p in prompts)
+        if longest + params.max_new_tokens > c.n_positions:
+            raise ContextLengthError(
+                f"prompt of {longest} tokens + max_new_tokens {params.max_new_tokens} exceeds the model's "
+                f"context of {c.n_positions} positions")
+        eos = None if params.ignore_eos else c.eos_token_id
+        Bp = _bucket(B) if self.use_cuda_graphs else B
+        padded = list(prompts) + [[0]] * (Bp - B)
+        cache = self.cache_for(Bp)
+        st = self._state(Bp, params, eos)  # captures the graph first: prefill below refills the cache
+        dev = self.model.device
+
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        st.step.zero_()
+        st.finished.zero_()
+        if st.seen is not None:
+            st.seen.zero_()
+            for b, p in enumerate(padded):
+                st.seen[b, torch.tensor(p, device=dev)] = True
+        logits, lens = self.prefill(padded, cache)
+        first = sample(logits, params, st.seen)
+        st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
+        self._advance(st, first, eos)
+        first_ids = first.tolist()  # the one sync every run needs: time to first token
+        t_first = time.perf_counter()
+        if stream:
+            yield "step", first_ids[:B]
+
+        n = 1
+        done = self._done(st, B, stop_check, n, eos)
+        while n < params.max_new_tokens and not done:
+            if st.graph is not None:
+                st.graph.replay()
+            else:
+                self.decode_one_token(st, params, cache, eos)
+            n += 1
+            if stream:
+                yield "step", st.tokens[:B].tolist()
+            if stream or n % SYNC_EVERY == 0:
+                done = self._done(st, B, stop_check, n, eos)
+        out = st.out[:B, :n].tolist()
+        t_end = time.perf_counter()
+        timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
+        yield "done", out, timings
+
+    def generate(self, prompts, params: SamplingParams, stop_check=None):
+        """steps() run to the end: returns (ids per sequence, timings)."""
+        *_, last = self.steps(prompts, params, stop_check=stop_check)
+        return last[1], last[2]
+
+    def _done(self, st, B, stop_check, n, eos):
+        if eos is None and stop_check is None:
+            return False
+        finished = st.finished[:B].tolist() if eos is not None else [False] * B
+        if all(finished):
+            return True
+        if stop_check is None:
+            return False
+        ids = st.out[:B, :n].tolist()
+        return all(f or stop_check(b, ids[b]) for b, f in enumerate(finished))

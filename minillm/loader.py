@@ -1,0 +1,167 @@
+"""Find a model folder (local path, weights/NAME, or a Hugging Face hub id) and load its
+safetensors weights straight to the device, checking every tensor's name and shape."""
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, GPTConfig
+
+WEIGHTS_DIR = Path(os.environ.get("MINILLM_WEIGHTS_DIR", Path(__file__).resolve().parents[1] / "weights"))
+HUB_PATTERNS = ["config.json", "generation_config.json", "model.safetensors", "model*.safetensors",
+                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                "merges.txt", "special_tokens_map.json"]
+IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old GPT-2 checkpoints
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be found or its files are unusable; the message says which and why."""
+
+
+def _offline():
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def download(repo_id, local_dir=None):
+    """Fetch a hub repo's config, safetensors weights and tokenizer files (with progress bars)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        files = _repo_files(repo_id)
+        if files is not None and not any(f.endswith(".safetensors") for f in files):
+            if any(f.endswith(".bin") for f in files):
+                raise ModelLoadError(f"{repo_id}: the repo has only PyTorch .bin weights; minillm loads "
+                                     "safetensors only (convert with transformers' save_pretrained)")
+            raise ModelLoadError(f"{repo_id}: the repo has no safetensors weights")
+        path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
+    except LocalEntryNotFoundError:
+        raise ModelLoadError(f"{repo_id}: not a local folder and not in the Hugging Face cache, and "
+                             "HF_HUB_OFFLINE is set (or the hub is unreachable)") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{repo_id}: no such model on the Hugging Face hub (or it is private)") from None
+    return Path(path)
+
+
+def _repo_files(repo_id):
+    if _offline():
+        return None
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().list_repo_files(repo_id)
+    except Exception as e:  # unreachable hub: let snapshot_download try the cache
+        if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError"):
+            raise
+        return None
+
+
+def resolve(name_or_path):
+    """A local folder, a folder under weights/, or a hub id (downloaded into the HF cache)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        return p
+    if (WEIGHTS_DIR / str(name_or_path)).is_dir():
+        return WEIGHTS_DIR / str(name_or_path)
+    if p.exists():
+        raise ModelLoadError(f"{name_or_path}: expected a model folder, got a file")
+    if str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:
+        raise ModelLoadError(f"{name_or_path}: no such folder")
+    return download(str(name_or_path))
+
+
+def read_config(model_dir):
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
+    try:
+        return GPTConfig.from_hf(json.loads(path.read_text()), source=str(path))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    except ConfigError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def expected_shapes(cfg: GPTConfig):
+    C, V = cfg.n_embd, cfg.vocab_size
+    shapes = {"wte.weight": (V, C), "wpe.weight": (cfg.n_positions, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        shapes.update({
+            p + "ln_1.weight": (C,), p + "ln_1.bias": (C,), p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+            p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
+            p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
+            p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
+        })
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, C)
+    return shapes
+
+
+def _weight_files(model_dir):
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index}: unreadable shard index ({e})") from None
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (d / f).is_file()]
+        if missing:
+            raise ModelLoadError(f"{index}: shard {missing[0]} is missing")
+        return [d / f for f in files]
+    if (d / "model.safetensors").is_file():
+        return [d / "model.safetensors"]
+    if list(d.glob("*.bin")):
+        raise ModelLoadError(f"{d}: only PyTorch .bin weights found; minillm loads safetensors only")
+    raise ModelLoadError(f"{d}: no model.safetensors or model.safetensors.index.json")
+
+
+def load_weights(model_dir, cfg: GPTConfig, device, dtype):
+    """Every tensor the model needs, on `device` in `dtype`, read one tensor at a time (no second
+    full copy in host memory). Raises ModelLoadError naming the tensor and file on any problem;
+    nothing is returned half-loaded."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes = expected_shapes(cfg)
+    weights, origin = {}, {}
+    load_device = str(device) if torch.device(device).type == "cuda" else "cpu"
+    for path in _weight_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt", device=load_device) as f:
+                for key in f.keys():
+                    name = key[len("transformer."):] if key.startswith("transformer.") else key
+                    if name.endswith(IGNORED) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                        continue
+                    if name not in shapes:
+                        raise ModelLoadError(f"{path}: unexpected tensor {key} for a {cfg.n_layer}-layer GPT-2")
+                    got = tuple(f.get_slice(key).get_shape())
+                    if got != shapes[name]:
+                        raise ModelLoadError(f"{path}: tensor {key} has shape {got}, expected {shapes[name]}")
+                    weights[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    origin[name] = path
+        except SafetensorError as e:
+            raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, ModelLoadError):
+                raise
+            raise ModelLoadError(f"{path}: could not read weights ({e})") from None
+    missing = [n for n in shapes if n not in weights]
+    if missing:
+        files = ", ".join(p.name for p in _weight_files(model_dir))
+        raise ModelLoadError(f"{model_dir}: tensor {missing[0]} is missing from {files}"
+                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return weights
+
+
+def load_tokenizer(model_dir):
+    """The folder's tokenizer, or None when it has no tokenizer files."""
+    d = Path(model_dir)
+    if not ((d / "tokenizer.json").is_file() or ((d / "vocab.json").is_file() and (d / "merges.txt").is_file())):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(d))

@@ -1,0 +1,132 @@
+"""GPT-2 forward passes over a static KV cache, every op through a kernel backend.
+
+The backend is a module with the `kernels` API: `kernels` itself (Triton) or
+`kernels.reference` (plain torch). This file never imports triton.
+"""
+import torch
+
+import kernels
+import kernels.reference
+
+BACKENDS = {"triton": kernels, "torch": kernels.reference}
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: (n_layer, B, H, L, D) each."""
+
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device):
+        shape = (n_layer, batch, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def batch(self):
+        return self.k.shape[1]
+
+    @property
+    def max_len(self):
+        return self.k.shape[3]
+
+    @property
+    def nbytes(self):
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def update(self, layer, pos, k, v):
+        """Write k, v (B, H, T, D) at positions pos..pos+T of rows 0..B of `layer`."""
+        B, _, T, _ = k.shape
+        self.k[layer, :B, :, pos:pos + T] = k
+        self.v[layer, :B, :, pos:pos + T] = v
+
+    def layer(self, layer, batch):
+        """(k, v) views (batch, H, L, D) of one layer, for the first `batch` rows."""
+        return self.k[layer, :batch], self.v[layer, :batch]
+
+
+class Block:
+    """One transformer layer's weights; Conv1D weights stay (in, out) as stored."""
+
+    def __init__(self, w, i):
+        p = f"h.{i}."
+        self.ln_1 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"])
+        self.ln_2 = (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
+        self.attn = (w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"])      # (C, 3C)
+        self.attn_proj = (w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"])  # (C, C)
+        self.fc = (w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"])              # (C, 4C)
+        self.mlp_proj = (w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"])    # (4C, C)
+
+
+class GPT:
+    def __init__(self, config, weights, backend="triton"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+        self.config = config
+        self.backend = backend
+        self.ops = BACKENDS[backend]
+        self.wte, self.wpe = weights["wte.weight"], weights["wpe.weight"]
+        self.ln_f = (weights["ln_f.weight"], weights["ln_f.bias"])
+        # tied: the lm_head is wte read as (C, V) through a transposed view, no copy
+        head = weights.get("lm_head.weight", self.wte)
+        self.lm_head = head.t()
+        self.blocks = [Block(weights, i) for i in range(config.n_layer)]
+
+    @property
+    def device(self):
+        return self.wte.device
+
+    @property
+    def dtype(self):
+        return self.wte.dtype
+
+    def new_cache(self, batch, max_len=None):
+        c = self.config
+        return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device)
+
+    def _mlp(self, blk, x):
+        f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
+                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon)
+        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x)  # x += mlp(ln_2(x))
+
+    def _logits(self, x):
+        return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],
+                               ln_eps=self.config.layer_norm_epsilon)
+
+    def prefill(self, ids, seq_lens, cache, all_logits=False):
+        """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
+        filling cache positions 0..T. Returns logits (B, V) at each prompt's last token, or
+        (B, T, V) at every position with all_logits."""
+        c, ops = self.config, self.ops
+        B, T = ids.shape
+        H, D, C = c.n_head, c.head_dim, c.n_embd
+        pos = torch.arange(T, device=ids.device, dtype=torch.int32).repeat(B)
+        x = ops.embedding(ids.reshape(-1), pos, self.wte, self.wpe)  # (B*T, C)
+        y = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
+        for i, blk in enumerate(self.blocks):
+            qkv = ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
+                             ln_eps=c.layer_norm_epsilon).view(B, T, 3, H, D)
+            q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (B, H, T, D) views
+            cache.update(i, 0, k, v)
+            ops.attention(q, k, v, causal=True, seq_lens=seq_lens, out=y.transpose(1, 2))
+            x = ops.linear(y.view(B * T, C), *blk.attn_proj, residual=x, out=x)
+            x = self._mlp(blk, x)
+        if all_logits:
+            return self._logits(x).view(B, T, -1)
+        last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
+        return self._logits(last)
+
+    def decode(self, tokens, pos, cache):
+        """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
+        token's key/value at pos[b] and returns logits (B, V)."""
+        c, ops = self.config, self.ops
+        B = tokens.shape[0]
+        H, D, C = c.n_head, c.head_dim, c.n_embd
+        x = ops.embedding(tokens, pos, self.wte, self.wpe)  # (B, C)
+        seq_lens = pos + 1
+        for i, blk in enumerate(self.blocks):
+            qkv = ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
+                             ln_eps=c.layer_norm_epsilon).view(B, 3, H, D)
+            k_cache, v_cache = cache.layer(i, B)
+            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
+                                     k_new=qkv[:, 1], v_new=qkv[:, 2])  # (B, H, D); writes the cache
+            x = ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x)
+            x = self._mlp(blk, x)
+        return self._logits(x)

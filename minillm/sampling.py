@@ -1,0 +1,102 @@
+"""Sampling parameters and the logits processing + token choice of one decode step.
+
+The processing follows transformers' order and formulas exactly (repetition penalty, then
+temperature, top-k, top-p), and a token is drawn as argmax(p / q) with q ~ Exp(1): the very
+draw `torch.multinomial(p, 1)` makes, so with the same seed the ids equal transformers'
+`generate(do_sample=True)`. Everything here is shape-static and sync-free, so it is captured in
+the decode step's CUDA graph.
+"""
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens.
+
+    max_new_tokens: tokens to generate at most (>= 1).
+    temperature: 0 means greedy; otherwise logits are divided by it (> 0).
+    top_k: keep the k most likely tokens (0 disables). Default 50, as in transformers.
+    top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
+    repetition_penalty: > 1 discourages tokens already in the prompt or output (1 disables).
+    seed: seeds torch's generators before generating, for reproducible samples.
+    stop: strings that end a sequence (not included in the text).
+    ignore_eos: keep generating past the end-of-sequence token (benchmarks).
+    """
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("temperature", _real(self.temperature) and self.temperature >= 0, "a number >= 0"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0"),
+            ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
+            ("repetition_penalty", _real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
+            ("seed", self.seed is None or isinstance(self.seed, int), "an integer or None"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self):
+        return self.temperature == 0
+
+    def graph_key(self):
+        """What a captured decode step bakes in."""
+        return (self.greedy, float(self.temperature), self.top_k, float(self.top_p),
+                float(self.repetition_penalty))
+
+
+def _real(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def process_logits(logits, params: SamplingParams, seen=None):
+    """transformers' logits processors, in its order. logits (B, V) -> float32 scores (B, V).
+    seen (B, V) bool marks the tokens of each prompt and output so far."""
+    import torch
+
+    scores = logits.float()
+    if params.repetition_penalty != 1.0 and seen is not None:
+        p = params.repetition_penalty
+        scores = torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
+    if params.greedy:
+        return scores
+    if params.temperature != 1.0:
+        scores = scores / params.temperature
+    if params.top_k:
+        k = min(params.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - params.top_p)
+        drop_sorted[..., -1:] = False  # keep at least one token
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def sample(logits, params: SamplingParams, seen=None):
+    """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
+    softmax(processed scores) through the default generator of the logits' device."""
+    import torch
+
+    scores = process_logits(logits, params, seen)
+    if params.greedy:
+        return scores.argmax(dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    q = torch.empty_like(probs).exponential_(1)  # the draw torch.multinomial(probs, 1) makes
+    return (probs / q).argmax(dim=-1)

@@ -1,0 +1,156 @@
+"""minillm against Hugging Face transformers, token by token, on checkpoints saved by transformers.
+
+Backends: "torch" (kernels.reference) on a small model, and "triton" (the real kernels, under
+TRITON_INTERPRET=1 on the CPU) on the smallest one. Each test model's logits are peaked, and
+every greedy comparison first checks that the top-1/top-2 margin at each step is far larger than
+the logit difference between the two engines, so an agreement cannot be luck.
+"""
+import pytest
+import torch
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
+from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+from minillm import LLM, SamplingParams
+from minillm.sampling import process_logits
+from tests.conftest import ON_GPU
+from tests.models import build_checkpoint, hf_generate
+
+BACKENDS = {  # backend -> (model size, prompt lengths, new tokens)
+    "torch": (dict(n_layer=3, n_head=4, n_embd=64, vocab_size=512), [1, 5, 23], 40),
+    "triton": (dict(n_layer=2, n_head=2, n_embd=32, vocab_size=256), [1, 9], 32),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(BACKENDS))
+def engines(request, tmp_path_factory):
+    backend = request.param
+    size, lens, new = BACKENDS[backend]
+    path = tmp_path_factory.mktemp(f"gpt2-{backend}")
+    hf = build_checkpoint(path, seed=1, **size)
+    llm = LLM(str(path), device="cuda" if ON_GPU else "cpu", dtype="float32", backend=backend)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, size["vocab_size"] - 1, (n,), generator=g).tolist() for n in lens]
+    return llm, hf, prompts, new
+
+
+def _hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].double()  # (T, V)
+
+
+def _margin_and_diff(hf, llm, ids):
+    """Teacher-forced over ids: min top-1/top-2 margin of transformers' logits, and the max
+    |minillm - transformers| logit difference over prefill and every decode step."""
+    ref = _hf_logits(hf, ids)
+    mine = llm.model.prefill(torch.tensor([ids], device=llm.device),
+                             torch.tensor([len(ids)], dtype=torch.int32, device=llm.device),
+                             llm.model.new_cache(1), all_logits=True)[0].double().cpu()
+    top2 = ref.topk(2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]).min().item(), (mine - ref).abs().max().item(), ref.abs().max().item()
+
+
+def test_logits_every_step(engines):
+    """Prefill logits at every position, then each decode step over the cache, against
+    transformers' forward on the same ids (fp32: max abs diff <= 1e-4 x the logits' scale)."""
+    llm, hf, prompts, new = engines
+    prompt = prompts[-1]
+    cont = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False)
+    ids = prompt + cont
+    ref = _hf_logits(hf, ids)
+    scale = ref.abs().max().item()
+    _, diff, _ = _margin_and_diff(hf, llm, ids)
+    assert diff <= 1e-4 * scale, f"prefill logits differ by {diff:.3e} (scale {scale:.1f})"
+    m, dev = llm.model, llm.device
+    cache = m.new_cache(1)
+    m.prefill(torch.tensor([prompt], device=dev), torch.tensor([len(prompt)], dtype=torch.int32, device=dev), cache)
+    for t in range(len(prompt), len(ids)):
+        logits = m.decode(torch.tensor([ids[t]], dtype=torch.int32, device=dev),
+                          torch.tensor([t], dtype=torch.int32, device=dev), cache)[0].double().cpu()
+        d = (logits - ref[t]).abs().max().item()
+        assert d <= 1e-4 * scale, f"decode step at position {t}: logits differ by {d:.3e} (scale {scale:.1f})"
+
+
+def test_greedy_matches_transformers(engines):
+    llm, hf, prompts, new = engines
+    for prompt in prompts:
+        expect = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False)
+        margin, diff, scale = _margin_and_diff(hf, llm, prompt + expect)
+        assert margin > 20 * diff, f"test model too flat: top-2 margin {margin:.2e} vs logit diff {diff:.2e}"
+        got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True))[0]
+        assert got.token_ids == expect, f"prompt of {len(prompt)} tokens"
+        assert got.finish_reason == "length" and len(got.token_ids) == new
+
+
+def test_greedy_stops_at_eos_like_transformers(engines):
+    llm, hf, prompts, new = engines
+    prompt = prompts[1]
+    expect = hf_generate(hf, prompt, max_new_tokens=8, do_sample=False)
+    eos = expect[3]  # pretend the 4th generated token is the end of sequence
+    old = llm.config
+    llm.model.config = llm.config = type(old)(**{**old.to_dict(), "eos_token_id": eos})
+    try:
+        got = llm.generate([prompt], SamplingParams(max_new_tokens=8, temperature=0))[0]
+    finally:
+        llm.model.config = llm.config = old
+    assert got.token_ids == expect[:expect.index(eos) + 1] and got.finish_reason == "stop"
+
+
+SAMPLING = [dict(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0),
+            dict(temperature=1.3, top_k=20, top_p=1.0, repetition_penalty=1.0),
+            dict(temperature=1.0, top_k=0, top_p=0.8, repetition_penalty=1.0),
+            dict(temperature=0.9, top_k=30, top_p=0.9, repetition_penalty=1.4)]
+
+
+@pytest.mark.parametrize("kw", SAMPLING)
+def test_processed_distribution_matches_transformers(kw):
+    """Our logits processing equals transformers' processors (in its order) on random logits."""
+    V = 300
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, V, generator=g) * 3
+    input_ids = torch.randint(0, V, (4, 12), generator=g)
+    procs = LogitsProcessorList()
+    if kw["repetition_penalty"] != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(kw["repetition_penalty"]))
+    if kw["temperature"] != 1.0:
+        procs.append(TemperatureLogitsWarper(kw["temperature"]))
+    if kw["top_k"]:
+        procs.append(TopKLogitsWarper(kw["top_k"]))
+    if kw["top_p"] < 1.0:
+        procs.append(TopPLogitsWarper(kw["top_p"]))
+    expect = procs(input_ids, logits.clone())
+    seen = torch.zeros(4, V, dtype=torch.bool).scatter_(1, input_ids, True)
+    got = process_logits(logits, SamplingParams(**kw), seen)
+    assert torch.equal(torch.isinf(got), torch.isinf(expect))
+    assert torch.allclose(torch.softmax(got, -1), torch.softmax(expect, -1), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("kw", SAMPLING)
+def test_sampling_same_seed_same_ids(engines, kw):
+    """Same seed: the sampled ids equal transformers' generate(do_sample=True, ...). On the CPU
+    both draw from the same generator in the same shapes; see the README for the GPU."""
+    llm, hf, prompts, new = engines
+    prompt = prompts[1]
+    torch.manual_seed(11)
+    expect = hf_generate(hf, prompt, max_new_tokens=new, do_sample=True, **kw)
+    got = llm.generate([prompt], SamplingParams(max_new_tokens=new, seed=11, ignore_eos=True, **kw))[0]
+    assert got.token_ids == expect
+
+
+def test_ragged_batch(engines):
+    """Prompts of different lengths in one batch: each equals its run alone, and transformers
+    with left padding and an attention mask (both stopping at EOS)."""
+    llm, hf, prompts, new = engines
+    params = SamplingParams(max_new_tokens=new, temperature=0)
+    batch = llm.generate(prompts, params)
+    T = max(len(p) for p in prompts)
+    eos = hf.config.eos_token_id
+    inp = torch.tensor([[eos] * (T - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+    hf_out = hf.generate(inp, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                         pad_token_id=eos)[:, T:].tolist()
+    for i, p in enumerate(prompts):
+        expect = hf_out[i][:hf_out[i].index(eos) + 1] if eos in hf_out[i] else hf_out[i]
+        alone = llm.generate([p], params)[0]
+        assert batch[i].token_ids == alone.token_ids, f"prompt {i} ({len(p)} tokens): batch != alone"
+        assert alone.token_ids == expect, f"prompt {i} ({len(p)} tokens): minillm != transformers"
+        assert alone.finish_reason == ("stop" if eos in expect else "length")
