@@ -38,14 +38,11 @@ def _cfg(bm, bn, bk, split, warps, stages):
 
 # BLOCK_M stays 16 in every decode config: a row's arithmetic is then the same at any M <= 64
 _DECODE_CONFIGS = [
-    _cfg(16, bn, bk, split, w, s)
-    for bn, bk in ((32, 128), (64, 128), (64, 64), (128, 64))
-    for split in (1, 2, 4, 8)
-    for w, s in ((4, 3),)
+    _cfg(16, bn, bk, split, 4, 3)
+    for bn, bk, split in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 128, 4), (128, 64, 2), (64, 64, 8))
 ]
 _PREFILL_CONFIGS = [
-    _cfg(128, 128, 64, 1, 8, 3), _cfg(128, 256, 64, 1, 8, 3), _cfg(64, 128, 64, 1, 4, 4),
-    _cfg(128, 64, 64, 1, 4, 4), _cfg(64, 64, 64, 1, 4, 4), _cfg(128, 128, 32, 1, 4, 4),
+    _cfg(128, 128, 64, 1, 8, 3), _cfg(128, 256, 64, 1, 8, 3), _cfg(64, 128, 64, 1, 4, 4), _cfg(128, 64, 64, 1, 4, 4),
 ]
 # the interpreter runs every program in Python: one config each, few programs
 if _INTERPRET:

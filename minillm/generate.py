@@ -21,6 +21,14 @@ class ContextLengthError(ValueError):
     """Prompt plus new tokens do not fit the model's context."""
 
 
+def check_context(prompt_len, max_new_tokens, n_positions):
+    """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
+    if prompt_len + max_new_tokens - 1 > n_positions:
+        raise ContextLengthError(
+            f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
+            f"{n_positions} positions (at most {n_positions - prompt_len + 1} new tokens for this prompt)")
+
+
 @dataclass
 class GenerationResult:
     """One prompt's output: generated ids only, their text (None without a tokenizer), why it
@@ -131,10 +139,7 @@ class Engine:
         c = self.model.config
         B = len(prompts)
         longest = max(len(p) for p in prompts)
-        if longest + params.max_new_tokens > c.n_positions:
-            raise ContextLengthError(
-                f"prompt of {longest} tokens + max_new_tokens {params.max_new_tokens} exceeds the model's "
-                f"context of {c.n_positions} positions")
+        check_context(longest, params.max_new_tokens, c.n_positions)
         eos = None if params.ignore_eos else c.eos_token_id
         Bp = _bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)

@@ -1,0 +1,228 @@
+"""Generation benchmark: minillm against transformers (eager, sdpa) and a torch.compile peer, in
+one run on the same weights. Greedy, EOS ignored, so every engine generates the same count.
+
+Per (engine, model, batch): time to first token (prefill), decode tokens/s, the cold first run
+(compilation / autotuning / graph capture) apart from the warm median of repeats, peak memory,
+and for minillm the fraction of the memory-bandwidth floor (weight + KV bytes per decode step
+over the device's copy bandwidth measured in the same run).
+"""
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .benchutil import copy_bandwidth, device_slug, environment
+from .config import PRESETS
+
+ENGINES = ("minillm", "hf-eager", "hf-sdpa", "torch-compile")
+
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def build(model, device, dtype):
+    """(config, transformers model, minillm weights dict) on the same tensors: a preset name gets
+    random weights (speed does not depend on values), anything else loads as a checkpoint."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .loader import load_weights, read_config, resolve
+
+    if model in PRESETS:
+        cfg = PRESETS[model]
+        torch.manual_seed(0)
+        hf = GPT2LMHeadModel(GPT2Config(**cfg.to_hf())).to(device=device, dtype=dtype).eval()
+        weights = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()
+                   if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        return cfg, hf, weights
+    path = resolve(model)
+    cfg = read_config(path)
+    weights = load_weights(path, cfg, device, dtype)
+    hf = GPT2LMHeadModel.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    return cfg, hf, weights
+
+
+def floor_seconds(cfg, batch, ctx, elt, copy_gbs):
+    """Bytes one decode step must read at least: every weight once (wte doubles as the lm_head)
+    plus each sequence's keys and values over `ctx` positions."""
+    C = cfg.n_embd
+    weight_bytes = (cfg.n_params - cfg.n_positions * C) * elt
+    kv_bytes = 2 * cfg.n_layer * batch * ctx * C * elt
+    return (weight_bytes + kv_bytes) / (copy_gbs * 1e9)
+
+
+def _timed(fn, repeats):
+    """Run fn() once cold, then `repeats` times; fn returns (ttft_s, decode_s)."""
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    cold = time.perf_counter() - t0
+    runs = [fn() for _ in range(repeats)]
+    return cold, statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def run_minillm(cfg, weights, ids, new, repeats):
+    from .generate import Engine
+    from .model import GPT
+    from .sampling import SamplingParams
+
+    engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True)
+    params = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
+    prompts = ids.tolist()
+
+    def once():
+        _, t = engine.generate(prompts, params)
+        return t["ttft_s"], t["decode_s"]
+
+    return _timed(once, repeats)
+
+
+def run_hf(hf, impl, ids, new, repeats):
+    hf.config._attn_implementation = impl
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def once():
+        _sync()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=1, **kw)
+        _sync()
+        t1 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+        _sync()
+        total = time.perf_counter() - t1
+        return t1 - t0, max(total - (t1 - t0), 1e-9)
+
+    with torch.inference_mode():
+        return _timed(once, repeats)
+
+
+def run_peer(cfg, weights, ids, new, repeats):
+    from .torch_peer import TorchPeer
+
+    peer = TorchPeer(cfg, weights, ids.shape[0])
+
+    def once():
+        _sync()
+        t0 = time.perf_counter()
+        tok = peer.prefill(ids)
+        _sync()
+        t1 = time.perf_counter()
+        pos = torch.tensor(ids.shape[1], device=ids.device)
+        for _ in range(new - 1):
+            tok = peer.step(tok, pos).clone()
+            pos += 1
+        _sync()
+        return t1 - t0, time.perf_counter() - t1
+
+    with torch.inference_mode():
+        return _timed(once, repeats)
+
+
+def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=32, new_tokens=128, engines=ENGINES, repeats=3,
+          dtype=torch.float16, log=print):
+    """Run the matrix on the current CUDA device; returns the list of result rows."""
+    env = environment()
+    bw = copy_bandwidth()
+    log(f"{env['device']}: copy bandwidth {bw:.0f} GB/s (read + write); torch {env['torch']}, triton {env['triton']}")
+    rows = []
+    for model in models:
+        cfg, hf, weights = build(model, "cuda", dtype)
+        elt = torch.tensor([], dtype=dtype).element_size()
+        for batch in batches:
+            new = new_tokens
+            if prompt_len + new - 1 > cfg.n_positions:
+                raise ValueError(f"prompt_len {prompt_len} + new_tokens {new} exceeds {model}'s context")
+            ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device="cuda")
+            for engine in engines:
+                gc.collect()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                try:
+                    if engine == "minillm":
+                        cold, ttft, dec = run_minillm(cfg, weights, ids, new, repeats)
+                    elif engine == "torch-compile":
+                        cold, ttft, dec = run_peer(cfg, weights, ids, new, repeats)
+                    else:
+                        cold, ttft, dec = run_hf(hf, engine[3:], ids, new, repeats)
+                except Exception as e:  # a peer that fails is reported, not fatal
+                    log(f"{engine} {model} batch {batch}: failed: {type(e).__name__}: {str(e)[:200]}")
+                    rows.append({"engine": engine, "model": model, "batch": batch, "error": str(e)[:500], **env})
+                    continue
+                steps = max(new - 1, 1)
+                step_s = dec / steps
+                floor = floor_seconds(cfg, batch, prompt_len + new // 2, elt, bw)
+                decodes = new > 1  # new_tokens 1 measures the prefill alone
+                row = {"engine": engine, "model": model, "batch": batch, "prompt_len": prompt_len,
+                       "new_tokens": new, "tok_s": batch * steps / dec if decodes else None,
+                       "ttft_ms": ttft * 1e3, "prefill_tok_s": batch * prompt_len / ttft,
+                       "step_ms": step_s * 1e3 if decodes else None, "floor_ms": floor * 1e3,
+                       "floor_fraction": floor / step_s if decodes else None, "cold_s": cold,
+                       "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "copy_gbs": bw,
+                       "dtype": str(dtype).replace("torch.", ""), **env}
+                rows.append(row)
+                log(_line(row))
+        del hf, weights
+    return rows
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _line(r):
+    return (f"{r['engine']:<14} {r['model']:<10} batch {r['batch']:<3} prompt {r['prompt_len']:<5} "
+            f"{_fmt(r['tok_s'], '10,.0f')} tok/s  ttft {r['ttft_ms']:8.2f} ms  "
+            f"step {_fmt(r['step_ms'], '7.3f')} ms  floor {_fmt(r['floor_fraction'], '.2f')}  cold {r['cold_s']:5.1f} s")
+
+
+def chart(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("tok_s") is not None]
+    groups = sorted({(r["model"], r["batch"]) for r in ok}, key=lambda g: (g[0], g[1]))
+    engines = [e for e in ENGINES if any(r["engine"] == e for r in ok)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    width = 0.8 / max(len(engines), 1)
+    for j, e in enumerate(engines):
+        vals = [next((r["tok_s"] for r in ok if (r["model"], r["batch"]) == g and r["engine"] == e), 0)
+                for g in groups]
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=e)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{m}\nbatch {b}" for m, b in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens/s (log)")
+    dev = ok[0]["device"] if ok else ""
+    ax.set_title(f"greedy decode, fp16, prompt 32, 128 new tokens — {dev}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def table(rows):
+    lines = ["| engine | model | batch | prompt | decode tok/s | TTFT ms | ms/step | floor fraction |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | | failed | | | |")
+            continue
+        lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | {r['prompt_len']} | {_fmt(r['tok_s'], ',.0f')} | "
+                     f"{r['ttft_ms']:.2f} | {_fmt(r['step_ms'], '.3f')} | {_fmt(r['floor_fraction'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def write(rows, out_dir):
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = device_slug()
+    path = out / f"generate-{slug}.json"
+    path.write_text(json.dumps(rows, indent=1))
+    chart(rows, out / f"generate-{slug}.png")
+    (out / f"generate-{slug}.md").write_text(table(rows) + "\n")
+    return path

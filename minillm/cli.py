@@ -1,0 +1,246 @@
+"""The `minillm` command: generate, download, bench.
+
+Exit codes: 0 ok; 2 bad usage (argparse, invalid values); 1 runtime error, one line on stderr
+(the traceback only with --verbose).
+"""
+import argparse
+import os
+import sys
+import time
+
+EPILOG_MAIN = """examples:
+  minillm generate --model gpt2 "The meaning of life is"
+  minillm generate --model ./weights/gpt2 --greedy --max-new-tokens 50 "Once upon a time"
+  echo "Hello" | minillm generate --model gpt2 -
+  minillm download gpt2
+  minillm bench --model gpt2 --batch 1 8 64
+"""
+
+EPILOG_GENERATE = """examples:
+  minillm generate --model gpt2 "The meaning of life is"
+  minillm generate --model gpt2 --temperature 0.8 --top-p 0.95 --seed 1 -n 4 "In a hole in the ground"
+  minillm generate --model gpt2 --greedy --stop "." "Paris is" "Rome is"
+  cat prompt.txt | minillm generate --model weights/gpt2-xl --dtype bfloat16 -
+
+One prompt streams its text as it is generated; several prompts (or -n N samples) run as one
+batch and print when done. A summary line goes to stderr: prompt tokens, new tokens, time to
+first token, decode tokens/s.
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive_int(name):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer, got {s!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer >= 1, got {v}")
+        return v
+    return parse
+
+
+def _number(name, lo=None, hi=None, lo_open=False):
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected a number, got {s!r}") from None
+        if v != v or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+            lo_s = f"> {lo}" if lo_open else f">= {lo}"
+            rng = f"in ({lo}, {hi}]" if hi is not None else lo_s
+            raise argparse.ArgumentTypeError(f"{name}: expected a number {rng}, got {s}")
+        return v
+    return parse
+
+
+def _nonneg_int(name):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer, got {s!r}") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer >= 0, got {v}")
+        return v
+    return parse
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="minillm", description="A small, fast LLM inference engine on fused Triton "
+                                "kernels (GPT-2 family).", epilog=EPILOG_MAIN,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version="minillm 0.1.0")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate text from prompts", description="Generate text from one or "
+                       "more prompts.", epilog=EPILOG_GENERATE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads the prompt from stdin")
+    g.add_argument("--model", "-m", default="gpt2", help="local folder, weights/NAME, or hub id (default: gpt2)")
+    g.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64,
+                   help="tokens to generate at most (default: 64)")
+    g.add_argument("--temperature", type=_number("--temperature", lo=0), default=1.0,
+                   help="sampling temperature; 0 = greedy (default: 1.0)")
+    g.add_argument("--top-k", type=_nonneg_int("--top-k"), default=50, help="keep the k likeliest tokens; "
+                   "0 disables (default: 50)")
+    g.add_argument("--top-p", type=_number("--top-p", lo=0, hi=1, lo_open=True), default=1.0,
+                   help="nucleus sampling mass in (0, 1] (default: 1.0)")
+    g.add_argument("--repetition-penalty", type=_number("--repetition-penalty", lo=0, lo_open=True), default=1.0,
+                   help="> 1 discourages repeats (default: 1.0)")
+    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible samples")
+    g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when TEXT appears (repeatable; not printed)")
+    g.add_argument("-n", "--num-samples", type=_positive_int("-n"), default=1,
+                   help="samples per prompt, run as one batch (default: 1)")
+    _add_runtime_args(g)
+
+    d = sub.add_parser("download", help="download a hub model into weights/", description="Download a Hugging "
+                       "Face model (config, safetensors, tokenizer) into weights/NAME.",
+                       epilog="example:\n  minillm download gpt2\n  minillm download openai-community/gpt2-xl "
+                       "--dir /data/models", formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("name", help="hub id, e.g. gpt2, distilgpt2, openai-community/gpt2-medium")
+    d.add_argument("--dir", default=None, help="target folder (default: weights/<name>)")
+    d.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+
+    b = sub.add_parser("bench", help="tokens/s against transformers and torch.compile",
+                       description="Decode benchmark: minillm vs transformers (eager, sdpa) and a torch.compile "
+                       "peer on the same weights; writes bench/results/generate-<device>.json, a PNG and a table.",
+                       epilog="examples:\n  minillm bench --model gpt2 --batch 1 8 64\n"
+                       "  minillm bench --model gpt2-xl --batch 1 --engines minillm torch-compile\n"
+                       "  minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--model", nargs="+", default=["gpt2"], help="preset names (random weights: gpt2, gpt2-medium, "
+                   "gpt2-large, gpt2-xl, distilgpt2) or checkpoint folders (default: gpt2)")
+    b.add_argument("--batch", nargs="+", type=_positive_int("--batch"), default=[1, 8, 64],
+                   help="batch sizes (default: 1 8 64)")
+    b.add_argument("--prompt-len", type=_positive_int("--prompt-len"), default=32, help="prompt tokens (default: 32)")
+    b.add_argument("--new-tokens", type=_positive_int("--new-tokens"), default=128,
+                   help="tokens generated per sequence (default: 128)")
+    b.add_argument("--engines", nargs="+", default=["minillm", "hf-eager", "hf-sdpa", "torch-compile"],
+                   choices=["minillm", "hf-eager", "hf-sdpa", "torch-compile"], help="engines to run (default: all)")
+    b.add_argument("--repeats", type=_positive_int("--repeats"), default=3, help="timed runs after the cold one")
+    b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    b.add_argument("--out", default="bench/results", help="results folder (default: bench/results)")
+    b.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def _add_runtime_args(p):
+    p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default=None,
+                   help="weights dtype (default: float16 on CUDA, float32 on CPU)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--backend", choices=["triton", "torch"], default=None,
+                   help="kernels: triton (default on CUDA) or torch (default on CPU)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps without CUDA graphs")
+    p.add_argument("--verbose", action="store_true", help="show tracebacks and load details")
+
+
+def cmd_generate(args):
+    import warnings
+
+    from .api import LLM
+    from .sampling import SamplingParams
+
+    prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
+    if any(not p.strip() for p in prompts):
+        raise UsageError("PROMPT: expected non-empty text (stdin was empty?)")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if args.greedy else args.temperature,
+                            top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                            seed=args.seed, stop=args.stop)
+    with warnings.catch_warnings():
+        if not args.verbose:
+            warnings.simplefilter("ignore")
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                  cuda_graphs=False if args.no_cuda_graphs else None)
+    if llm.tokenizer is None:
+        raise RuntimeError(f"{llm.model_dir}: no tokenizer files, so text prompts cannot be encoded")
+    print(f"[minillm] {llm!r}", file=sys.stderr)
+    batch = [p for p in prompts for _ in range(args.num_samples)]
+    if len(batch) == 1:
+        for piece in llm.stream(batch[0], params):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        results = [llm.last_result]
+    else:
+        results = llm.generate(batch, params)
+        for i, r in enumerate(results):
+            head = f"--- prompt {i // args.num_samples + 1}" + (f", sample {i % args.num_samples + 1}"
+                                                                 if args.num_samples > 1 else "")
+            print(f"{head} ({r.finish_reason}) ---\n{batch[i]}{r.text}")
+    m = results[0].metrics
+    n_prompt = sum(r.metrics["prompt_tokens"] for r in results)
+    n_new = sum(r.metrics["new_tokens"] for r in results)
+    print(f"[minillm] {n_prompt} prompt tokens, {n_new} new tokens, time to first token {m['ttft_s'] * 1e3:.1f} ms, "
+          f"decode {m['decode_tok_s'] * len(results):,.1f} tokens/s ({llm.backend} on {llm.device})", file=sys.stderr)
+    return 0
+
+
+def cmd_download(args):
+    from .loader import WEIGHTS_DIR, download
+
+    target = args.dir or str(WEIGHTS_DIR / args.name.split("/")[-1])
+    path = download(args.name, local_dir=target)
+    print(f"downloaded {args.name} to {path}")
+    return 0
+
+
+def cmd_bench(args):
+    import torch
+
+    from .bench import bench, table, write
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench: needs a CUDA GPU (none is available)")
+    rows = bench(models=args.model, batches=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                 engines=args.engines, repeats=args.repeats, dtype=getattr(torch, args.dtype),
+                 log=lambda s: print(s, file=sys.stderr))
+    path = write(rows, args.out)
+    print(table(rows))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return {"generate": cmd_generate, "download": cmd_download, "bench": cmd_bench}[args.command](args)
+    except UsageError as e:
+        parser.error(str(e))
+    except KeyboardInterrupt:
+        print("\n[minillm] interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line; the traceback only when asked for
+        if getattr(args, "verbose", False):
+            raise
+        msg = _friendly(e)
+        print(f"minillm: error: {msg}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) and not _is_runtime_value_error(e) else 1
+
+
+def _is_runtime_value_error(e):
+    from .generate import ContextLengthError
+
+    return isinstance(e, ContextLengthError)
+
+
+def _friendly(e):
+    import torch
+
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "CUDA out of memory: " + str(e).splitlines()[0]
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One batch of GPU work for the device machine; everything lands in $OUT as a tarball + summary.
+#   bash scripts/gpu_session.sh tests bench-kernels    # stages: tests bench-kernels checks bench-generate
+set -u
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-/tmp/minillm-gpu}
+R=$(mktemp -d)/results
+mkdir -p "$R" "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  git log -1 --format='git %h %s' 2>/dev/null; } > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+for stage in "$@"; do
+  start=$(date +%s)
+  case $stage in
+    tests) timeout 420 python3 -m pytest tests -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
+           tail -n 5 "$R/gpu-tests.log" ;;
+    kernel-tests) timeout 420 python3 -m pytest tests/kernels -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
+           tail -n 5 "$R/gpu-kernel-tests.log" ;;
+    runtime-tests) timeout 300 python3 -m pytest tests/runtime -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
+           tail -n 5 "$R/gpu-runtime-tests.log" ;;
+    bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
+    checks) timeout 400 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
+    bench-generate)
+      timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
+      cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
+    bench-xl)
+      timeout 400 python3 -m minillm bench --model gpt2-xl --batch 1 64 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
+    bench-ttft)
+      timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
+    coldwarm)
+      mkdir -p /tmp/cw && python3 -c "
+import sys; sys.path.insert(0, '.')
+from tests.models import build_checkpoint; build_checkpoint('/tmp/cw/m', n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024, with_tokenizer=False)" >/dev/null 2>&1
+      cp ../shared/assets/gpt2-tokenizer/* /tmp/cw/m/ 2>/dev/null || true
+      for run in cold warm; do
+        s=$(date +%s.%N); python3 -m minillm generate --model /tmp/cw/m --greedy --max-new-tokens 32 "Hello" > /dev/null 2>> "$R/coldwarm.log"
+        echo "$run start-to-finish: $(echo "$(date +%s.%N) - $s" | bc) s" | tee -a "$R/coldwarm.log"
+      done ;;
+  esac
+  echo "[stage $stage: $(( $(date +%s) - start )) s]"
+done
+tar czf "$OUT/results.tgz" -C "$(dirname "$R")" results
