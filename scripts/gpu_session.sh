@@ -3,6 +3,7 @@
 #   bash scripts/gpu_session.sh tests bench-kernels    # stages: tests bench-kernels checks bench-generate
 set -u
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export MINILLM_TOKENIZER_DIR=$PWD/.gpu_assets/gpt2-tokenizer
 OUT=${OUT:-/tmp/minillm-gpu}
 R=$(mktemp -d)/results
 mkdir -p "$R" "$OUT"
@@ -15,9 +16,9 @@ for stage in "$@"; do
   case $stage in
     tests) timeout 420 python3 -m pytest tests -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
            tail -n 5 "$R/gpu-tests.log" ;;
-    kernel-tests) timeout 420 python3 -m pytest tests/kernels -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
+    kernel-tests) timeout 330 python3 -m pytest tests/kernels -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
            tail -n 5 "$R/gpu-kernel-tests.log" ;;
-    runtime-tests) timeout 300 python3 -m pytest tests/runtime -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
+    runtime-tests) timeout 200 python3 -m pytest tests/runtime -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
     checks) timeout 400 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
@@ -32,7 +33,7 @@ for stage in "$@"; do
       mkdir -p /tmp/cw && python3 -c "
 import sys; sys.path.insert(0, '.')
 from tests.models import build_checkpoint; build_checkpoint('/tmp/cw/m', n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024, with_tokenizer=False)" >/dev/null 2>&1
-      cp ../shared/assets/gpt2-tokenizer/* /tmp/cw/m/ 2>/dev/null || true
+      cp .gpu_assets/gpt2-tokenizer/* /tmp/cw/m/ 2>/dev/null || true
       for run in cold warm; do
         s=$(date +%s.%N); python3 -m minillm generate --model /tmp/cw/m --greedy --max-new-tokens 32 "Hello" > /dev/null 2>> "$R/coldwarm.log"
         echo "$run start-to-finish: $(echo "$(date +%s.%N) - $s" | bc) s" | tee -a "$R/coldwarm.log"
