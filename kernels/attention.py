@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
+from ._tuning import autotune, pick
 
 LOG2E = 1.4426950408889634
 
@@ -56,7 +57,6 @@ def _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_le
     return acc, l_i, m_new
 
 
-@triton.autotune(configs=_configs(), key=["T_BUCKET", "D", "CAUSAL"])
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr,
@@ -105,6 +105,10 @@ def _attention_kernel(
     tl.store(o_base + offs_m[:, None] * stride_ot + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask)
 
 
+_CONFIGS = _configs()
+_attention_tuned = autotune(_CONFIGS, key=["T_BUCKET", "D", "CAUSAL"])(_attention_kernel)
+
+
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     """softmax(q k^T * scale [+ causal / length masks]) v without materializing the scores.
 
@@ -133,13 +137,14 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
         return o
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), B * H)
-    _attention_kernel[grid](
+    kernel, meta = pick(_attention_tuned, _CONFIGS)
+    kernel[grid](
         q, k, v, o, seq_lens if seq_lens is not None else o,
         H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         CAUSAL=bool(causal), HAS_LENS=seq_lens is not None,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_D=max(16, triton.next_power_of_2(D)), **meta,
     )
     return o

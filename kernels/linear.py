@@ -15,7 +15,6 @@ The optional layernorm prologue (decode rows) recomputes each row's statistics o
 in every program (rows are a few KB, read from L2), which removes the layernorm launch; with
 prefill rows the launcher runs the layernorm kernel once instead, as many tiles share a row.
 """
-import inspect
 import os
 
 import torch
@@ -23,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
+from ._tuning import autotune, pick
 from ._workspace import arrival_counters
 from .activations import ACTIVATIONS, _apply_activation
 from .layernorm import layernorm
@@ -39,7 +39,7 @@ def _cfg(bm, bn, bk, split, warps, stages):
 # BLOCK_M stays 16 in every decode config: a row's arithmetic is then the same at any M <= 64
 _DECODE_CONFIGS = [
     _cfg(16, bn, bk, split, 4, 3)
-    for bn, bk, split in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 128, 4), (128, 64, 2), (64, 64, 8))
+    for bn, bk, split in ((64, 128, 2), (64, 128, 1), (64, 128, 4), (32, 128, 4), (128, 64, 2), (64, 64, 8))
 ]
 _PREFILL_CONFIGS = [
     _cfg(128, 128, 64, 1, 8, 3), _cfg(128, 256, 64, 1, 8, 3), _cfg(64, 128, 64, 1, 4, 4), _cfg(128, 64, 64, 1, 4, 4),
@@ -49,12 +49,6 @@ if _INTERPRET:
     _DECODE_CONFIGS = [_cfg(16, 128, 64, 1, 4, 1)]  # split-K has its own tests (_config)
     _PREFILL_CONFIGS = [_cfg(64, 64, 64, 1, 4, 1)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _DECODE_CONFIGS)
-
-
-def _autotune(configs, key):
-    # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
-    kw = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=configs, key=key, restore_value=["y_ptr"], **kw)
 
 
 @triton.jit
@@ -148,8 +142,11 @@ def _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_r
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=tile_mask)
 
 
-_linear_decode = _autotune(_DECODE_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"])(_linear_kernel)
-_linear_prefill = _autotune(_PREFILL_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"])(_linear_kernel)
+# restore y: with out=residual (in-place residual add) a tuning run must not accumulate
+_linear_decode = autotune(_DECODE_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"],
+                          restore_value=["y_ptr"])(_linear_kernel)
+_linear_prefill = autotune(_PREFILL_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"],
+                           restore_value=["y_ptr"])(_linear_kernel)
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, _config=None):
@@ -197,9 +194,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         # many row tiles would each recompute the statistics: normalize once instead
         x2 = layernorm(x2, ln_weight, ln_bias, ln_eps)
         ln_weight = ln_bias = None
-    kernel = _linear_decode if small else _linear_prefill
-    max_split = MAX_SPLIT_K if small else 1
-    meta = {}
+    kernel, meta = pick(_linear_decode, _DECODE_CONFIGS) if small else pick(_linear_prefill, _PREFILL_CONFIGS)
+    max_split = (MAX_SPLIT_K if not meta else meta["SPLIT_K"]) if small else 1
     if _config is not None:
         kernel, meta, max_split = _linear_kernel, dict(_config), _config["SPLIT_K"]
     part = x.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)

@@ -14,11 +14,11 @@ cat "$R/env.txt"
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
-    tests) timeout 420 python3 -m pytest tests -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
+    tests) timeout 420 python3 -m pytest tests -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
            tail -n 5 "$R/gpu-tests.log" ;;
-    kernel-tests) timeout 330 python3 -m pytest tests/kernels -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
+    kernel-tests) timeout 330 python3 -m pytest tests/kernels -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
            tail -n 5 "$R/gpu-kernel-tests.log" ;;
-    runtime-tests) timeout 200 python3 -m pytest tests/runtime -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
+    runtime-tests) timeout 200 python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
     checks) timeout 400 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;

@@ -6,6 +6,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# each kernel's default config; the *_autotuned tests switch tuning on (compile time on a GPU)
+os.environ.setdefault("MINILLM_AUTOTUNE", "0")
 
 import torch  # noqa: E402
 
@@ -14,6 +16,13 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture
+def autotuned(monkeypatch):
+    import kernels._tuning
+
+    monkeypatch.setattr(kernels._tuning, "AUTOTUNE", True)
 
 
 @pytest.fixture

@@ -44,6 +44,13 @@ def test_attention_ragged_lengths(causal, device):
         assert_rel_close(o[b:b + 1, :, :n], alone, torch.float32, f"sequence {b}")
 
 
+@pytest.mark.parametrize("T", [33] + ([1024] if ON_GPU else []))
+def test_attention_autotuned(T, device, autotuned):
+    dtype = torch.float16 if ON_GPU else torch.float32
+    q, k, v = (randn(2, 3, T, 64, dtype=dtype, device=device) for _ in range(3))
+    assert_rel_close(kernels.attention(q, k, v), _ref(q, k, v, True), dtype, "autotuned attention")
+
+
 def test_attention_strided_views_and_scale(device):
     """q, k, v as views into one (B, T, 3, H, D) projection, output into a (B, T, H, D) buffer."""
     B, T, H, D = 2, 19, 3, 16

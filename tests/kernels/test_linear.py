@@ -78,6 +78,17 @@ def test_linear_split_k_reduction(split_k, M, device):
         assert_rel_close(y, _ref(x, w, activation="relu", residual=res), torch.float32, f"split {split_k}")
 
 
+@pytest.mark.parametrize("M,K,N", [(1, 96, 200), (130, 64, 70)] + ([(1, 768, 2304), (512, 768, 3072)] if ON_GPU else []))
+def test_linear_autotuned(M, K, N, device, autotuned):
+    """Every config the autotuner benchmarks must be right, in place too (restore_value)."""
+    dtype = torch.float16 if ON_GPU else torch.float32
+    x, w = randn(M, K, dtype=dtype, device=device), randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    expect = _ref(x, w, bias=b, activation="gelu_tanh", residual=h)
+    kernels.linear(x, w, b, activation="gelu_tanh", residual=h, out=h)
+    assert_rel_close(h, expect, dtype, "autotuned linear")
+
+
 def test_linear_in_place_residual(device):
     x, w = randn(3, 40, device=device), randn(40, 24, device=device)
     h = randn(3, 24, device=device)
