@@ -48,3 +48,47 @@ def environment():
 def device_slug():
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def ms_graph(fns, min_ms=2.0, reps=20):
+    """Median milliseconds per call of the callables `fns`, captured back to back in one CUDA
+    graph and timed over graph replays: launch overhead stays out, as in the engine's decode.
+    Each callable should touch its own inputs (see rotating) so repeated calls do not hit L2."""
+    for f in fns:  # warm-up outside the graph: autotuning, compilation, workspace allocation
+        f()
+    torch.cuda.synchronize()
+    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one[0].record()
+    for f in fns:
+        f()
+    one[1].record()
+    torch.cuda.synchronize()
+    rounds = max(1, min(50, int(min_ms / max(one[0].elapsed_time(one[1]), 1e-3)) + 1))
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g):
+            for _ in range(rounds):
+                for f in fns:
+                    f()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2] / (rounds * len(fns))
+
+
+def rotating(make, bytes_each, min_total=256 << 20, max_copies=128):
+    """Enough independent input sets from make() that cycling through them streams at least
+    min_total bytes (several times the L2), so each call reads device memory, not cache."""
+    n = max(1, min(max_copies, -(-min_total // max(bytes_each, 1))))
+    return [make() for _ in range(n)]
