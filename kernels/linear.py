@@ -37,9 +37,15 @@ def _cfg(bm, bn, bk, split, warps, stages):
 
 
 # BLOCK_M stays 16 in every decode config: a row's arithmetic is then the same at any M <= 64
-_DECODE_CONFIGS = [
-    _cfg(16, bn, bk, split, 4, 3)
-    for bn, bk, split in ((64, 128, 2), (64, 128, 1), (64, 128, 4), (32, 128, 4), (128, 64, 2), (64, 64, 8))
+_DECODE_CONFIGS = [  # the first is the untuned default (MINILLM_AUTOTUNE=0)
+    _cfg(16, bn, bk, split, w, s)
+    for bn, bk, split, w, s in (
+        (64, 128, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (32, 128, 4, 4, 3), (128, 64, 2, 4, 3),
+        (64, 64, 8, 4, 3),
+        # GEMV-like: narrow column blocks, whole K per program, no cross-program reduction
+        (16, 128, 1, 2, 4), (32, 128, 1, 4, 4), (16, 256, 1, 4, 3), (32, 256, 1, 4, 3), (16, 128, 2, 2, 4),
+        (32, 128, 2, 4, 4),
+    )
 ]
 _PREFILL_CONFIGS = [
     _cfg(128, 128, 64, 1, 8, 3), _cfg(128, 256, 64, 1, 8, 3), _cfg(64, 128, 64, 1, 4, 4), _cfg(128, 64, 64, 1, 4, 4),

@@ -67,6 +67,8 @@ def process_logits(logits, params: SamplingParams, seen=None):
     seen (B, V) bool marks the tokens of each prompt and output so far."""
     import torch
 
+    if params.greedy and (params.repetition_penalty == 1.0 or seen is None):
+        return logits  # argmax of fp16 and of its exact fp32 upcast agree: skip the copy
     scores = logits.float()
     if params.repetition_penalty != 1.0 and seen is not None:
         p = params.repetition_penalty

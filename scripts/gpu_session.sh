@@ -26,7 +26,7 @@ for stage in "$@"; do
       timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
     bench-xl)
-      timeout 400 python3 -m minillm bench --model gpt2-xl --batch 1 64 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
+      timeout 330 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
       timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
     coldwarm)

@@ -58,7 +58,7 @@ def build_checkpoint(path, *, n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_
 def hf_generate(model, ids, ignore_eos=True, **kw):
     """transformers' generate on a prompt list, returning only the new ids. With ignore_eos it
     runs past the end-of-sequence token (no stop criterion, no logits masking)."""
-    inp = torch.tensor([ids])
+    inp = torch.tensor([ids], device=model.device)
     eos = model.generation_config.eos_token_id
     if ignore_eos:
         model.generation_config.eos_token_id = None

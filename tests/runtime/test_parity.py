@@ -29,6 +29,8 @@ def engines(request, tmp_path_factory):
     size, lens, new = BACKENDS[backend]
     path = tmp_path_factory.mktemp(f"gpt2-{backend}")
     hf = build_checkpoint(path, seed=1, **size)
+    if ON_GPU:  # same device, so sampling draws from the same (CUDA) generator
+        hf = hf.cuda()
     llm = LLM(str(path), device="cuda" if ON_GPU else "cpu", dtype="float32", backend=backend)
     llm.short = SHORT[backend] if not ON_GPU else new
     g = torch.Generator().manual_seed(7)
@@ -38,7 +40,7 @@ def engines(request, tmp_path_factory):
 
 def _hf_logits(hf, ids):
     with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].double()  # (T, V)
+        return hf(torch.tensor([ids], device=hf.device)).logits[0].double().cpu()  # (T, V)
 
 
 def _margin_and_diff(hf, llm, ids):
@@ -156,8 +158,8 @@ def test_ragged_batch(engines):
     batch = llm.generate(prompts, params)
     T = max(len(p) for p in prompts)
     eos = hf.config.eos_token_id
-    inp = torch.tensor([[eos] * (T - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+    inp = torch.tensor([[eos] * (T - len(p)) + p for p in prompts], device=hf.device)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
     hf_out = hf.generate(inp, attention_mask=mask, max_new_tokens=new, do_sample=False,
                          pad_token_id=eos)[:, T:].tolist()
     for i, p in enumerate(prompts):
