@@ -15,6 +15,8 @@ from .sampling import SamplingParams, sample
 
 SYNC_EVERY = 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+PREFILL_GRAPH_TOKENS = 16384
 
 
 class ContextLengthError(ValueError):
@@ -67,6 +69,7 @@ class Engine:
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
         self._states = {}  # (batch, sampling key, eos) -> _DecodeState (with its graph)
+        self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
 
     # -- pieces -------------------------------------------------------------------------
     def cache_for(self, batch):
@@ -75,15 +78,41 @@ class Engine:
         return self._caches[batch]
 
     def prefill(self, prompts, cache):
-        """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,))."""
+        """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,)).
+        With CUDA graphs, small prefills (B x T <= PREFILL_GRAPH_TOKENS) pad T to a bucket and
+        replay a graph captured per (B, T bucket): their launch overhead exceeds their math."""
         dev = self.model.device
-        T = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), T, dtype=torch.int64)
+        B, T = len(prompts), max(len(p) for p in prompts)
+        graphed = self.use_cuda_graphs and B * T <= PREFILL_GRAPH_TOKENS
+        if graphed:
+            T = next(t for t in (*PREFILL_BUCKETS, T) if t >= T)
+            T = min(T, self.model.config.n_positions)
+        ids = torch.zeros(B, T, dtype=torch.int64)
         for i, p in enumerate(prompts):
             ids[i, :len(p)] = torch.tensor(p, dtype=torch.int64)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
-        ids, lens = ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True)
-        return self.model.prefill(ids, lens, cache), lens
+        if not graphed:
+            ids, lens = ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True)
+            return self.model.prefill(ids, lens, cache), lens
+        g = self._prefill_graphs.get((B, T))
+        if g is None:
+            g = self._prefill_graphs[(B, T)] = self._capture_prefill(ids.to(dev), lens.to(dev), cache)
+        g["ids"].copy_(ids, non_blocking=True)
+        g["lens"].copy_(lens, non_blocking=True)
+        g["graph"].replay()
+        return g["logits"], g["lens"]
+
+    def _capture_prefill(self, ids, lens, cache):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
+            self.model.prefill(ids, lens, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.model.prefill(ids, lens, cache)
+        torch.cuda.synchronize()
+        return {"graph": graph, "ids": ids, "lens": lens, "logits": logits}
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""

@@ -51,7 +51,7 @@ class TorchPeer:
 
     def _decode(self, tokens, pos):
         """tokens (B,), pos () int64 tensor: one step for all rows at the same position."""
-        x = (self.w["wte.weight"][tokens] + self.w["wpe.weight"][pos])[:, None]  # (B, 1, C)
+        x = (self.w["wte.weight"][tokens] + self.w["wpe.weight"].index_select(0, pos.view(1)))[:, None]  # (B, 1, C)
         mask = (self.positions <= pos)[None, None, None, :]  # (1, 1, 1, L)
 
         def attend(i, q, k, v):

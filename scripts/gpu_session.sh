@@ -29,14 +29,17 @@ for stage in "$@"; do
       timeout 330 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
       timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
+    profile)
+      for m in gpt2 gpt2-xl; do timeout 120 python3 scripts/profile_decode.py --model $m --batch 1 --out "$R" 2>&1 | tail -n 14; done ;;
     coldwarm)
       mkdir -p /tmp/cw && python3 -c "
 import sys; sys.path.insert(0, '.')
 from tests.models import build_checkpoint; build_checkpoint('/tmp/cw/m', n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024, with_tokenizer=False)" >/dev/null 2>&1
       cp .gpu_assets/gpt2-tokenizer/* /tmp/cw/m/ 2>/dev/null || true
+      rm -rf ~/.triton/cache  # cold: no compiled kernels, no autotune results
       for run in cold warm; do
-        s=$(date +%s.%N); python3 -m minillm generate --model /tmp/cw/m --greedy --max-new-tokens 32 "Hello" > /dev/null 2>> "$R/coldwarm.log"
-        echo "$run start-to-finish: $(echo "$(date +%s.%N) - $s" | bc) s" | tee -a "$R/coldwarm.log"
+        s=$(date +%s%N); python3 -m minillm generate --model /tmp/cw/m --greedy --max-new-tokens 32 "Hello" > /dev/null 2>> "$R/coldwarm.log"
+        echo "$run process start-to-finish: $(( ($(date +%s%N) - s) / 1000000 )) ms" | tee -a "$R/coldwarm.log"
       done ;;
   esac
   echo "[stage $stage: $(( $(date +%s) - start )) s]"
