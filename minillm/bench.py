@@ -181,7 +181,11 @@ def _line(r):
 
 
 def chart(rows, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("bench: matplotlib is not installed, no chart (pip install 'minillm[bench]')")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

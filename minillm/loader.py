@@ -62,8 +62,9 @@ def resolve(name_or_path):
     p = Path(name_or_path).expanduser()
     if p.is_dir():
         return p
-    if (WEIGHTS_DIR / str(name_or_path)).is_dir():
-        return WEIGHTS_DIR / str(name_or_path)
+    for root in (Path.cwd() / "weights", WEIGHTS_DIR):
+        if (root / str(name_or_path)).is_dir():
+            return root / str(name_or_path)
     if p.exists():
         raise ModelLoadError(f"{name_or_path}: expected a model folder, got a file")
     if str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:

@@ -1,0 +1,112 @@
+"""The Python API with the real GPT-2 tokenizer: batches, stream(), finish reasons, stop strings."""
+import pytest
+import torch
+
+from minillm import LLM, ContextLengthError, SamplingParams
+from tests.models import build_checkpoint, hf_generate, real_tokenizer_dir
+
+pytestmark = pytest.mark.skipif(real_tokenizer_dir() is None,
+                                reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
+
+
+@pytest.fixture(scope="module")
+def llm_hf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt2-tok")
+    hf = build_checkpoint(path, n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=64, seed=3,
+                          with_tokenizer=True)
+    return LLM(str(path), device="cpu"), hf
+
+
+def test_text_prompts_batched_ragged(llm_hf):
+    llm, hf = llm_hf
+    prompts = ["Hello", "The quick brown fox jumps over", "A"]
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    batch = llm.generate(prompts, params)
+    assert len(batch) == 3
+    for p, r in zip(prompts, batch):
+        ids = llm.tokenizer.encode(p)
+        assert r.prompt_token_ids == ids
+        assert r.token_ids == hf_generate(hf, ids, max_new_tokens=12, do_sample=False)
+        assert r.text == llm.tokenizer.decode(r.token_ids)
+        assert r.finish_reason == "length"
+        m = r.metrics
+        assert m["prompt_tokens"] == len(ids) and m["new_tokens"] == 12 and m["ttft_s"] > 0 and m["decode_tok_s"] > 0
+
+
+def test_single_string_and_token_ids(llm_hf):
+    llm, _ = llm_hf
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    a = llm.generate("Hello there", params)
+    b = llm.generate([llm.tokenizer.encode("Hello there")], params)
+    assert len(a) == 1 and a[0].token_ids == b[0].token_ids
+
+
+def test_stream_pieces_join_to_the_text(llm_hf):
+    llm, _ = llm_hf
+    params = SamplingParams(max_new_tokens=15, temperature=0, ignore_eos=True)
+    pieces = list(llm.stream("Once upon a time", params))
+    assert len(pieces) > 1
+    assert "".join(pieces) == llm.last_result.text == llm.generate("Once upon a time", params)[0].text
+
+
+def test_stop_string(llm_hf):
+    llm, _ = llm_hf
+    full = llm.generate("Hello", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))[0]
+    stop = full.text[len(full.text) // 2:][:3]
+    assert stop.strip(), "need a visible stop string"
+    r = llm.generate("Hello", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True, stop=[stop]))[0]
+    assert r.finish_reason == "stop"
+    assert r.text == full.text[:full.text.find(stop)]
+    assert stop in llm.tokenizer.decode(r.token_ids) and len(r.token_ids) < len(full.token_ids)
+    streamed = "".join(llm.stream("Hello", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True,
+                                                          stop=[stop])))
+    assert streamed == r.text
+
+
+def test_eos_finish_reason(llm_hf):
+    llm, hf = llm_hf
+    ids = llm.tokenizer.encode("Hi")
+    expect = hf_generate(hf, ids, max_new_tokens=6, do_sample=False)
+    old = llm.config
+    llm.model.config = llm.config = type(old)(**{**old.to_dict(), "eos_token_id": expect[2]})
+    try:
+        r = llm.generate([ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
+    finally:
+        llm.model.config = llm.config = old
+    assert r.finish_reason == "stop" and r.token_ids == expect[:expect.index(expect[2]) + 1]
+
+
+def test_context_length_error_before_work(llm_hf):
+    llm, _ = llm_hf
+    with pytest.raises(ContextLengthError, match="exceeds the model's context of 64 positions"):
+        llm.generate([[1] * 60], SamplingParams(max_new_tokens=10))
+    llm.generate([[1] * 60], SamplingParams(max_new_tokens=5, temperature=0))  # exactly fits
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=-1), "temperature: expected a number >= 0"),
+    (dict(top_p=0), r"top_p: expected a number in \(0, 1\]"),
+    (dict(top_k=-1), "top_k: expected an integer >= 0"),
+    (dict(max_new_tokens=0), "max_new_tokens: expected an integer >= 1"),
+    (dict(repetition_penalty=0), "repetition_penalty: expected a number > 0"),
+])
+def test_sampling_params_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
+
+
+def test_bad_prompts(llm_hf):
+    llm, _ = llm_hf
+    with pytest.raises(ValueError, match=r"prompts\[0\]: expected token ids in \[0, 50257\)"):
+        llm.generate([[1, 50257]])
+    with pytest.raises(ValueError, match="prompts: expected"):
+        llm.generate([])
+    with pytest.raises(ValueError, match=r"prompts\[1\]: expected at least one token"):
+        llm.generate([[1], []])
+
+
+def test_seeded_sampling_reproducible(llm_hf):
+    llm, _ = llm_hf
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=0, seed=5, ignore_eos=True)
+    assert llm.generate("Hi", params)[0].token_ids == llm.generate("Hi", params)[0].token_ids
+    torch.manual_seed(0)

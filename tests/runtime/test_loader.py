@@ -1,0 +1,128 @@
+"""Loading checkpoints: key layouts, shards, tied heads, and every way a folder can be wrong."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from minillm import LLM, ModelLoadError, SamplingParams
+from minillm.config import GPTConfig
+from minillm.loader import load_weights, read_config
+from tests.models import build_checkpoint
+
+SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
+
+
+def _logits(llm, ids):
+    lens = torch.tensor([len(ids)], dtype=torch.int32)
+    return llm.model.prefill(torch.tensor([ids]), lens, llm.model.new_cache(1), all_logits=True)[0]
+
+
+def _hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+@pytest.mark.parametrize("tie", [True, False])
+def test_layouts_load_and_match(tmp_path, prefix, tie):
+    hf = build_checkpoint(tmp_path, prefix=prefix, tie=tie, **SMALL)
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        llm = LLM(str(tmp_path), device="cpu", backend="torch")
+    assert (llm.model.lm_head.data_ptr() == llm.model.wte.data_ptr()) == tie  # tied: a view of wte, no copy
+    ids = [3, 9, 27, 81, 5]
+    torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_conv1d_weights_are_used_in_place(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    w = load_weights(tmp_path, read_config(tmp_path), "cpu", torch.float32)
+    assert w["h.0.attn.c_attn.weight"].shape == (32, 96)  # (in, out), no transposed copy
+
+
+def test_sharded_checkpoint(tmp_path):
+    hf = build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").unlink()
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for f, keys in shards.items():
+        save_file({k: sd[k] for k in keys}, tmp_path / f, metadata={"format": "pt"})
+        weight_map.update({k: f for k in keys})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    llm = LLM(str(tmp_path), device="cpu")
+    ids = [1, 2, 3]
+    torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dtypes(tmp_path, dtype):
+    build_checkpoint(tmp_path, **SMALL)
+    llm = LLM(str(tmp_path), device="cpu", dtype=dtype)
+    assert llm.model.wte.dtype == getattr(torch, dtype)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, temperature=0))[0]
+    assert len(out.token_ids) >= 1 and out.text is None
+
+
+def test_truncated_file(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_garbage_file(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_missing_tensor(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    del sd["transformer.h.1.mlp.c_fc.bias"]
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"h\.1\.mlp\.c_fc\.bias is missing from model\.safetensors"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_wrong_shape(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd["transformer.h.0.attn.c_proj.weight"] = torch.zeros(32, 31)
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"h\.0\.attn\.c_proj\.weight has shape \(32, 31\), expected \(32, 32\)"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture LlamaForCausalLM; minillm supports GPT2LMHeadModel"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_bin_only_and_missing_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        LLM(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_text(json.dumps(GPTConfig(**{**SMALL}).to_hf()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="only PyTorch .bin weights"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_unknown_hub_id_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="HF_HUB_OFFLINE"):
+        LLM("no-such-org/no-such-model-xyz", device="cpu")
+
+
+def test_bad_arguments(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        LLM(str(tmp_path), device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        LLM(str(tmp_path), device="cpu", backend="cuda")

@@ -1,0 +1,103 @@
+"""The `minillm` command as a user runs it: subprocesses on a tiny local checkpoint on the CPU."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ON_GPU
+from tests.models import build_checkpoint, real_tokenizer_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_tokenizer = pytest.mark.skipif(real_tokenizer_dir() is None,
+                                     reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
+
+
+def run(*args, stdin=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, "-m", "minillm", *args], input=stdin, capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if real_tokenizer_dir() is None:
+        pytest.skip("the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
+    path = tmp_path_factory.mktemp("cli-gpt2")
+    build_checkpoint(path, n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=64, seed=5,
+                     with_tokenizer=True)
+    return str(path)
+
+
+def assert_no_traceback(p):
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+@needs_tokenizer
+def test_generate_streams_and_summarizes(model):
+    p = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "12", "Hello world")
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.strip()) > 0
+    summary = p.stderr.strip().splitlines()[-1]
+    for part in ("2 prompt tokens", "12 new tokens", "time to first token", "tokens/s"):
+        assert part in summary, summary
+
+
+@needs_tokenizer
+def test_stdin_prompt_and_batch(model):
+    p = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "5", "-", stdin="Hi\n")
+    assert p.returncode == 0, p.stderr
+    q = run("generate", "--model", model, "--device", "cpu", "--seed", "1", "-n", "2", "--max-new-tokens", "5",
+            "--temperature", "0.8", "--top-k", "10", "--top-p", "0.9", "--repetition-penalty", "1.1", "--stop", "zzz",
+            "Hi", "Bye")
+    assert q.returncode == 0, q.stderr
+    assert q.stdout.count("--- prompt") == 4 and "sample 2" in q.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "-1"], "--temperature: expected a number >= 0"),
+    (["--top-p", "0"], "--top-p: expected a number in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p: expected a number in (0, 1]"),
+    (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
+    (["--dtype", "int8"], "invalid choice"),
+])
+def test_bad_usage_exits_2(args, message):
+    p = run("generate", "--model", "unused", *args, "x")
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert_no_traceback(p)
+
+
+def test_runtime_errors_exit_1(tmp_path):
+    p = run("generate", "--model", "no-such-org/no-such-model-xyz", "--device", "cpu", "x")
+    assert p.returncode == 1 and "HF_HUB_OFFLINE" in p.stderr
+    assert_no_traceback(p)
+    q = run("generate", "--model", str(tmp_path), "--device", "cpu", "x")
+    assert q.returncode == 1 and "no config.json" in q.stderr
+    assert_no_traceback(q)
+    assert len(q.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the message on a machine without CUDA")
+def test_cuda_absent_exits_1(model):
+    p = run("generate", "--model", model, "--device", "cuda", "x")
+    assert p.returncode == 1 and "CUDA is not available" in p.stderr
+    assert_no_traceback(p)
+
+
+@needs_tokenizer
+def test_prompt_longer_than_context_exits_1(model):
+    p = run("generate", "--model", model, "--device", "cpu", "--max-new-tokens", "10", "word " * 80)
+    assert p.returncode == 1 and "exceeds the model's context of 64 positions" in p.stderr
+    assert_no_traceback(p)
+    v = run("generate", "--model", model, "--device", "cpu", "--verbose", "--max-new-tokens", "10", "word " * 80)
+    assert v.returncode == 1 and "Traceback" in v.stderr  # --verbose shows it
+
+
+def test_help_has_examples():
+    for sub in ([], ["generate"], ["download"], ["bench"]):
+        p = run(*sub, "--help")
+        assert p.returncode == 0 and "example" in p.stdout, sub
+    assert run().returncode == 2
