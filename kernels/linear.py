@@ -40,11 +40,10 @@ def _cfg(bm, bn, bk, split, warps, stages):
 _DECODE_CONFIGS = [  # the first is the untuned default (MINILLM_AUTOTUNE=0)
     _cfg(16, bn, bk, split, w, s)
     for bn, bk, split, w, s in (
-        (64, 128, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (32, 128, 4, 4, 3), (128, 64, 2, 4, 3),
-        (64, 64, 8, 4, 3),
+        (64, 128, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (32, 128, 4, 4, 3), (32, 128, 8, 4, 3),
+        (16, 128, 8, 2, 3), (32, 64, 8, 4, 3), (64, 64, 8, 4, 3), (128, 64, 2, 4, 3), (32, 128, 16, 4, 3),
         # GEMV-like: narrow column blocks, whole K per program, no cross-program reduction
-        (16, 128, 1, 2, 4), (32, 128, 1, 4, 4), (16, 256, 1, 4, 3), (32, 256, 1, 4, 3), (16, 128, 2, 2, 4),
-        (32, 128, 2, 4, 4),
+        (16, 256, 1, 4, 3), (32, 256, 2, 4, 3), (16, 128, 4, 2, 4),
     )
 ]
 _PREFILL_CONFIGS = [
@@ -55,6 +54,21 @@ if _INTERPRET:
     _DECODE_CONFIGS = [_cfg(16, 128, 64, 1, 4, 1)]  # split-K has its own tests (_config)
     _PREFILL_CONFIGS = [_cfg(64, 64, 64, 1, 4, 1)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _DECODE_CONFIGS)
+SPLIT_WORKSPACE = 1 << 22  # fp32 partials per launch at most (16 MB at M = SMALL_M)
+
+
+def _max_split(N):
+    """Wide outputs (the lm_head) get fewer splits; they have enough column tiles anyway. A
+    function of N alone, so a row's reduction order never depends on the batch (M)."""
+    split = MAX_SPLIT_K
+    while split > 1 and split * SMALL_M * N > SPLIT_WORKSPACE:
+        split //= 2
+    return split
+
+
+def _prune_splits(configs, named_args, **kwargs):
+    limit = _max_split(named_args["N"])
+    return [c for c in configs if c.kwargs["SPLIT_K"] <= limit] or configs[:1]
 
 
 @triton.jit
@@ -84,21 +98,18 @@ def _linear_kernel(
     m_mask = rm < M
     n_mask = rn < N
 
-    if HAS_LN:  # row statistics over the full K, two passes for accuracy
-        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_LN:  # row statistics over the full K in one pass (sum and sum of squares, fp32)
+        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             xk = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :] * stride_xk,
-                         mask=m_mask[:, None] & ((k0 + rk)[None, :] < K), other=0.0)
-            mean += tl.sum(xk.to(tl.float32), axis=1)
-        mean = mean / K
-        var = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kmask = m_mask[:, None] & ((k0 + rk)[None, :] < K)
-            xk = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :] * stride_xk,
-                         mask=kmask, other=0.0)
-            xc = tl.where(kmask, xk.to(tl.float32) - mean[:, None], 0.0)
-            var += tl.sum(xc * xc, axis=1)
-        rstd = 1.0 / tl.sqrt(var / K + ln_eps)
+                         mask=m_mask[:, None] & ((k0 + rk)[None, :] < K), other=0.0).to(tl.float32)
+            row_sum += tl.sum(xk, axis=1)
+            row_sq += tl.sum(xk * xk, axis=1)
+        mean = row_sum / K
+        # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
+        var = tl.maximum(row_sq / K - mean * mean, 0.0)
+        rstd = 1.0 / tl.sqrt(var + ln_eps)
 
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_start = pid_k * k_per_split
@@ -150,7 +161,7 @@ def _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_r
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
 _linear_decode = autotune(_DECODE_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"],
-                          restore_value=["y_ptr"])(_linear_kernel)
+                          restore_value=["y_ptr"], prune_configs_by={"early_config_prune": _prune_splits})(_linear_kernel)
 _linear_prefill = autotune(_PREFILL_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"],
                            restore_value=["y_ptr"])(_linear_kernel)
 
@@ -201,7 +212,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         x2 = layernorm(x2, ln_weight, ln_bias, ln_eps)
         ln_weight = ln_bias = None
     kernel, meta = pick(_linear_decode, _DECODE_CONFIGS) if small else pick(_linear_prefill, _PREFILL_CONFIGS)
-    max_split = (MAX_SPLIT_K if not meta else meta["SPLIT_K"]) if small else 1
+    max_split = (_max_split(N) if not meta else meta["SPLIT_K"]) if small else 1
     if _config is not None:
         kernel, meta, max_split = _linear_kernel, dict(_config), _config["SPLIT_K"]
     part = x.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)
