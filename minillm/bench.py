@@ -104,7 +104,7 @@ def run_hf(hf, impl, ids, new, repeats):
 def run_peer(cfg, weights, ids, new, repeats):
     from .torch_peer import TorchPeer
 
-    peer = TorchPeer(cfg, weights, ids.shape[0])
+    peer = TorchPeer(cfg, weights, ids.shape[0], max_len=ids.shape[1] + new)  # gpt-fast style: cache = what runs
 
     def once():
         _sync()

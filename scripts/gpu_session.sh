@@ -14,7 +14,7 @@ cat "$R/env.txt"
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
-    tests) timeout 420 python3 -m pytest tests -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
+    tests) timeout 300 python3 -m pytest tests -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
            tail -n 5 "$R/gpu-tests.log" ;;
     kernel-tests) timeout 330 python3 -m pytest tests/kernels -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
            tail -n 5 "$R/gpu-kernel-tests.log" ;;
