@@ -65,6 +65,8 @@ def parity(path, hf32, new, log):
             "teacher_forced_top1_agreement_vs_hf_same_dtype": (mine.argmax(-1) == ref.argmax(-1)).float().mean().item(),
             "teacher_forced_top1_agreement_vs_hf_fp32": (mine.argmax(-1) == ref32.argmax(-1)).float().mean().item(),
             "greedy_steps_matching_hf_same_dtype": match, "greedy_identical": got == hf_same,
+            # the same engine-to-truth number for transformers itself, as a yardstick
+            "hf_same_dtype_top1_agreement_vs_hf_fp32": (ref.argmax(-1) == ref32.argmax(-1)).float().mean().item(),
         }
         log(f"parity {dtype}: max logit diff {diff.max().item():.3e} (scale {scale:.1f}), top-1 agreement "
             f"{report[dtype]['teacher_forced_top1_agreement_vs_hf_same_dtype'] * 100:.2f}%, greedy steps matching "

@@ -21,12 +21,12 @@ for stage in "$@"; do
     runtime-tests) timeout 200 python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
-    checks) timeout 400 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
+    checks) timeout 300 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
     bench-generate)
       timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
     bench-xl)
-      timeout 330 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
+      timeout 270 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
       timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
     profile)
