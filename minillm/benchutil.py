@@ -23,6 +23,10 @@ def copy_bandwidth(nbytes=1 << 30):
 
 
 def git_rev():
+    import os
+
+    if os.environ.get("MINILLM_GIT_REV"):  # the device machine gets the tree without .git
+        return os.environ["MINILLM_GIT_REV"]
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
