@@ -17,6 +17,7 @@ SYNC_EVERY = 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
+LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 
 
 class ContextLengthError(ValueError):
@@ -53,6 +54,7 @@ class _DecodeState:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
         self.graph = None
+        self.max_len = None  # cache positions decode attention covers (None: all)
 
 
 def _bucket(n):
@@ -116,7 +118,7 @@ class Engine:
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
-        logits = self.model.decode(st.tokens, st.pos, cache)
+        logits = self.model.decode(st.tokens, st.pos, cache, st.max_len)
         nxt = sample(logits, params, st.seen)
         self._advance(st, nxt, eos)
 
@@ -131,13 +133,14 @@ class Engine:
         st.pos.add_(1)
         st.step.add_(1)
 
-    def _state(self, batch, params, eos):
-        key = (batch, params.graph_key(), eos)
+    def _state(self, batch, params, eos, max_len=None):
+        key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
         if st is None:
             c = self.model.config
             st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
                               with_seen=params.repetition_penalty != 1.0)
+            st.max_len = max_len
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
             self._states[key] = st
@@ -173,7 +176,10 @@ class Engine:
         Bp = _bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)
-        st = self._state(Bp, params, eos)  # captures the graph first: prefill below refills the cache
+        # decode attention sees only the positions this call can reach, in a few buckets
+        reach = longest + params.max_new_tokens
+        max_len = min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), c.n_positions)
+        st = self._state(Bp, params, eos, max_len)  # captures the graph first: prefill refills the cache
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

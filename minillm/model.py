@@ -37,9 +37,9 @@ class KVCache:
         self.k[layer, :B, :, pos:pos + T] = k
         self.v[layer, :B, :, pos:pos + T] = v
 
-    def layer(self, layer, batch):
-        """(k, v) views (batch, H, L, D) of one layer, for the first `batch` rows."""
-        return self.k[layer, :batch], self.v[layer, :batch]
+    def layer(self, layer, batch, length=None):
+        """(k, v) views (batch, H, length, D) of one layer: the first `batch` rows and positions."""
+        return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
 
 
 class Block:
@@ -113,9 +113,10 @@ class GPT:
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
         return self._logits(last)
 
-    def decode(self, tokens, pos, cache):
+    def decode(self, tokens, pos, cache, max_len=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
-        token's key/value at pos[b] and returns logits (B, V)."""
+        token's key/value at pos[b] and returns logits (B, V). max_len (> every pos) narrows the
+        cache the attention kernel splits over, so short contexts launch fewer idle programs."""
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
@@ -124,7 +125,7 @@ class GPT:
         for i, blk in enumerate(self.blocks):
             qkv = ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
                              ln_eps=c.layer_norm_epsilon).view(B, 3, H, D)
-            k_cache, v_cache = cache.layer(i, B)
+            k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
                                      k_new=qkv[:, 1], v_new=qkv[:, 2])  # (B, H, D); writes the cache
             x = ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x)
