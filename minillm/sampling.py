@@ -98,20 +98,8 @@ def sample(logits, params: SamplingParams, seen=None):
 
     scores = process_logits(logits, params, seen)
     if params.greedy:
-        return argmax(scores)
+        return scores.argmax(dim=-1)
     probs = torch.softmax(scores, dim=-1)
     q = torch.empty_like(probs).exponential_(1)  # the draw torch.multinomial(probs, 1) makes
-    return argmax(probs / q)
+    return (probs / q).argmax(dim=-1)
 
-
-def argmax(x, chunked=None):
-    """x.argmax(-1) for (B, V), on CUDA in two short reductions instead of one long one (a
-    single 50257-wide row reduction runs on too few threads). Ties and NaN resolve as in
-    torch.argmax: the first index of the first chunk holding the maximum."""
-    B, V = x.shape
-    chunk = next((c for c in range(int(V ** 0.5), min(V, 4096) + 1) if V % c == 0), None)
-    if not (x.device.type == "cuda" if chunked is None else chunked) or chunk is None or chunk == V:
-        return x.argmax(dim=-1)
-    vals, idx = x.view(B, V // chunk, chunk).max(dim=-1)  # (B, V/chunk): first max of each chunk
-    best = vals.argmax(dim=-1, keepdim=True)  # first chunk with the maximum
-    return best.squeeze(1) * chunk + idx.gather(1, best).squeeze(1)

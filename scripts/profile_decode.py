@@ -27,10 +27,10 @@ def main():
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=False)
-    params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)  # 32 + 8 positions: bucket 128
     prompts = [[1] * 32] * args.batch
     engine.generate(prompts, params)  # warm-up: autotuning, compilation
-    st = engine._state(args.batch, params, None)
+    st = engine._state(args.batch, params, None, max_len=128)  # the bucket generate() uses here
     cache = engine.cache_for(args.batch)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
