@@ -6,7 +6,6 @@ Exit codes: 0 ok; 2 bad usage (argparse, invalid values); 1 runtime error, one l
 import argparse
 import os
 import sys
-import time
 
 EPILOG_MAIN = """examples:
   minillm generate --model gpt2 "The meaning of life is"

@@ -4,7 +4,6 @@ Random init gives near-uniform next-token distributions, where a 1e-6 difference
 argmax. The lm_head is scaled up so the logits are peaked: the parity tests check every step's
 top-1/top-2 margin.
 """
-import json
 import os
 import shutil
 from pathlib import Path
