@@ -126,3 +126,38 @@ def test_bad_arguments(tmp_path):
         LLM(str(tmp_path), device="cpu", dtype="int8")
     with pytest.raises(ValueError, match="backend: expected one of"):
         LLM(str(tmp_path), device="cpu", backend="cuda")
+
+
+def test_download_refuses_bin_only_repos(monkeypatch, tmp_path):
+    """Online, a hub repo with only .bin weights is refused before anything downloads."""
+    import huggingface_hub
+
+    from minillm import loader
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
+                        lambda self, repo_id: ["config.json", "pytorch_model.bin"])
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda *a, **k: pytest.fail("must not download"))
+    with pytest.raises(ModelLoadError, match="only PyTorch .bin weights; minillm loads safetensors only"):
+        loader.download("someone/bin-only")
+
+
+def test_download_fetches_safetensors_and_tokenizer_only(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from minillm import loader
+
+    seen = {}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
+                        lambda self, repo_id: ["config.json", "model.safetensors", "pytorch_model.bin"])
+
+    def fake_snapshot(repo_id, allow_patterns, local_dir=None):
+        seen.update(repo_id=repo_id, patterns=allow_patterns, local_dir=local_dir)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    assert loader.download("gpt2", local_dir=str(tmp_path / "gpt2")) == tmp_path
+    assert seen["local_dir"] == str(tmp_path / "gpt2")
+    assert "model.safetensors" in seen["patterns"] and not any(p.endswith(".bin") for p in seen["patterns"])
