@@ -1,6 +1,8 @@
 """Input checks shared by the launchers: each failure is one ValueError naming the argument."""
 import torch
 
+from ._tuning import INTERPRET
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -29,8 +31,6 @@ def check_shape(name, t, shape):
 
 def check_device_usable(name, t):
     """Triton needs a GPU tensor, or a CPU tensor under TRITON_INTERPRET=1."""
-    import os
-
-    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if t.device.type == "cpu" and not INTERPRET:
         raise ValueError(f"{name}: Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 on the CPU), "
                          f"got one on {t.device}")

@@ -8,6 +8,8 @@ import os
 import triton
 
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
+# Triton's CPU interpreter runs every program in Python: kernels give it one small config
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def autotune(configs, key, **kw):

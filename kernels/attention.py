@@ -16,15 +16,13 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import autotune, pick
+from ._tuning import INTERPRET, autotune, pick
 
 LOG2E = 1.4426950408889634
 
 
 def _configs():
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),

@@ -15,20 +15,17 @@ The optional layernorm prologue (decode rows) recomputes each row's statistics o
 in every program (rows are a few KB, read from L2), which removes the layernorm launch; with
 prefill rows the launcher runs the layernorm kernel once instead, as many tiles share a row.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._tuning import autotune, pick
+from ._tuning import INTERPRET, autotune, pick
 from ._workspace import arrival_counters
 from .activations import ACTIVATIONS, _apply_activation
 from .layernorm import layernorm
 
 SMALL_M = 64
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _cfg(bm, bn, bk, split, warps, stages):
@@ -50,7 +47,7 @@ _PREFILL_CONFIGS = [
     _cfg(128, 128, 64, 1, 8, 3), _cfg(128, 256, 64, 1, 8, 3), _cfg(64, 128, 64, 1, 4, 4), _cfg(128, 64, 64, 1, 4, 4),
 ]
 # the interpreter runs every program in Python: one config each, few programs
-if _INTERPRET:
+if INTERPRET:
     _DECODE_CONFIGS = [_cfg(16, 128, 64, 1, 4, 1)]  # split-K has its own tests (_config)
     _PREFILL_CONFIGS = [_cfg(64, 64, 64, 1, 4, 1)]
 MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _DECODE_CONFIGS)
