@@ -24,3 +24,20 @@ def pick(tuned, configs):
         return tuned, {}
     c = configs[0]
     return tuned.fn, {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+
+# Programmatic dependent launch (Hopper+): a kernel may start while the one before it finishes,
+# fetch its weights, then wait (gdc_wait) for the inputs that kernel writes. MINILLM_PDL=0 turns
+# it off (for A/B timing); the interpreter has no grid dependencies.
+PDL = os.environ.get("MINILLM_PDL", "1") != "0" and not INTERPRET
+_pdl_devices = {}
+
+
+def use_pdl(device):
+    """True where kernels on `device` should be launched with launch_pdl and gdc_wait."""
+    if not PDL or device.type != "cuda":
+        return False
+    if device not in _pdl_devices:
+        import torch
+
+        _pdl_devices[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _pdl_devices[device]

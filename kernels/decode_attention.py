@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
+from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
 LOG2E = 1.4426950408889634
@@ -29,9 +30,13 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = pid_bh // H
     h = pid_bh % H
     seq_len = tl.load(lens_ptr + b)
@@ -157,6 +162,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
+    pdl = use_pdl(q.device)
     _decode_attention_kernel[(B * H, splits)](
         q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, scale * LOG2E, chunk,  # log2(e): softmax via exp2
@@ -164,6 +170,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        num_warps=4 if BLOCK_D <= 64 else 8,
+        USE_PDL=pdl, num_warps=4 if BLOCK_D <= 64 else 8, launch_pdl=pdl,
     )
     return o

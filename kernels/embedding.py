@@ -4,12 +4,16 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
+from ._tuning import use_pdl
 
 
 @triton.jit
 def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, N, stride_te, stride_pe, stride_ym,
-                      BLOCK_N: tl.constexpr):
+                      BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0)
+    if USE_PDL:  # may start while the previous kernel runs: wait for its writes (ids, pos)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.load(ids_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -35,6 +39,7 @@ def embedding(ids, pos, wte, wpe, out=None):
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
     if R:
         BLOCK_N = triton.next_power_of_2(N)
+        pdl = use_pdl(wte.device)
         _embedding_kernel[(R,)](ids, pos, wte, wpe, y, N, wte.stride(0), wpe.stride(0), y.stride(0),
-                                BLOCK_N=BLOCK_N, num_warps=4 if BLOCK_N <= 1024 else 8)
+                                BLOCK_N=BLOCK_N, USE_PDL=pdl, num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

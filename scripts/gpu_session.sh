@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of GPU work for the device machine; everything lands in $OUT as a tarball + summary.
-#   bash scripts/gpu_session.sh tests bench-kernels    # stages: tests bench-kernels checks bench-generate
+#   bash scripts/gpu_session.sh tests bench-kernels    # stages: see the case labels below
 set -u
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export MINILLM_TOKENIZER_DIR=$PWD/.gpu_assets/gpt2-tokenizer
@@ -29,6 +29,11 @@ for stage in "$@"; do
       timeout 270 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
       timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
+    quick)  # minillm alone, programmatic dependent launch on and off (A/B in one run)
+      for pdl in 1 0; do
+        MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
+      done
+      timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
     profile)
       for m in gpt2 gpt2-xl; do timeout 120 python3 scripts/profile_decode.py --model $m --batch 1 --out "$R" 2>&1 | tail -n 14; done ;;
     coldwarm)

@@ -64,20 +64,6 @@ def test_linear_layernorm_prologue(M, K, N, dtype, device):
     assert_rel_close(y, expect, dtype, f"ln+linear {M}x{K}x{N}")
 
 
-@pytest.mark.parametrize("split_k", [1, 3, 4])
-@pytest.mark.parametrize("M", [1, 5, 33])
-def test_linear_split_k_reduction(split_k, M, device):
-    """Every split count, with K not a multiple of split * BLOCK_K, and repeated launches
-    (the arrival counters must be back at zero after each)."""
-    K, N = 230, 75
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": split_k}
-    for _ in range(2):
-        x, w = randn(M, K, device=device), randn(K, N, device=device)
-        res = randn(M, N, device=device)
-        y = kernels.linear(x, w, activation="relu", residual=res, _config=cfg)
-        assert_rel_close(y, _ref(x, w, activation="relu", residual=res), torch.float32, f"split {split_k}")
-
-
 @pytest.mark.parametrize("M,K,N", [(1, 96, 200), (130, 64, 70)] + ([(1, 768, 2304), (512, 768, 3072)] if ON_GPU else []))
 def test_linear_autotuned(M, K, N, device, autotuned):
     """Every config the autotuner benchmarks must be right, in place too (restore_value)."""
@@ -95,16 +81,6 @@ def test_linear_in_place_residual(device):
     expect = _ref(x, w, residual=h)
     kernels.linear(x, w, residual=h, out=h)  # h += x @ w, GPT-2's residual stream
     assert_rel_close(h, expect, torch.float32)
-
-
-def test_linear_same_rows_at_any_batch(device):
-    """A row's result does not depend on how many other rows share the launch (<= 64)."""
-    K, N = 96, 80
-    w, bias = randn(K, N, device=device), randn(N, device=device)
-    x = randn(64, K, device=device)
-    full = kernels.linear(x, w, bias, activation="gelu_tanh")
-    for m in (1, 7, 64):
-        assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh"), full[:m])
 
 
 def test_linear_errors(device):

@@ -1,0 +1,195 @@
+"""Decode-time linear (M <= 64 rows): y = act(layernorm?(x) @ W + bias) + residual, one launch.
+
+Few rows make this a matrix-vector product: every weight byte is read once and used a few
+times, so the time is the weight read plus fixed latency. The kernel is built around that:
+- programs own (BLOCK_N columns) x (one K split) of W; every split of a column block writes an
+  fp32 partial and the last one to arrive (an atomic counter) sums them in a fixed order and
+  runs the epilogue. The order depends on (N, K) only: a row's result is bit-identical at any
+  M <= 64 and in every launch;
+- a program loops over the rows in blocks of 16 inside, so W crosses the memory bus once even
+  at M = 64;
+- the first weight tile is loaded before anything that an earlier kernel writes. With
+  programmatic dependent launch (Hopper) the kernel starts while the previous one is still
+  running, so this load and the launch itself hide behind it; gdc_wait then waits for x;
+- the layernorm prologue computes each row's statistics from the whole row (a few KB from
+  L2, read in a handful of independent chunks) in every program: no separate launch.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ._epilogue import _epilogue
+from ._tuning import INTERPRET, autotune, pick, use_pdl
+from ._workspace import arrival_counters
+
+BLOCK_M = 16  # rows per tl.dot: the minimum MMA height; a row's arithmetic is the same at any M
+SMALL_M = 64
+LN_BLOCK = 512  # columns per chunk of the row-statistics pass
+
+
+def _cfg(bn, bk, split, warps=4, stages=3):
+    return triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
+
+
+_CONFIGS = [  # the first is the untuned default (MINILLM_AUTOTUNE=0)
+    _cfg(64, 128, 4), _cfg(64, 128, 1), _cfg(64, 128, 2), _cfg(64, 128, 8), _cfg(32, 128, 8),
+    _cfg(64, 256, 2), _cfg(128, 128, 2), _cfg(64, 64, 16), _cfg(128, 128, 1, 8),
+]
+if INTERPRET:  # the interpreter runs every program in Python; split-K has its own tests
+    _CONFIGS = [_cfg(64, 64, 1, stages=1)]
+MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)
+SPLIT_WORKSPACE = 1 << 22  # fp32 partials per launch at most (16 MB at M = SMALL_M)
+
+
+def _max_split(N):
+    """Wide outputs (the lm_head) get fewer splits; they have enough column blocks anyway. A
+    function of N alone, so a row's reduction order never depends on the batch (M)."""
+    split = MAX_SPLIT_K
+    while split > 1 and split * SMALL_M * N > SPLIT_WORKSPACE:
+        split //= 2
+    return split
+
+
+def _prune_splits(configs, named_args, **kwargs):
+    limit = _max_split(named_args["N"])
+    return [c for c in configs if c.kwargs["SPLIT_K"] <= limit] or configs[:1]
+
+
+@triton.jit
+def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
+               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr):
+    """Mean and 1/std of rows rm over all K columns; the chunks are independent loads, issued
+    together (static unroll), so the pass costs about one L2 round trip."""
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, LN_BLOCK):
+        kk = k0 + tl.arange(0, LN_BLOCK)
+        xk = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                     mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
+        row_sum += tl.sum(xk, axis=1)
+        row_sq += tl.sum(xk * xk, axis=1)
+    mean = row_sum / K
+    # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
+    var = tl.maximum(row_sq / K - mean * mean, 0.0)
+    return mean, 1.0 / tl.sqrt(var + ln_eps)
+
+
+@triton.jit
+def _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN: tl.constexpr):
+    """Rows rm, columns kk of x (layernormed when HAS_LN), in x's dtype for tl.dot."""
+    a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    if HAS_LN:
+        an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
+        a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+    return a
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr,
+    M, N, ln_eps, negative_slope,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_LN: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    LN_BLOCK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # K columns per split, whole BLOCK_Ks: a function of (K, config) only
+    K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
+    ITERS: tl.constexpr = K_SPLIT // BLOCK_K
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    k0 = pid_k * K_SPLIT
+    kk0 = k0 + tl.arange(0, BLOCK_K)
+    k_mask0 = kk0 < K
+
+    # weights and layernorm parameters never change between launches: fetch the first tile
+    # before waiting on the kernel that writes x
+    w0 = tl.load(w_ptr + kk0[:, None] * stride_wk + rn[None, :] * stride_wn,
+                 mask=k_mask0[:, None] & n_mask[None, :], other=0.0)
+    lnw0, lnb0 = 0.0, 0.0
+    if HAS_LN:
+        lnw0 = tl.load(lnw_ptr + kk0, mask=k_mask0, other=0.0).to(tl.float32)
+        lnb0 = tl.load(lnb_ptr + kk0, mask=k_mask0, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
+        tl.extra.cuda.gdc_launch_dependents()
+
+    for m0 in range(0, M, BLOCK_M):
+        rm = m0 + tl.arange(0, BLOCK_M)
+        m_mask = rm < M
+        if HAS_LN:
+            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
+        else:
+            mean, rstd = 0.0, 0.0
+        a = _x_tile(x_ptr, lnw0, lnb0, mean, rstd, rm, m_mask, kk0, k_mask0, stride_xm, stride_xk, HAS_LN)
+        acc = tl.dot(a, w0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
+        for i in range(1, ITERS):
+            kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_mask = kk < K
+            lnw, lnb = 0.0, 0.0
+            if HAS_LN:
+                lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+                lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
+            acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+        tile_mask = m_mask[:, None] & n_mask[None, :]
+        if SPLIT_K == 1:
+            _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
+                      negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+        else:
+            tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=tile_mask)
+
+    if SPLIT_K > 1:
+        # acq_rel: our partials are visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            for m0 in range(0, M, BLOCK_M):
+                rm = m0 + tl.arange(0, BLOCK_M)
+                tile_mask = (rm < M)[:, None] & n_mask[None, :]
+                part = part_ptr + rm[:, None] * N + rn[None, :]
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+                _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
+                          negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
+
+
+# restore y: with out=residual (in-place residual add) a tuning run must not accumulate
+_gemv_tuned = autotune(_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"], restore_value=["y_ptr"],
+                       prune_configs_by={"early_config_prune": _prune_splits})(_gemv_kernel)
+
+
+def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope, config=None):
+    """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
+    config: tests only, a dict of BLOCK_N/BLOCK_K/SPLIT_K (+ num_warps) that bypasses tuning."""
+    M, K = x2.shape
+    N = weight.shape[1]
+    assert M <= SMALL_M
+    kernel, meta = pick(_gemv_tuned, _CONFIGS)
+    if config is not None:
+        kernel, meta = _gemv_kernel, dict(config)
+    max_split = meta["SPLIT_K"] if meta else _max_split(N)
+    part = x2.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)
+    counts = arrival_counters(x2.device, triton.cdiv(N, 16)) if max_split > 1 else part
+    grid = lambda META: (triton.cdiv(N, META["BLOCK_N"]), META["SPLIT_K"])
+    pdl = use_pdl(x2.device)
+    dummy = y2
+    kernel[grid](
+        x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
+        ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
+        part, counts, M, N, ln_eps, negative_slope,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        (residual if residual is not None else y2).stride(0), y2.stride(0),
+        K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+        HAS_LN=ln_weight is not None, INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+        USE_PDL=pdl, BLOCK_M=BLOCK_M, LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
+        launch_pdl=pdl, **meta,
+    )
+    return y2

@@ -1,0 +1,56 @@
+"""The decode path of `linear` (kernels/gemv.py): split-K reduction, row blocks, the layernorm
+prologue across splits, batch invariance. `linear` itself routes M <= 64 here."""
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from kernels.gemv import SMALL_M
+from tests.kernels.helpers import assert_rel_close, poisoned, randn
+
+
+def _ref(x, w, **kw):
+    kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    return ref.linear(x.double(), w.double(), **kw)
+
+
+# (BLOCK_N, BLOCK_K, SPLIT_K) with K = 230: splits of one and of several BLOCK_Ks, empty last
+# splits (SPLIT_K = 4 leaves the fourth split past K), N off the block
+@pytest.mark.parametrize("block_k,split_k", [(32, 1), (32, 3), (64, 4), (32, 2)])
+@pytest.mark.parametrize("M", [1, 5, 33])
+def test_gemv_split_k_reduction(block_k, split_k, M, device):
+    """Every split count and rows over several 16-row blocks, with repeated launches (the
+    arrival counters must be back at zero after each)."""
+    K, N = 230, 75
+    cfg = {"BLOCK_N": 32, "BLOCK_K": block_k, "SPLIT_K": split_k}
+    for _ in range(2):
+        x, w = randn(M, K, device=device), randn(K, N, device=device)
+        res = randn(M, N, device=device)
+        out = poisoned((M, N), torch.float32, device)
+        y = kernels.linear(x, w, activation="relu", residual=res, out=out, _config=cfg)
+        assert_rel_close(y, _ref(x, w, activation="relu", residual=res), torch.float32, f"split {split_k}")
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_layernorm_across_splits(split_k, dtype, device):
+    """Each split normalizes its own K slice with statistics of the whole row; K spans more
+    than one statistics chunk (LN_BLOCK)."""
+    M, K, N = 18, 600, 40
+    x = randn(M, K, dtype=dtype, device=device, scale=3.0) + 1.5
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    g, b = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    cfg = {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": split_k}
+    y = kernels.linear(x, w, ln_weight=g, ln_bias=b, _config=cfg)
+    assert_rel_close(y, _ref(x, w, ln_weight=g, ln_bias=b), dtype, f"ln split {split_k}")
+
+
+def test_gemv_same_rows_at_any_batch(device):
+    """A row's result does not depend on how many other rows share the launch (<= 64)."""
+    K, N = 96, 80
+    w, bias = randn(K, N, device=device), randn(N, device=device)
+    x = randn(SMALL_M, K, device=device)
+    for cfg in (None, {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 3}):
+        full = kernels.linear(x, w, bias, activation="gelu_tanh", _config=cfg)
+        for m in (1, 7, 17, SMALL_M):
+            assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh", _config=cfg), full[:m])
