@@ -6,8 +6,8 @@ times, so the time is the weight read plus fixed latency. The kernel is built ar
   fp32 partial and the last one to arrive (an atomic counter) sums them in a fixed order and
   runs the epilogue. The order depends on (N, K) only: a row's result is bit-identical at any
   M <= 64 and in every launch;
-- a program loops over the rows in blocks of 16 inside, so W crosses the memory bus once even
-  at M = 64;
+- row blocks of 16 that share a weight tile are neighbouring programs: W crosses the memory
+  bus once and the other row blocks read it from L2;
 - the first weight tile is loaded before anything that an earlier kernel writes. With
   programmatic dependent launch (Hopper) the kernel starts while the previous one is still
   running, so this load and the launch itself hide behind it; gdc_wait then waits for x;
@@ -95,70 +95,67 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     LN_BLOCK: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_pid_m
+    pid_n = pid // num_pid_m
     pid_k = tl.program_id(1)
     # K columns per split, whole BLOCK_Ks: a function of (K, config) only
     K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
     ITERS: tl.constexpr = K_SPLIT // BLOCK_K
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = rm < M
     n_mask = rn < N
+    tile_mask = m_mask[:, None] & n_mask[None, :]
     k0 = pid_k * K_SPLIT
-    kk0 = k0 + tl.arange(0, BLOCK_K)
-    k_mask0 = kk0 < K
+    kk = k0 + tl.arange(0, BLOCK_K)
+    k_mask = kk < K
 
-    # weights and layernorm parameters never change between launches: fetch the first tile
-    # before waiting on the kernel that writes x
-    w0 = tl.load(w_ptr + kk0[:, None] * stride_wk + rn[None, :] * stride_wn,
-                 mask=k_mask0[:, None] & n_mask[None, :], other=0.0)
-    lnw0, lnb0 = 0.0, 0.0
+    # weights, bias and layernorm parameters never change between launches: fetch them before
+    # waiting on the kernel that writes x
+    w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+    lnw, lnb = 0.0, 0.0
     if HAS_LN:
-        lnw0 = tl.load(lnw_ptr + kk0, mask=k_mask0, other=0.0).to(tl.float32)
-        lnb0 = tl.load(lnb_ptr + kk0, mask=k_mask0, other=0.0).to(tl.float32)
+        lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
 
-    for m0 in range(0, M, BLOCK_M):
-        rm = m0 + tl.arange(0, BLOCK_M)
-        m_mask = rm < M
+    mean, rstd = 0.0, 0.0
+    if HAS_LN:
+        mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
+    a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
+    acc = tl.dot(a, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
+    for i in range(1, ITERS):
+        kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
         if HAS_LN:
-            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-        else:
-            mean, rstd = 0.0, 0.0
-        a = _x_tile(x_ptr, lnw0, lnb0, mean, rstd, rm, m_mask, kk0, k_mask0, stride_xm, stride_xk, HAS_LN)
-        acc = tl.dot(a, w0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
-        for i in range(1, ITERS):
-            kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
-            k_mask = kk < K
-            lnw, lnb = 0.0, 0.0
-            if HAS_LN:
-                lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-                lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
-            acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
-        tile_mask = m_mask[:, None] & n_mask[None, :]
-        if SPLIT_K == 1:
+            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
+        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+
+    if SPLIT_K == 1:
+        _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
+                  negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    else:
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=tile_mask)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
             _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
                       negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
-        else:
-            tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=tile_mask)
-
-    if SPLIT_K > 1:
-        # acq_rel: our partials are visible before the count moves; the last arriver sees all
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            for m0 in range(0, M, BLOCK_M):
-                rm = m0 + tl.arange(0, BLOCK_M)
-                tile_mask = (rm < M)[:, None] & n_mask[None, :]
-                part = part_ptr + rm[:, None] * N + rn[None, :]
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
-                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-                _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
-                          negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
-            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch (and graph replay)
 
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
@@ -177,8 +174,8 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         kernel, meta = _gemv_kernel, dict(config)
     max_split = meta["SPLIT_K"] if meta else _max_split(N)
     part = x2.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)
-    counts = arrival_counters(x2.device, triton.cdiv(N, 16)) if max_split > 1 else part
-    grid = lambda META: (triton.cdiv(N, META["BLOCK_N"]), META["SPLIT_K"])
+    counts = arrival_counters(x2.device, triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)) if max_split > 1 else part
+    grid = lambda META: (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, META["BLOCK_N"]), META["SPLIT_K"])
     pdl = use_pdl(x2.device)
     dummy = y2
     kernel[grid](

@@ -44,6 +44,16 @@ def main():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name][0] += 1
             per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    # the decode linears by role: each step launches qkv, attn-out, fc, mlp-out per layer, then the lm_head
+    roles = ["qkv", "attn-out", "fc", "mlp-out"] * cfg.n_layer + ["lm_head"]
+    kernels_in_order = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                              key=lambda e: e.time_range.start)
+    by_role = defaultdict(lambda: [0, 0.0])
+    linear_names = [e for e in kernels_in_order if e.name.startswith("_gemv_kernel")]
+    for i, e in enumerate(linear_names):
+        r = by_role[roles[i % len(roles)]]
+        r[0] += 1
+        r[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
     rows = sorted(per.items(), key=lambda kv: -kv[1][1])
     total = sum(v[1] for v in per.values()) / args.steps
     lines = [f"# decode step profile: {args.model}, batch {args.batch}, fp16, {torch.cuda.get_device_name()}",
@@ -52,10 +62,15 @@ def main():
              "| kernel | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
     for name, (n, us) in rows:
         lines.append(f"| {name[:70]} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} |")
+    lines += ["", "decode linears by role:", "", "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
+    for role in ("qkv", "attn-out", "fc", "mlp-out", "lm_head"):
+        n, us = by_role[role]
+        if n:
+            lines.append(f"| {role} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"profile-{args.model}-b{args.batch}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:24]))
+    print("\n".join(lines[:16] + lines[-8:]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""Decode-linear diagnostics: every GEMV config on every GPT-2 decode shape, timed in CUDA graphs
+with weights rotated past L2, with programmatic dependent launch on and off, against cuBLAS and
+against the launch floor (a chain of 1-row embedding kernels). Shows what autotuning picked and
+what the best config reaches (GB/s and fraction of the copy bandwidth measured in the run).
+
+    python3 scripts/bench_gemv.py --out bench/results
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kernels  # noqa: E402
+import kernels._tuning as tuning  # noqa: E402
+from kernels import gemv  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, rotating  # noqa: E402
+
+SHAPES = [  # (name, M, K, N, layernorm prologue)
+    ("gpt2 qkv", 1, 768, 2304, True), ("gpt2 attn-out", 1, 768, 768, False), ("gpt2 fc", 1, 768, 3072, True),
+    ("gpt2 mlp-out", 1, 3072, 768, False), ("gpt2 lm_head", 1, 768, 50257, True),
+    ("gpt2 qkv", 64, 768, 2304, True), ("gpt2 fc", 64, 768, 3072, True), ("gpt2 mlp-out", 64, 3072, 768, False),
+    ("xl qkv", 1, 1600, 4800, True), ("xl attn-out", 1, 1600, 1600, False), ("xl fc", 1, 1600, 6400, True),
+    ("xl mlp-out", 1, 6400, 1600, False),
+]
+
+
+def set_pdl(on):
+    tuning.PDL = on
+    tuning._pdl_devices.clear()
+
+
+def config_dict(c):
+    return {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    copy_gbs = copy_bandwidth()
+    h = dict(device="cuda", dtype=torch.float16)
+    launch = {}
+    for on in (True, False):
+        set_pdl(on)
+        wte, wpe = torch.randn(1000, 768, **h), torch.randn(64, 768, **h)
+        ids = torch.zeros(1, dtype=torch.int32, device="cuda")
+        launch[on] = ms_graph([lambda: kernels.embedding(ids, ids, wte, wpe)]) * 1e3
+    print(f"launch floor (1-row embedding chain): {launch[True]:.2f} us with PDL, {launch[False]:.2f} us without")
+    rows = []
+    for name, M, K, N, ln in SHAPES:
+        lm = "lm_head" in name
+
+        def make():
+            w = torch.randn(N, K, **h).t() if lm else torch.randn(K, N, **h)
+            return torch.randn(M, K, **h), w * K ** -0.5, torch.randn(N, **h), torch.randn(K, **h), torch.randn(K, **h)
+
+        sets = rotating(make, K * N * 2)
+
+        def run(cfg):
+            def f(x, w, b, g, be):
+                kw = dict(ln_weight=g, ln_bias=be) if ln else {}
+                return kernels.linear(x, w, b, _config=cfg, **kw)
+            return ms_graph([lambda a=a: f(*a) for a in sets]) * 1e3
+
+        set_pdl(True)
+        limit = gemv._max_split(N)
+        cfgs = [config_dict(c) for c in gemv._CONFIGS if c.kwargs["SPLIT_K"] <= limit]
+        times = [run(c) for c in cfgs]
+        i_best = min(range(len(cfgs)), key=times.__getitem__)
+        best, per = str(cfgs[i_best]), {str(c): t for c, t in zip(cfgs, times)}
+        tuned_us = run(None)  # autotuned choice (tuning happens in the warm-up)
+        set_pdl(False)
+        best_nopdl = run(cfgs[i_best])
+        cublas = ms_graph([lambda a=a: a[0] @ a[1] for a in sets]) * 1e3
+        gbs = K * N * 2 / per[best] / 1e3
+        r = {"shape": f"{name} M={M} {K}->{N}", "best_config": best, "best_us": per[best], "best_gbs": gbs,
+             "floor_fraction": gbs / copy_gbs, "autotuned_us": tuned_us, "best_no_pdl_us": best_nopdl,
+             "cublas_us": cublas, "all_us": per}
+        rows.append(r)
+        print(f"{r['shape']:<28} best {per[best]:6.2f} us {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f})  tuned {tuned_us:6.2f}"
+              f"  no-PDL {best_nopdl:6.2f}  cuBLAS {cublas:6.2f}  {best}", flush=True)
+        print("    " + "  ".join(f"{v:.1f}" for v in per.values()), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"gemv-{device_slug()}.json").write_text(json.dumps(
+        {"environment": environment(), "copy_gbs": copy_gbs, "launch_floor_us": launch, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
