@@ -5,8 +5,11 @@
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
+- new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
+  decode layernorm skip reading whole rows
 - softmax, gelu: row softmax and elementwise GELU
 """
+from ._epilogue import new_row_stats
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
@@ -16,5 +19,5 @@ from .linear import linear
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "attention", "decode_attention", "embedding", "gelu", "layernorm", "linear",
-           "softmax"]
+           "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -1,18 +1,68 @@
-"""The fp32-accumulator epilogue shared by linear's tile kernel and the decode GEMV kernel."""
+"""Pieces shared by the kernels that write a linear's output: the fp32-accumulator epilogue and
+the row statistics a following layernorm needs.
+
+Row statistics travel as partial sums: for every row, the sum and the sum of squares of each
+group of STATS_GROUP columns, in an fp32 (rows, 2, groups) buffer. The kernel that writes a
+tensor knows its values anyway and adds them up per tile for free; the kernel that normalizes
+it (linear's layernorm prologue) then reads a few dozen numbers per row instead of the whole
+row, in every one of its programs. Group boundaries depend on the column count only, so the
+statistics are the same whatever the tiling or the batch.
+"""
+import torch
 import triton
 import triton.language as tl
 
 from .activations import _apply_activation
+
+STATS_GROUP = 16
+
+
+def new_row_stats(rows, cols, device):
+    """An empty statistics buffer for `rows` rows of `cols` columns."""
+    return torch.empty((rows, 2, triton.cdiv(cols, STATS_GROUP)), dtype=torch.float32, device=device)
 
 
 @triton.jit
 def _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
               negative_slope, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
               HAS_RESIDUAL: tl.constexpr):
-    """y = act(acc + bias) + residual, stored in y's dtype."""
+    """y = act(acc + bias) + residual, stored in y's dtype; returns the stored values in fp32."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     acc = _apply_activation(acc, negative_slope, ACTIVATION)
     if HAS_RESIDUAL:
         acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=tile_mask)
+    y = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=tile_mask)
+    return y.to(tl.float32)
+
+
+@triton.jit
+def _store_row_stats(vals, rm, m_mask, n0, N, stats_ptr, stride_sm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Partial row statistics of the tile vals (BLOCK_M, BLOCK_N) whose first column is n0
+    (a multiple of STATS_GROUP). Out-of-range elements must be zero in vals."""
+    GROUPS: tl.constexpr = BLOCK_N // 16  # STATS_GROUP
+    s = tl.sum(tl.reshape(vals, (BLOCK_M, GROUPS, 16)), axis=2)
+    sq = tl.sum(tl.reshape(vals * vals, (BLOCK_M, GROUPS, 16)), axis=2)
+    n_groups = tl.cdiv(N, 16)
+    g = n0 // 16 + tl.arange(0, GROUPS)
+    mask = m_mask[:, None] & (g < n_groups)[None, :]
+    ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
+    tl.store(ptrs, s, mask=mask)
+    tl.store(ptrs + n_groups, sq, mask=mask)
+
+
+@triton.jit
+def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K: tl.constexpr, GROUPS_POW2: tl.constexpr):
+    """Mean and 1/std of rows rm (over K columns) from their partial statistics."""
+    n_groups: tl.constexpr = (K + 15) // 16
+    g = tl.arange(0, GROUPS_POW2)
+    mask = m_mask[:, None] & (g < n_groups)[None, :]
+    ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
+    row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order: deterministic
+    row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
+    mean = row_sum / K
+    # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
+    var = tl.maximum(row_sq / K - mean * mean, 0.0)
+    return mean, 1.0 / tl.sqrt(var + ln_eps)

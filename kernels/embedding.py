@@ -3,13 +3,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_tensor
+from ._checks import check_device_usable, check_shape, check_tensor
+from ._epilogue import STATS_GROUP, _store_row_stats
 from ._tuning import use_pdl
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, N, stride_te, stride_pe, stride_ym,
-                      BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, stride_te, stride_pe, stride_ym,
+                      stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0)
     if USE_PDL:  # may start while the previous kernel runs: wait for its writes (ids, pos)
         tl.extra.cuda.gdc_wait()
@@ -20,12 +21,18 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, N, stride_te, s
     mask = cols < N
     e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask, other=0.0).to(tl.float32)
     p = tl.load(wpe_ptr + pos * stride_pe + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + cols, (e + p).to(y_ptr.dtype.element_ty), mask=mask)
+    y = (e + p).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * stride_ym + cols, y, mask=mask)
+    if STATS_OUT:  # partial statistics for the first layer's layernorm (see _epilogue.py)
+        rows = row + tl.arange(0, 1)
+        vals = tl.where(mask, y.to(tl.float32), 0.0)[None, :]
+        _store_row_stats(vals, rows, rows >= 0, 0, N, stats_ptr, stride_sm, 1, BLOCK_N)
 
 
-def embedding(ids, pos, wte, wpe, out=None):
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
     """wte[ids] + wpe[pos] for 1-D int tensors ids and pos of equal length; returns (len, C).
-    Ids and positions are trusted to be in range (the runtime validates them on the host)."""
+    Ids and positions are trusted to be in range (the runtime validates them on the host).
+    stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics."""
     check_tensor("wte", wte, ndim=2, last_contiguous=True)
     check_device_usable("wte", wte)
     check_tensor("wpe", wpe, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
@@ -37,9 +44,13 @@ def embedding(ids, pos, wte, wpe, out=None):
         raise ValueError(f"wpe: expected {wte.shape[1]} columns like wte, got {wpe.shape[1]}")
     R, N = ids.shape[0], wte.shape[1]
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
+    if stats_out is not None:
+        check_tensor("stats_out", stats_out, ndim=3, dtypes=(torch.float32,), device=wte.device)
+        check_shape("stats_out", stats_out, (R, 2, triton.cdiv(N, STATS_GROUP)))
     if R:
-        BLOCK_N = triton.next_power_of_2(N)
+        BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)
-        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, N, wte.stride(0), wpe.stride(0), y.stride(0),
-                                BLOCK_N=BLOCK_N, USE_PDL=pdl, num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
+        stats = stats_out if stats_out is not None else y
+        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, N, wte.stride(0), wpe.stride(0), y.stride(0),
+                                stats.stride(0), BLOCK_N=BLOCK_N, STATS_OUT=stats_out is not None, USE_PDL=pdl, num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import _epilogue
+from ._epilogue import STATS_GROUP, _epilogue, _load_row_stats, _store_row_stats
 from ._tuning import INTERPRET, autotune, pick, use_pdl
 from ._workspace import arrival_counters
 
@@ -75,28 +75,59 @@ def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
 
 
 @triton.jit
-def _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN: tl.constexpr):
-    """Rows rm, columns kk of x (layernormed when HAS_LN), in x's dtype for tl.dot."""
-    a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    if HAS_LN:
-        an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-        a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
-    return a
+def _normalize(a, lnw, lnb, mean, rstd, k_mask):
+    """(a - mean) * rstd * lnw + lnb per row, zero past K, back in a's dtype for tl.dot."""
+    an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
+    return tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+
+
+@triton.jit
+def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr, idx_ptr, counter_ptr, tok_ptr,
+                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Greedy decoding's argmax over each row of y, fused: every column block writes its rows'
+    (max, first index of the max); the last block of a row block to arrive reduces them in
+    column order. Ties go to the lowest index, as torch.argmax does."""
+    BIG: tl.constexpr = 2147483647
+    v = tl.where(tile_mask, y, float("-inf"))
+    vmax = tl.max(v, axis=1)
+    vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], BIG), axis=1)
+    tl.store(val_ptr + rm * num_pid_n + pid_n, vmax, mask=m_mask)
+    tl.store(idx_ptr + rm * num_pid_n + pid_n, vidx, mask=m_mask)
+    done = tl.atomic_add(counter_ptr + pid_m, 1, sem="acq_rel")
+    if done == num_pid_n - 1:
+        best = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        best_i = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        for c0 in range(0, num_pid_n, CHUNK):
+            cc = c0 + tl.arange(0, CHUNK)
+            mask = m_mask[:, None] & (cc < num_pid_n)[None, :]
+            offs = rm[:, None] * num_pid_n + cc[None, :]
+            cv = tl.load(val_ptr + offs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+            ci = tl.load(idx_ptr + offs, mask=mask, other=BIG, cache_modifier=".cg")
+            cmax = tl.max(cv, axis=1)
+            cidx = tl.min(tl.where(cv == cmax[:, None], ci, BIG), axis=1)
+            take = cmax > best  # strictly: an equal max in a later chunk has a higher index
+            best = tl.where(take, cmax, best)
+            best_i = tl.where(take, cidx, best_i)
+        tl.store(tok_ptr + rm, best_i.to(tl.int64), mask=m_mask)
+        tl.atomic_xchg(counter_ptr + pid_m, 0)
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
+    amax_val_ptr, amax_idx_ptr, tok_ptr,
     M, N, ln_eps, negative_slope,
-    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_LN: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
+    ARGMAX: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     LN_BLOCK: tl.constexpr,
 ):
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
     num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     pid_m = pid % num_pid_m
     pid_n = pid // num_pid_m
@@ -125,10 +156,15 @@ def _gemv_kernel(
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
 
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     mean, rstd = 0.0, 0.0
     if HAS_LN:
-        mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
+        if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
+            mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
+        else:
+            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
+        a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
     acc = tl.dot(a, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
     for i in range(1, ITERS):
         kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -138,12 +174,20 @@ def _gemv_kernel(
             lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        a = _x_tile(x_ptr, lnw, lnb, mean, rstd, rm, m_mask, kk, k_mask, stride_xm, stride_xk, HAS_LN)
+        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if HAS_LN:
+            a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
 
     if SPLIT_K == 1:
-        _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
-                  negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+        y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
+                      negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+        if STATS_OUT:
+            _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
+                             BLOCK_M, BLOCK_N)
+        if ARGMAX:  # its counters sit after the split-K ones
+            _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
+                         count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
     else:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k * M * N, acc, mask=tile_mask)
@@ -154,8 +198,14 @@ def _gemv_kernel(
             for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
                 acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
-            _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
-                      negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
+                          negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            if STATS_OUT:
+                _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr,
+                                 stride_so, BLOCK_M, BLOCK_N)
+            if ARGMAX:
+                _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
+                             count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
 
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
@@ -163,7 +213,8 @@ _gemv_tuned = autotune(_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"], resto
                        prune_configs_by={"early_config_prune": _prune_splits})(_gemv_kernel)
 
 
-def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope, config=None):
+def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+         ln_stats=None, stats_out=None, argmax_out=None, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
     config: tests only, a dict of BLOCK_N/BLOCK_K/SPLIT_K (+ num_warps) that bypasses tuning."""
     M, K = x2.shape
@@ -174,18 +225,29 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         kernel, meta = _gemv_kernel, dict(config)
     max_split = meta["SPLIT_K"] if meta else _max_split(N)
     part = x2.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)
-    counts = arrival_counters(x2.device, triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)) if max_split > 1 else part
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
+    need_counts = max_split > 1 or argmax_out is not None
+    counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if need_counts else part
+    argmax = argmax_out is not None
+    amax_val = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.float32)
+    amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
     grid = lambda META: (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, META["BLOCK_N"]), META["SPLIT_K"])
     pdl = use_pdl(x2.device)
     dummy = y2
+    ln_stats = ln_stats if ln_weight is not None else None
     kernel[grid](
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
-        part, counts, M, N, ln_eps, negative_slope,
+        part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
+        amax_val, amax_idx, argmax_out if argmax else amax_idx,
+        M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
+        ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        HAS_LN=ln_weight is not None, INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+        HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
+        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
+        INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, BLOCK_M=BLOCK_M, LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import _epilogue
+from ._epilogue import STATS_GROUP, _epilogue, _store_row_stats
 from ._tuning import INTERPRET, autotune, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
@@ -35,11 +35,11 @@ if INTERPRET:  # the interpreter runs every program in Python: one small config
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, stats_out_ptr,
     M, N, K, M_BUCKET, negative_slope,
-    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_so,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    STATS_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # grouped ordering: GROUP_M row-tiles sweep the same weight columns while they sit in L2
@@ -66,8 +66,12 @@ def _linear_kernel(
         w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
-    _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, m_mask[:, None] & n_mask[None, :], n_mask,
-              stride_rm, stride_ym, negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    tile_mask = m_mask[:, None] & n_mask[None, :]
+    y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask,
+                  stride_rm, stride_ym, negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    if STATS_OUT:
+        _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
+                         BLOCK_M, BLOCK_N)
 
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
@@ -75,12 +79,27 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
                          restore_value=["y_ptr"])(_linear_kernel)
 
 
+def _check_stats(name, t, rows, cols, device):
+    if t is not None:
+        check_tensor(name, t, ndim=3, dtypes=(torch.float32,), device=device)
+        check_shape(name, t, (rows, 2, triton.cdiv(cols, STATS_GROUP)))
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor")
+
+
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, _config=None):
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
+           _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
     ln_weight/ln_bias (K,): normalize each row of x first (GPT-2's ln_1/ln_2 fused in).
+    stats_out: a `new_row_stats(rows, N)` buffer that receives the output rows' partial
+    statistics; ln_stats: the same for x, written by the kernel that produced x, so the
+    layernorm prologue need not read whole rows (decode rows; prefill rows normalize from x).
+    argmax_out: an int64 tensor of x's leading shape that receives each output row's argmax
+    (lowest index among ties, as torch.argmax): greedy decoding's token, fused into the
+    lm_head for decode rows.
     _config: tests only: a dict of block sizes (for the GEMV path: BLOCK_N/BLOCK_K/SPLIT_K)
     that bypasses autotuning.
     """
@@ -112,12 +131,22 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     check_shape("out", y, out_shape)
     if not y.is_contiguous():
         raise ValueError("out: expected a contiguous tensor")
+    _check_stats("ln_stats", ln_stats, M, K, x.device)
+    _check_stats("stats_out", stats_out, M, N, x.device)
+    if ln_stats is not None and ln_weight is None:
+        raise ValueError("ln_stats: given without ln_weight/ln_bias")
+    if argmax_out is not None:
+        check_tensor("argmax_out", argmax_out, dtypes=(torch.int64,), device=x.device)
+        check_shape("argmax_out", argmax_out, x.shape[:-1])
+        if not argmax_out.is_contiguous():
+            raise ValueError("argmax_out: expected a contiguous tensor")
     r2 = residual.reshape(-1, N) if residual is not None else None
     y2 = y.view(-1, N)
     if M == 0:
         return y
     if M <= SMALL_M:
-        gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope, _config)
+        gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, _config)
         return y
 
     if ln_weight is not None:
@@ -128,10 +157,14 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     r2 = r2 if r2 is not None else y2
     grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
     kernel[grid](
-        x2, weight, bias if bias is not None else y2, r2, y2,
+        x2, weight, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
         M, N, K, triton.next_power_of_2(M), negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
+        stats_out.stride(0) if stats_out is not None else 0,
         HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+        STATS_OUT=stats_out is not None,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=8, **meta,
     )
+    if argmax_out is not None:  # prefill rows: a separate reduction
+        torch.argmax(y2, dim=-1, out=argmax_out.view(-1))
     return y

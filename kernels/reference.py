@@ -45,11 +45,40 @@ def apply_activation(y, name, negative_slope=0.01):
     raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {name!r}")
 
 
+STATS_GROUP = 16
+
+
+def new_row_stats(rows, cols, device):
+    return torch.empty((rows, 2, -(-cols // STATS_GROUP)), dtype=torch.float32, device=device)
+
+
+def row_stats(y):
+    """(rows, 2, groups) fp32: the sum and the sum of squares of every STATS_GROUP columns of
+    each row of y (..., N): the partial statistics the kernels pass to a following layernorm."""
+    yf = y.reshape(-1, y.shape[-1]).float()
+    rows, n = yf.shape
+    groups = -(-n // STATS_GROUP)
+    g = F.pad(yf, (0, groups * STATS_GROUP - n)).view(rows, groups, STATS_GROUP)
+    return torch.stack([g.sum(-1), (g * g).sum(-1)], dim=1)
+
+
+def _layernorm_from_stats(x, stats, weight, bias, eps):
+    K = x.shape[-1]
+    total = stats.sum(-1).view(*x.shape[:-1], 2)
+    mean = total[..., 0:1] / K
+    var = (total[..., 1:2] / K - mean * mean).clamp_min(0)
+    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+
+
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None):
-    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype."""
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None):
+    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
+    With ln_stats the layernorm takes its mean and variance from those partial statistics;
+    stats_out receives row_stats of the output, argmax_out each output row's argmax."""
     xf = x.float()
-    if ln_weight is not None:
+    if ln_weight is not None and ln_stats is not None:
+        xf = _layernorm_from_stats(xf, ln_stats.to(xf.dtype), ln_weight.float(), ln_bias.float(), ln_eps)
+    elif ln_weight is not None:
         xf = F.layer_norm(xf, (x.shape[-1],), ln_weight.float(), ln_bias.float(), ln_eps)
     y = xf @ weight.float()
     if bias is not None:
@@ -57,7 +86,12 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     y = apply_activation(y, activation, negative_slope)
     if residual is not None:
         y = y + residual.float()
-    return _into(y.to(x.dtype), out)
+    y = _into(y.to(x.dtype), out)
+    if stats_out is not None:
+        stats_out.copy_(row_stats(y))
+    if argmax_out is not None:
+        argmax_out.copy_(y.argmax(dim=-1))
+    return y
 
 
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
@@ -94,8 +128,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v).to(q.dtype), out)
 
 
-def embedding(ids, pos, wte, wpe, out=None):
-    return _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
+    y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
+    if stats_out is not None:
+        stats_out.copy_(row_stats(y))
+    return y
 
 
 def softmax(x):

@@ -53,6 +53,7 @@ class _DecodeState:
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
+        self.next = torch.zeros(batch, dtype=torch.int64, device=device)  # the fused argmax's output
         self.graph = None
         self.max_len = None  # cache positions decode attention covers (None: all)
 
@@ -118,8 +119,11 @@ class Engine:
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
-        logits = self.model.decode(st.tokens, st.pos, cache, st.max_len)
-        nxt = sample(logits, params, st.seen)
+        if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
+            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_out=st.next)
+            nxt = st.next
+        else:
+            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
         self._advance(st, nxt, eos)
 
     @staticmethod

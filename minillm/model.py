@@ -81,14 +81,23 @@ class GPT:
         c = self.config
         return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device)
 
-    def _mlp(self, blk, x):
-        f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
-                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon)
-        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x)  # x += mlp(ln_2(x))
+    # Every kernel that writes the residual stream x also leaves its rows' partial statistics
+    # (stats_out); the next layernorm-fused linear reads those (ln_stats) instead of whole rows.
+    def _attention_in(self, blk, x, stats):
+        return self.ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
+                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
 
-    def _logits(self, x):
+    def _attention_out(self, blk, y, x, stats_out):
+        return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out)  # x += proj(y)
+
+    def _mlp(self, blk, x, stats, stats_out):
+        f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
+                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
+        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out)  # x += mlp(ln_2(x))
+
+    def _logits(self, x, stats=None, argmax_out=None):
         return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],
-                               ln_eps=self.config.layer_norm_epsilon)
+                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, argmax_out=argmax_out)
 
     def prefill(self, ids, seq_lens, cache, all_logits=False):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
@@ -98,36 +107,37 @@ class GPT:
         B, T = ids.shape
         H, D, C = c.n_head, c.head_dim, c.n_embd
         pos = torch.arange(T, device=ids.device, dtype=torch.int32).repeat(B)
-        x = ops.embedding(ids.reshape(-1), pos, self.wte, self.wpe)  # (B*T, C)
+        st_a, st_b = ops.new_row_stats(B * T, C, ids.device), ops.new_row_stats(B * T, C, ids.device)
+        x = ops.embedding(ids.reshape(-1), pos, self.wte, self.wpe, stats_out=st_a)  # (B*T, C)
         y = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
         for i, blk in enumerate(self.blocks):
-            qkv = ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
-                             ln_eps=c.layer_norm_epsilon).view(B, T, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a).view(B, T, 3, H, D)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (B, H, T, D) views
             cache.update(i, 0, k, v)
             ops.attention(q, k, v, causal=True, seq_lens=seq_lens, out=y.transpose(1, 2))
-            x = ops.linear(y.view(B * T, C), *blk.attn_proj, residual=x, out=x)
-            x = self._mlp(blk, x)
+            x = self._attention_out(blk, y.view(B * T, C), x, st_b)
+            x = self._mlp(blk, x, st_b, st_a)
         if all_logits:
-            return self._logits(x).view(B, T, -1)
+            return self._logits(x, st_a).view(B, T, -1)
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
         return self._logits(last)
 
-    def decode(self, tokens, pos, cache, max_len=None):
+    def decode(self, tokens, pos, cache, max_len=None, argmax_out=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
         token's key/value at pos[b] and returns logits (B, V). max_len (> every pos) narrows the
-        cache the attention kernel splits over, so short contexts launch fewer idle programs."""
+        cache the attention kernel splits over, so short contexts launch fewer idle programs.
+        argmax_out (B,) int64 receives each row's argmax, fused into the lm_head (greedy)."""
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
-        x = ops.embedding(tokens, pos, self.wte, self.wpe)  # (B, C)
         seq_lens = pos + 1
+        st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
+        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            qkv = ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
-                             ln_eps=c.layer_norm_epsilon).view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
                                      k_new=qkv[:, 1], v_new=qkv[:, 2])  # (B, H, D); writes the cache
-            x = ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x)
-            x = self._mlp(blk, x)
-        return self._logits(x)
+            x = self._attention_out(blk, y.view(B, C), x, st_b)
+            x = self._mlp(blk, x, st_b, st_a)
+        return self._logits(x, st_a, argmax_out)

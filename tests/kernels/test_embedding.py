@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import kernels
+from kernels import reference as ref
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, randn
 
@@ -15,9 +16,11 @@ def test_embedding(R, V, P, C, dtype, device):
     ids = torch.randint(0, V, (R,), device=device)
     pos = torch.randint(0, P, (R,), device=device, dtype=torch.int32)
     out = torch.full((R, C), float("nan"), dtype=dtype, device=device)
-    y = kernels.embedding(ids, pos, wte, wpe, out=out)
+    stats = torch.full((R, 2, -(-C // 16)), float("nan"), device=device)
+    y = kernels.embedding(ids, pos, wte, wpe, out=out, stats_out=stats)
     expect = (wte[ids].double() + wpe[pos.long()].double()).to(dtype)
     assert torch.equal(y, expect)  # one rounding of an exact fp32 sum: bit-identical
+    torch.testing.assert_close(stats.cpu(), ref.row_stats(expect).cpu(), rtol=1e-5, atol=1e-4)
 
 
 def test_embedding_errors(device):
