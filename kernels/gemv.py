@@ -1,25 +1,28 @@
 """Decode-time linear (M <= 64 rows): y = act(layernorm?(x) @ W + bias) + residual, one launch.
 
-Few rows make this a matrix-vector product: every weight byte is read once and used a few
-times, so the time is the weight read plus fixed latency. The kernel is built around that:
-- programs own (BLOCK_N columns) x (one K split) of W; every split of a column block writes an
-  fp32 partial and the last one to arrive (an atomic counter) sums them in a fixed order and
-  runs the epilogue. The order depends on (N, K) only: a row's result is bit-identical at any
-  M <= 64 and in every launch;
+Few rows make this a matrix-vector product: every weight byte is read once, so the time is the
+weight read plus fixed latency, and the kernel is built around that:
+- K is cut into CHUNKS chunks; with few rows each chunk is its own program (more bytes in
+  flight), writes an fp32 partial, and the last program of a column block to arrive (an atomic
+  counter) adds the partials in chunk order and runs the epilogue. With more rows one program
+  loops over the chunks and adds them in the same order. The arithmetic depends on (N, K)
+  only: a row's result is bit-identical at any M <= 64, in either mode, in every launch;
 - row blocks of 16 that share a weight tile are neighbouring programs: W crosses the memory
   bus once and the other row blocks read it from L2;
-- the first weight tile is loaded before anything that an earlier kernel writes. With
-  programmatic dependent launch (Hopper) the kernel starts while the previous one is still
-  running, so this load and the launch itself hide behind it; gdc_wait then waits for x;
-- the layernorm prologue computes each row's statistics from the whole row (a few KB from
-  L2, read in a handful of independent chunks) in every program: no separate launch.
+- the first weight tile is loaded before anything an earlier kernel writes. With programmatic
+  dependent launch (Hopper) the kernel starts while the previous one still runs, so this load
+  and the launch hide behind it; gdc_wait then waits for x;
+- the layernorm prologue takes each row's statistics from the partial sums the producing
+  kernel left (ln_stats), or else computes them from the whole row in every program;
+- optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
+  greedy decoding's argmax (argmax_out).
 """
 import torch
 import triton
 import triton.language as tl
 
 from ._epilogue import STATS_GROUP, _epilogue, _load_row_stats, _store_row_stats
-from ._tuning import INTERPRET, autotune, pick, use_pdl
+from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
 BLOCK_M = 16  # rows per tl.dot: the minimum MMA height; a row's arithmetic is the same at any M
@@ -27,32 +30,29 @@ SMALL_M = 64
 LN_BLOCK = 512  # columns per chunk of the row-statistics pass
 
 
-def _cfg(bn, bk, split, warps=4, stages=3):
-    return triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
+def decode_config(M, N, K):
+    """Launch parameters for M rows of an (K -> N) layer. The arithmetic (BLOCK_K, CHUNKS) is a
+    function of (N, K) alone, so a row's result is the same at every M <= 64; only the layout
+    (SPLIT, BLOCK_N, warps) follows M. Chosen from scripts/bench_gemv.py sweeps on an H200:
+    eight chunks of one BLOCK_K and 64-column blocks were fastest or within 10% for every GPT-2
+    shape at M = 1; past 16 rows the split partials cost more than they save on wide layers."""
+    if N >= 16384:  # vocabulary heads: column blocks alone fill the GPU
+        return dict(BLOCK_N=128, BLOCK_K=128, CHUNKS=1, SPLIT=False, num_warps=8)
+    chunks = chunk_count(K, 128, 8)
+    if M > 16 and N >= 2 * K:
+        return dict(BLOCK_N=128, BLOCK_K=128, CHUNKS=chunks, SPLIT=False, num_warps=8)
+    return dict(BLOCK_N=64, BLOCK_K=128, CHUNKS=chunks, SPLIT=True, num_warps=4)
 
 
-_CONFIGS = [  # the first is the untuned default (MINILLM_AUTOTUNE=0)
-    _cfg(64, 128, 4), _cfg(64, 128, 1), _cfg(64, 128, 2), _cfg(64, 128, 8), _cfg(32, 128, 8),
-    _cfg(64, 256, 2), _cfg(128, 128, 2), _cfg(64, 64, 16), _cfg(128, 128, 1, 8),
-]
-if INTERPRET:  # the interpreter runs every program in Python; split-K has its own tests
-    _CONFIGS = [_cfg(64, 64, 1, stages=1)]
-MAX_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)
-SPLIT_WORKSPACE = 1 << 22  # fp32 partials per launch at most (16 MB at M = SMALL_M)
+def chunk_count(K, block_k, chunks):
+    """Non-empty chunks when K is cut into `chunks` pieces of whole block_ks."""
+    k_chunk = triton.cdiv(K, chunks * block_k) * block_k
+    return triton.cdiv(K, k_chunk)
 
 
-def _max_split(N):
-    """Wide outputs (the lm_head) get fewer splits; they have enough column blocks anyway. A
-    function of N alone, so a row's reduction order never depends on the batch (M)."""
-    split = MAX_SPLIT_K
-    while split > 1 and split * SMALL_M * N > SPLIT_WORKSPACE:
-        split //= 2
-    return split
-
-
-def _prune_splits(configs, named_args, **kwargs):
-    limit = _max_split(named_args["N"])
-    return [c for c in configs if c.kwargs["SPLIT_K"] <= limit] or configs[:1]
+# other layouts scripts/bench_gemv.py sweeps (BLOCK_N, BLOCK_K, CHUNKS, SPLIT, warps)
+CANDIDATES = [(64, 128, 8, True, 4), (64, 128, 4, True, 4), (32, 128, 8, True, 4), (64, 64, 16, True, 4),
+              (64, 256, 2, True, 4), (128, 128, 8, False, 8), (64, 128, 8, False, 4), (128, 128, 1, False, 8)]
 
 
 @triton.jit
@@ -113,6 +113,42 @@ def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr,
 
 
 @triton.jit
+def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd, rn, n_mask, m_mask,
+               k0, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
+               FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """(layernormed) x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator;
+    the first weight tile may already be loaded (w_first, lnw_first, lnb_first)."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    k_mask = kk < K
+    if FIRST_LOADED:
+        w, lnw, lnb = w_first, lnw_first, lnb_first
+    else:
+        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        lnw, lnb = 0.0, 0.0
+        if HAS_LN:
+            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    if HAS_LN:
+        a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
+    acc = tl.dot(a, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
+    for i in range(1, ITERS):
+        kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if HAS_LN:
+            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
+        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
     amax_val_ptr, amax_idx_ptr, tok_ptr,
@@ -120,32 +156,34 @@ def _gemv_kernel(
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
-    ARGMAX: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    LN_BLOCK: tl.constexpr,
+    ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
+    # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
+    # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
+    # programs in flight) and lets the last to arrive add them; otherwise one program loops over
+    # the chunks. Both do the same arithmetic, so the mode may follow M without changing a bit.
+    K_CHUNK: tl.constexpr = (K + CHUNKS * BLOCK_K - 1) // (CHUNKS * BLOCK_K) * BLOCK_K
+    ITERS: tl.constexpr = K_CHUNK // BLOCK_K
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     pid_m = pid % num_pid_m
     pid_n = pid // num_pid_m
-    pid_k = tl.program_id(1)
-    # K columns per split, whole BLOCK_Ks: a function of (K, config) only
-    K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
-    ITERS: tl.constexpr = K_SPLIT // BLOCK_K
+    pid_k = tl.program_id(1)  # the chunk, with SPLIT
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = rm < M
     n_mask = rn < N
     tile_mask = m_mask[:, None] & n_mask[None, :]
-    k0 = pid_k * K_SPLIT
+    k0 = pid_k * K_CHUNK
     kk = k0 + tl.arange(0, BLOCK_K)
     k_mask = kk < K
 
-    # weights, bias and layernorm parameters never change between launches: fetch them before
-    # waiting on the kernel that writes x
+    # weights and layernorm parameters never change between launches: fetch the first tile
+    # before waiting on the kernel that writes x
     w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                 mask=k_mask[:, None] & n_mask[None, :], other=0.0)
     lnw, lnb = 0.0, 0.0
@@ -157,85 +195,65 @@ def _gemv_kernel(
         tl.extra.cuda.gdc_launch_dependents()
 
     x_rows = x_ptr + rm[:, None] * stride_xm
-    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     mean, rstd = 0.0, 0.0
     if HAS_LN:
         if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-        a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
-    acc = tl.dot(a, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
-    for i in range(1, ITERS):
-        kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = kk < K
-        if HAS_LN:
-            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if HAS_LN:
-            a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
-        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0,
+                     stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
+                     INPUT_PRECISION)
+    if not SPLIT:
+        for c in range(1, CHUNKS):
+            acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
+                              c * K_CHUNK, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
+                              BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
-    if SPLIT_K == 1:
+    finish = True
+    if SPLIT and CHUNKS > 1:
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=tile_mask)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        finish = arrived == CHUNKS - 1
+        if finish:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
+                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
+    if finish:
         y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
                       negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
         if STATS_OUT:
             _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                              BLOCK_M, BLOCK_N)
-        if ARGMAX:  # its counters sit after the split-K ones
+        if ARGMAX:  # its counters sit after the split ones
             _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
                          count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
-    else:
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k * M * N, acc, mask=tile_mask)
-        # acq_rel: our partial is visible before the count moves; the last arriver sees all
-        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
-                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
-            y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
-                          negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
-            if STATS_OUT:
-                _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr,
-                                 stride_so, BLOCK_M, BLOCK_N)
-            if ARGMAX:
-                _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
-                             count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
-
-
-# restore y: with out=residual (in-place residual add) a tuning run must not accumulate
-_gemv_tuned = autotune(_CONFIGS, key=["N", "K", "stride_wk", "stride_wn"], restore_value=["y_ptr"],
-                       prune_configs_by={"early_config_prune": _prune_splits})(_gemv_kernel)
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_out=None, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
-    config: tests only, a dict of BLOCK_N/BLOCK_K/SPLIT_K (+ num_warps) that bypasses tuning."""
+    config: a dict like decode_config's, in its place (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
-    kernel, meta = pick(_gemv_tuned, _CONFIGS)
-    if config is not None:
-        kernel, meta = _gemv_kernel, dict(config)
-    max_split = meta["SPLIT_K"] if meta else _max_split(N)
-    part = x2.new_empty((max_split * M * N,) if max_split > 1 else (1,), dtype=torch.float32)
+    meta = decode_config(M, N, K) if config is None else dict(config)
+    meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
+    split = meta["SPLIT"] and meta["CHUNKS"] > 1
+    part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
-    need_counts = max_split > 1 or argmax_out is not None
-    counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if need_counts else part
     argmax = argmax_out is not None
+    counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if split or argmax else part
     amax_val = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.float32)
     amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
-    grid = lambda META: (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, META["BLOCK_N"]), META["SPLIT_K"])
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
-    kernel[grid](
+    _gemv_kernel[grid](
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
