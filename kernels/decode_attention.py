@@ -24,32 +24,57 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW: tl.constexpr):
+    """Online-softmax update of (m_i, l_i, acc) with one tile of keys/values (log2 domain)."""
+    k = k.to(tl.float32)
+    v = v.to(tl.float32)
+    if HAS_NEW:  # the cache row at pos may not be written yet: take it from registers
+        is_new = (offs_n == pos)[:, None]
+        k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
+        v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
+    s = tl.sum(q[None, :] * k, axis=1)
+    s = tl.where(n_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
-    H, D, qk_scale, chunk,
+    H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    start = pid_s * chunk
+    offs_n = start + tl.arange(0, BLOCK_N)
+    tile_mask = (offs_n < L)[:, None] & d_mask[None, :]
+    if PREFETCH:  # rows written by earlier steps (caller's promise): read before the wait
+        k0 = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
+        v0 = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    b = pid_bh // H
-    h = pid_bh % H
     seq_len = tl.load(lens_ptr + b)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-
-    start = pid_s * chunk
     end = tl.minimum(start + chunk, seq_len)
     pos = seq_len - 1
+    k_new = q
+    v_new = q
     if HAS_NEW:
         k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
         v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
@@ -60,26 +85,21 @@ def _decode_attention_kernel(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for start_n in range(start, end, BLOCK_N):
+    first = start
+    if PREFETCH:
+        m1, l1, acc1 = _attend(q, k0, v0, offs_n, offs_n < end, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
+        live = start < end  # an empty split keeps the neutral state (its m1 is NaN)
+        m_i = tl.where(live, m1, m_i)
+        l_i = tl.where(live, l1, l_i)
+        acc = tl.where(live, acc1, acc)
+        first = start + BLOCK_N
+    for start_n in range(first, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-        if HAS_NEW:  # the cache row at pos may not be written yet: take it from registers
-            is_new = (offs_n == pos)[:, None]
-            k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
-            v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
-        s = tl.sum(q[None, :] * k, axis=1)
-        s = tl.where(n_mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
 
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_d
     if NUM_SPLITS == 1:
@@ -117,13 +137,16 @@ def _num_splits(device, bh, L):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None):
+                     num_splits=None, prefetch_cache=False):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
     seq_lens: (B,) int32/int64, 1 <= seq_lens[b] <= L: query b sees cache positions < seq_lens[b].
     k_new, v_new: optional (B, H, D), written to position seq_lens[b] - 1 of the caches first.
     Returns (B, H, D) in q's dtype (into `out` if given).
+    prefetch_cache: each program reads its first cache tile before waiting on the previous
+    kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
+    a decode step, where the cache is written by this kernel alone.
     """
     check_tensor("q", q, ndim=3, last_contiguous=True)
     check_device_usable("q", q)
@@ -165,11 +188,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     pdl = use_pdl(q.device)
     _decode_attention_kernel[(B * H, splits)](
         q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
-        H, D, scale * LOG2E, chunk,  # log2(e): softmax via exp2
+        H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        USE_PDL=pdl, num_warps=4 if BLOCK_D <= 64 else 8, launch_pdl=pdl,
+        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), num_warps=4 if BLOCK_D <= 64 else 8, launch_pdl=pdl,
     )
     return o

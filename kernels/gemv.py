@@ -114,7 +114,7 @@ def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr,
 
 @triton.jit
 def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd, rn, n_mask, m_mask,
-               k0, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
+               k0, zero, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
                FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """(layernormed) x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator;
@@ -133,7 +133,10 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
     a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     if HAS_LN:
         a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
-    acc = tl.dot(a, w, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=INPUT_PRECISION)
+    # the fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
+    # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
+    acc = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
+    acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
     for i in range(1, ITERS):
         kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = kk < K
@@ -152,7 +155,7 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
     amax_val_ptr, amax_idx_ptr, tok_ptr,
-    M, N, ln_eps, negative_slope,
+    M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
@@ -201,13 +204,13 @@ def _gemv_kernel(
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0,
+    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
                      stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
                      INPUT_PRECISION)
     if not SPLIT:
         for c in range(1, CHUNKS):
             acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
-                              c * K_CHUNK, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
+                              c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
                               BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
     finish = True
@@ -258,7 +261,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
         amax_val, amax_idx, argmax_out if argmax else amax_idx,
-        M, N, ln_eps, negative_slope,
+        M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,

@@ -137,7 +137,7 @@ class GPT:
             qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
-                                     k_new=qkv[:, 1], v_new=qkv[:, 2])  # (B, H, D); writes the cache
+                                     k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
             x = self._attention_out(blk, y.view(B, C), x, st_b)
             x = self._mlp(blk, x, st_b, st_a)
         return self._logits(x, st_a, argmax_out)

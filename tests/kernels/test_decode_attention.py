@@ -30,9 +30,11 @@ def test_decode_attention(B, H, L, D, dtype, device):
     assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
-def test_decode_attention_splits_and_new_token(splits, device):
-    """Every split count, with the new key/value written into the cache by the same launch."""
+def test_decode_attention_splits_and_new_token(splits, prefetch, device):
+    """Every split count, with the new key/value written into the cache by the same launch, and
+    with each program's first tile read up front (empty splits, 1-token rows included)."""
     B, H, L, D = 3, 2, 150, 32
     q = randn(B, H, D, device=device)
     kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
@@ -43,7 +45,8 @@ def test_decode_attention_splits_and_new_token(splits, device):
     expect_k[rows, :, lens - 1] = k_new
     expect_v[rows, :, lens - 1] = v_new
     for _ in range(2):  # repeated launches reuse the arrival counters
-        o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits)
+        o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits,
+                                     prefetch_cache=prefetch)
         assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
         assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
 
