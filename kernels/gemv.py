@@ -30,18 +30,20 @@ SMALL_M = 64
 LN_BLOCK = 512  # columns per chunk of the row-statistics pass
 
 
-def decode_config(M, N, K):
+def decode_config(M, N, K, itemsize=2):
     """Launch parameters for M rows of an (K -> N) layer. The arithmetic (BLOCK_K, CHUNKS) is a
-    function of (N, K) alone, so a row's result is the same at every M <= 64; only the layout
-    (SPLIT, BLOCK_N, warps) follows M. Chosen from scripts/bench_gemv.py sweeps on an H200:
-    eight chunks of one BLOCK_K and 64-column blocks were fastest or within 10% for every GPT-2
-    shape at M = 1; past 16 rows the split partials cost more than they save on wide layers."""
+    function of (N, K, dtype) alone, so a row's result is the same at every M <= 64; only the
+    layout (SPLIT, BLOCK_N, warps) follows M. Chosen from scripts/bench_gemv.py sweeps on an
+    H200: eight chunks of one BLOCK_K and 64-column blocks were fastest or within 10% for every
+    GPT-2 shape at M = 1; past 16 rows the split partials cost more than they save on wide
+    layers. fp32 takes half the BLOCK_K: its pipelined weight tiles must fit shared memory."""
+    block_k = 128 if itemsize <= 2 else 64
     if N >= 16384:  # vocabulary heads: column blocks alone fill the GPU
-        return dict(BLOCK_N=128, BLOCK_K=128, CHUNKS=1, SPLIT=False, num_warps=8)
-    chunks = chunk_count(K, 128, 8)
+        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=1, SPLIT=False, num_warps=8)
+    chunks = chunk_count(K, block_k, 8)
     if M > 16 and N >= 2 * K:
-        return dict(BLOCK_N=128, BLOCK_K=128, CHUNKS=chunks, SPLIT=False, num_warps=8)
-    return dict(BLOCK_N=64, BLOCK_K=128, CHUNKS=chunks, SPLIT=True, num_warps=4)
+        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
+    return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
 
 
 def chunk_count(K, block_k, chunks):
@@ -243,7 +245,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
-    meta = decode_config(M, N, K) if config is None else dict(config)
+    meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)

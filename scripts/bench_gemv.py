@@ -99,7 +99,7 @@ def main():
         cublas = ms_graph([lambda a=a: a[0] @ a[1] for a in sets]) * 1e3
         gbs = K * N * 2 / per[best] / 1e3
         r = {"shape": f"{name} M={M} {K}->{N}", "best_config": best, "best_us": per[best], "best_gbs": gbs,
-             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K)), "decode_config_us": tuned_us, "best_no_pdl_us": best_nopdl,
+             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K, 2)), "decode_config_us": tuned_us, "best_no_pdl_us": best_nopdl,
              "cublas_us": cublas, "all_us": per}
         rows.append(r)
         print(f"{r['shape']:<28} best {per[best]:6.2f} us {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f})  picked {tuned_us:6.2f}"
