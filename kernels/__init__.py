@@ -5,6 +5,7 @@
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
+- append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
   decode layernorm skip reading whole rows
 - softmax, gelu: row softmax and elementwise GELU
@@ -13,11 +14,12 @@ from ._epilogue import new_row_stats
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
+from .decode_step import append_tokens
 from .embedding import embedding
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "attention", "decode_attention", "embedding", "gelu", "layernorm", "linear",
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu", "layernorm", "linear",
            "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -23,15 +23,21 @@ def new_row_stats(rows, cols, device):
 
 
 @triton.jit
-def _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask, stride_rm, stride_ym,
-              negative_slope, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-              HAS_RESIDUAL: tl.constexpr):
-    """y = act(acc + bias) + residual, stored in y's dtype; returns the stored values in fp32."""
+def _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm,
+                        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The epilogue's inputs in fp32 (0.0 where absent): the decode kernel loads them early."""
+    bias, res = 0.0, 0.0
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    acc = _apply_activation(acc, negative_slope, ACTIVATION)
+        bias = tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+    return bias, res
+
+
+@triton.jit
+def _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION: tl.constexpr):
+    """y = act(acc + bias) + residual, stored in y's dtype; returns the stored values in fp32."""
+    acc = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res
     y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=tile_mask)
     return y.to(tl.float32)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import STATS_GROUP, _epilogue, _store_row_stats
+from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _store_row_stats
 from ._tuning import INTERPRET, autotune, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
@@ -67,8 +67,8 @@ def _linear_kernel(
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
     tile_mask = m_mask[:, None] & n_mask[None, :]
-    y = _epilogue(acc, bias_ptr, res_ptr, y_ptr, rm, rn, tile_mask, n_mask,
-                  stride_rm, stride_ym, negative_slope, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, HAS_RESIDUAL)
+    y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
     if STATS_OUT:
         _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                          BLOCK_M, BLOCK_N)
@@ -89,7 +89,7 @@ def _check_stats(name, t, rows, cols, device):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           _config=None):
+           prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -100,6 +100,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     argmax_out: an int64 tensor of x's leading shape that receives each output row's argmax
     (lowest index among ties, as torch.argmax): greedy decoding's token, fused into the
     lm_head for decode rows.
+    prefetch_residual: decode rows read the residual before waiting on the previous kernel
+    (programmatic dependent launch); only for a residual that kernel does not write.
     _config: tests only: a dict of block sizes (for the GEMV path: BLOCK_N/BLOCK_K/SPLIT_K)
     that bypasses autotuning.
     """
@@ -146,7 +148,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         return y
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, _config)
+             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
+             _config)
         return y
 
     if ln_weight is not None:

@@ -71,7 +71,8 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None):
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
+           prefetch_residual=False):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
     stats_out receives row_stats of the output, argmax_out each output row's argmax."""
@@ -141,3 +142,13 @@ def softmax(x):
 
 def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
+
+
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None):
+    out.index_copy_(1, step, next_ids[:, None])
+    if eos is not None:
+        finished |= next_ids == eos
+    tokens.copy_(next_ids)
+    pos.add_(1)
+    step.add_(1)
+    return out

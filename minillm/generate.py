@@ -126,16 +126,12 @@ class Engine:
             nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
         self._advance(st, nxt, eos)
 
-    @staticmethod
-    def _advance(st, nxt, eos):
-        st.out.index_copy_(1, st.step, nxt[:, None])
+    def _advance(self, st, nxt, eos):
         if st.seen is not None:
             st.seen.scatter_(1, nxt[:, None], True)
-        if eos is not None:
-            st.finished |= nxt == eos
-        st.tokens.copy_(nxt)
-        st.pos.add_(1)
-        st.step.add_(1)
+        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
+        self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
+                                     st.finished if eos is not None else None, eos)
 
     def _state(self, batch, params, eos, max_len=None):
         key = (batch, params.graph_key(), eos, max_len)

@@ -88,12 +88,15 @@ class GPT:
                                ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
 
     def _attention_out(self, blk, y, x, stats_out):
-        return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out)  # x += proj(y)
+        # x was written two kernels back (mlp-out, then qkv and attention): safe to read early
+        return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
+                               prefetch_residual=True)  # x += proj(y)
 
     def _mlp(self, blk, x, stats, stats_out):
         f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
                             ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
-        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out)  # x += mlp(ln_2(x))
+        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
+                               prefetch_residual=True)  # x += mlp(ln_2(x)); x written before fc
 
     def _logits(self, x, stats=None, argmax_out=None):
         return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],

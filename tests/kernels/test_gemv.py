@@ -116,3 +116,16 @@ def test_linear_fused_argmax(M, N, cfg, dtype, device):
     y = kernels.linear(x, w, bias, argmax_out=tok, _config=cfg)
     assert torch.equal(tok, y.argmax(dim=-1))
     assert (y[0] == y[0].max()).sum() >= 2 and tok[0] == 3
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_gemv_prefetched_residual_in_place(split, device):
+    """prefetch_residual reads the residual up front; in place (out=residual) the finishing
+    program must still add the old values."""
+    M, K, N = 18, 100, 70
+    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
+    bias, h = randn(N, device=device), randn(M, N, device=device)
+    expect = _ref(x, w, bias=bias, activation="gelu_tanh", residual=h)
+    kernels.linear(x, w, bias, activation="gelu_tanh", residual=h, out=h, prefetch_residual=True,
+                   _config=_cfg(chunks=3, split=split))
+    assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")

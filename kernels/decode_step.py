@@ -1,0 +1,63 @@
+"""A decode step's bookkeeping in one launch: record every row's new token and advance the row.
+
+Unfused, this is five or six tiny torch kernels per generated token (an indexed copy, two adds,
+a copy, the end-of-sequence flags); in a CUDA-graph decode step of a small model each costs
+about as much as a layer's matmul launch.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_device_usable, check_tensor
+from ._tuning import use_pdl
+
+
+@triton.jit
+def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, B, eos, stride_ob,
+                          HAS_EOS: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.arange(0, BLOCK_B)
+    mask = rows < B
+    step = tl.load(step_ptr)
+    nxt = tl.load(next_ptr + rows, mask=mask)
+    tl.store(out_ptr + rows * stride_ob + step, nxt.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
+    pos = tl.load(pos_ptr + rows, mask=mask)
+    tl.store(pos_ptr + rows, pos + 1, mask=mask)
+    if HAS_EOS:
+        done = tl.load(finished_ptr + rows, mask=mask) != 0
+        tl.store(finished_ptr + rows, done | (nxt == eos), mask=mask)
+    tl.store(step_ptr, step + 1)
+
+
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None):
+    """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
+    finished[b] |= next_ids[b] == eos; then step += 1. All on the device, no sync.
+
+    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
+    finished: (B,) bool (with eos, an int token id).
+    """
+    check_tensor("next_ids", next_ids, ndim=1, dtypes=(torch.int64,))
+    check_device_usable("next_ids", next_ids)
+    B = next_ids.shape[0]
+    dev = next_ids.device
+    check_tensor("out", out, ndim=2, dtypes=(torch.int64,), device=dev)
+    check_tensor("step", step, ndim=1, dtypes=(torch.int64,), device=dev)
+    for name, t in (("tokens", tokens), ("pos", pos)):
+        check_tensor(name, t, ndim=1, dtypes=(torch.int32,), device=dev)
+        if t.shape[0] != B or t.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous ({B},) tensor, got shape {tuple(t.shape)}")
+    if out.shape[0] != B or out.stride(1) != 1:
+        raise ValueError(f"out: expected ({B}, L) with contiguous rows, got shape {tuple(out.shape)}")
+    if (finished is None) != (eos is None):
+        raise ValueError("finished/eos: expected both or neither")
+    if finished is not None:
+        check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
+    if B:
+        pdl = use_pdl(dev)
+        _append_tokens_kernel[(1,)](next_ids, out, step, tokens, pos, finished if finished is not None else pos,
+                                    B, -1 if eos is None else int(eos), out.stride(0), HAS_EOS=eos is not None,
+                                    BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
+    return out

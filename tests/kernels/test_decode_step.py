@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+
+
+def _state(B, L, device):
+    g = torch.Generator().manual_seed(B)
+    out = torch.randint(0, 1000, (B, L), generator=g).to(device)
+    step = torch.tensor([3], device=device)
+    tokens = torch.randint(0, 1000, (B,), generator=g, dtype=torch.int32).to(device)
+    pos = torch.randint(0, 50, (B,), generator=g, dtype=torch.int32).to(device)
+    finished = (torch.rand(B, generator=g) < 0.3).to(device)
+    return out, step, tokens, pos, finished
+
+
+@pytest.mark.parametrize("B", [1, 5, 64])
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_append_tokens_matches_reference(B, with_eos, device):
+    nxt = torch.randint(0, 1000, (B,), device=device)
+    nxt[0] = 7  # the eos id below
+    ours, expect = _state(B, 12, device), _state(B, 12, device)
+    eos = 7 if with_eos else None
+    for _ in range(2):  # step moves on: the second call writes the next column
+        kernels.append_tokens(nxt, *ours[:4], ours[4] if with_eos else None, eos)
+        ref.append_tokens(nxt, *expect[:4], expect[4] if with_eos else None, eos)
+        for a, b in zip(ours, expect):
+            assert torch.equal(a, b)
+    if with_eos:
+        assert ours[4][0]  # row 0 drew the end-of-sequence id
+
+
+def test_append_tokens_errors(device):
+    out, step, tokens, pos, finished = _state(2, 8, device)
+    nxt = torch.zeros(2, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="next_ids: expected dtype"):
+        kernels.append_tokens(nxt.int(), out, step, tokens, pos)
+    with pytest.raises(ValueError, match="pos: expected a contiguous \\(2,\\)"):
+        kernels.append_tokens(nxt, out, step, tokens, pos[:1])
+    with pytest.raises(ValueError, match="finished/eos"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, finished)
