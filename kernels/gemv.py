@@ -232,9 +232,11 @@ def _gemv_kernel(
                 acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
     if finish:
-        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
-            _, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, False, True)
-        y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # fresh names: no rebinding inside a runtime if
+            _, late_res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, False, True)
+            y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+        else:
+            y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
         if STATS_OUT:
             _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                              BLOCK_M, BLOCK_N)
