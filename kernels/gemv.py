@@ -233,7 +233,8 @@ def _gemv_kernel(
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
     if finish:
         if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # fresh names: no rebinding inside a runtime if
-            _, late_res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, False, True)
+            late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
+            late_res = late_res.to(tl.float32)
             y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
         else:
             y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
