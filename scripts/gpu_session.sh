@@ -9,7 +9,7 @@ R=$(mktemp -d)/results
 mkdir -p "$R" "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  git log -1 --format='git %h %s' 2>/dev/null; } > "$R/env.txt" 2>&1
+  echo "git ${MINILLM_GIT_REV:-$(git log -1 --format=%h 2>/dev/null)}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 for stage in "$@"; do
   start=$(date +%s)
