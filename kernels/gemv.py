@@ -232,7 +232,8 @@ def _gemv_kernel(
                 acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
     if finish:
-        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # fresh names: no rebinding inside a runtime if
+        # res is the constant 0.0 here: loading into it inside a runtime if would change its type
+        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
             late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
             late_res = late_res.to(tl.float32)
             y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)

@@ -5,7 +5,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.gemv import SMALL_M
+from kernels.gemv import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, poisoned, randn
 
@@ -129,3 +129,21 @@ def test_gemv_prefetched_residual_in_place(split, device):
     kernels.linear(x, w, bias, activation="gelu_tanh", residual=h, out=h, prefetch_residual=True,
                    _config=_cfg(chunks=3, split=split))
     assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")
+
+
+@pytest.mark.parametrize("candidate", CANDIDATES if ON_GPU else CANDIDATES[:2])
+def test_gemv_candidate_layouts(candidate, device):
+    """Every layout scripts/bench_gemv.py sweeps computes the right thing (layernorm, bias, GELU,
+    residual), at one and at several row blocks."""
+    block_n, block_k, chunks, split, warps = candidate
+    cfg = {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": chunks, "SPLIT": split, "num_warps": warps}
+    dtype = torch.float16 if ON_GPU else torch.float32
+    K, N = (1600, 900) if ON_GPU else (300, 100)
+    for M in (1, 40):
+        x = randn(M, K, dtype=dtype, device=device)
+        w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+        b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+        g, be = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+        y = kernels.linear(x, w, b, activation="gelu_tanh", residual=h, ln_weight=g, ln_bias=be, _config=cfg)
+        expect = _ref(x, w, bias=b, activation="gelu_tanh", residual=h, ln_weight=g, ln_bias=be)
+        assert_rel_close(y, expect, dtype, f"layout {candidate} M={M}")

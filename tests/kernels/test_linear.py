@@ -64,9 +64,10 @@ def test_linear_layernorm_prologue(M, K, N, dtype, device):
     assert_rel_close(y, expect, dtype, f"ln+linear {M}x{K}x{N}")
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 96, 200), (130, 64, 70)] + ([(1, 768, 2304), (512, 768, 3072)] if ON_GPU else []))
+@pytest.mark.parametrize("M,K,N", [(130, 64, 70)] + ([(512, 768, 3072)] if ON_GPU else []))
 def test_linear_autotuned(M, K, N, device, autotuned):
-    """Every config the autotuner benchmarks must be right, in place too (restore_value)."""
+    """Every prefill config the autotuner benchmarks must be right, in place too (restore_value).
+    (Decode rows are not autotuned: test_gemv runs every candidate layout.)"""
     dtype = torch.float16 if ON_GPU else torch.float32
     x, w = randn(M, K, dtype=dtype, device=device), randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
