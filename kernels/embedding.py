@@ -52,5 +52,6 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
         _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, N, wte.stride(0), wpe.stride(0), y.stride(0),
-                                stats.stride(0), BLOCK_N=BLOCK_N, STATS_OUT=stats_out is not None, USE_PDL=pdl, num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
+                                stats.stride(0), BLOCK_N=BLOCK_N, STATS_OUT=stats_out is not None, USE_PDL=pdl,
+                                num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

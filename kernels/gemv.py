@@ -280,7 +280,8 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-        USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual), BLOCK_M=BLOCK_M, LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
+        USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual), BLOCK_M=BLOCK_M,
+        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )
     return y2

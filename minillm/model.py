@@ -88,7 +88,7 @@ class GPT:
                                ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
 
     def _attention_out(self, blk, y, x, stats_out):
-        # x was written two kernels back (mlp-out, then qkv and attention): safe to read early
+        # x was last written three launches back (mlp-out; then qkv, attention): safe to read early
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=True)  # x += proj(y)
 

@@ -45,13 +45,15 @@ def pdl_ordering():
     global loads: the weight tile must be requested before the wait to hide behind the
     previous kernel."""
     set_pdl(True)
-    x, w = torch.randn(1, 768, device="cuda", dtype=torch.float16), torch.randn(768, 2304, device="cuda", dtype=torch.float16)
+    h = dict(device="cuda", dtype=torch.float16)
+    x, w = torch.randn(1, 768, **h), torch.randn(768, 2304, **h)
     kernels.linear(x, w)
     kernel = next(iter(gemv._gemv_kernel.device_caches[torch.cuda.current_device()][0].values()))
     ptx = kernel.asm["ptx"].splitlines()
     wait = next(i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line)
     loads = [i for i, line in enumerate(ptx) if "ld.global" in line or "cp.async" in line]
-    return {"wait_line": wait, "loads_before_wait": sum(i < wait for i in loads), "loads_after_wait": sum(i > wait for i in loads)}
+    return {"wait_line": wait, "loads_before_wait": sum(i < wait for i in loads),
+            "loads_after_wait": sum(i > wait for i in loads)}
 
 
 def main():
@@ -99,16 +101,19 @@ def main():
         cublas = ms_graph([lambda a=a: a[0] @ a[1] for a in sets]) * 1e3
         gbs = K * N * 2 / per[best] / 1e3
         r = {"shape": f"{name} M={M} {K}->{N}", "best_config": best, "best_us": per[best], "best_gbs": gbs,
-             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K, 2)), "decode_config_us": tuned_us, "best_no_pdl_us": best_nopdl,
+             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K, 2)),
+             "decode_config_us": tuned_us, "best_no_pdl_us": best_nopdl,
              "cublas_us": cublas, "all_us": per}
         rows.append(r)
-        print(f"{r['shape']:<28} best {per[best]:6.2f} us {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f})  picked {tuned_us:6.2f}"
+        print(f"{r['shape']:<28} best {per[best]:6.2f} us {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f})"
+              f"  picked {tuned_us:6.2f}"
               f"  no-PDL {best_nopdl:6.2f}  cuBLAS {cublas:6.2f}  {best}", flush=True)
         print("    " + "  ".join(f"{v:.1f}" for v in per.values()), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"gemv-{device_slug()}.json").write_text(json.dumps(
-        {"environment": environment(), "copy_gbs": copy_gbs, "launch_floor_us": launch, "pdl_ptx": ordering, "rows": rows}, indent=1))
+        {"environment": environment(), "copy_gbs": copy_gbs, "launch_floor_us": launch, "pdl_ptx": ordering,
+         "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def main():
              "| kernel | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
     for name, (n, us) in rows:
         lines.append(f"| {name[:70]} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} |")
-    lines += ["", "decode linears by role:", "", "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
+    lines += ["", "decode linears by role:", "",
+              "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
     for role in ("qkv", "attn-out", "fc", "mlp-out", "lm_head"):
         n, us = by_role[role]
         if n:

@@ -34,7 +34,8 @@ def test_gemv_chunked_reduction(block_k, chunks, split, M, device):
         res = randn(M, N, device=device)
         out = poisoned((M, N), torch.float32, device)
         y = kernels.linear(x, w, activation="relu", residual=res, out=out, _config=cfg)
-        assert_rel_close(y, _ref(x, w, activation="relu", residual=res), torch.float32, f"chunks {chunks} split {split}")
+        expect = _ref(x, w, activation="relu", residual=res)
+        assert_rel_close(y, expect, torch.float32, f"chunks {chunks} split {split}")
 
 
 @pytest.mark.parametrize("chunks", [1, 3])
