@@ -1,5 +1,6 @@
-"""The decode path of `linear` (kernels/gemv.py): split-K reduction, row blocks, the layernorm
-prologue across splits, batch invariance. `linear` itself routes M <= 64 here."""
+"""The decode path of `linear` (kernels/gemv.py): the chunked reduction (split programs or one
+looping program), row blocks, the layernorm prologue, row statistics, the fused argmax, batch
+invariance. `linear` itself routes M <= 64 here."""
 import pytest
 import torch
 
@@ -41,8 +42,8 @@ def test_gemv_chunked_reduction(block_k, chunks, split, M, device):
 @pytest.mark.parametrize("chunks", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_layernorm_across_chunks(chunks, dtype, device):
-    """Each split normalizes its own K slice with statistics of the whole row; K spans more
-    than one statistics chunk (LN_BLOCK)."""
+    """Each chunk normalizes its own K slice with statistics of the whole row; K spans more
+    than one statistics block (LN_BLOCK)."""
     M, K, N = 18, 600, 40
     x = randn(M, K, dtype=dtype, device=device, scale=3.0) + 1.5
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
