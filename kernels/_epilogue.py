@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._checks import check_shape, check_tensor
 from .activations import _apply_activation
 
 STATS_GROUP = 16
@@ -20,6 +21,15 @@ STATS_GROUP = 16
 def new_row_stats(rows, cols, device):
     """An empty statistics buffer for `rows` rows of `cols` columns."""
     return torch.empty((rows, 2, triton.cdiv(cols, STATS_GROUP)), dtype=torch.float32, device=device)
+
+
+def check_row_stats(name, t, rows, cols, device):
+    """A launcher's check of a statistics buffer argument (None passes)."""
+    if t is not None:
+        check_tensor(name, t, ndim=3, dtypes=(torch.float32,), device=device)
+        check_shape(name, t, (rows, 2, triton.cdiv(cols, STATS_GROUP)))
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor")
 
 
 @triton.jit
@@ -68,6 +78,12 @@ def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K: tl.constexpr, G
     ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
     row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order: deterministic
     row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
+    return _mean_rstd(row_sum, row_sq, K, ln_eps)
+
+
+@triton.jit
+def _mean_rstd(row_sum, row_sq, K, ln_eps):
+    """Mean and 1/std from a row's sum and sum of squares over K columns (fp32)."""
     mean = row_sum / K
     # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
     var = tl.maximum(row_sq / K - mean * mean, 0.0)

@@ -3,8 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import STATS_GROUP, _store_row_stats
+from ._checks import check_device_usable, check_tensor
+from ._epilogue import STATS_GROUP, _store_row_stats, check_row_stats
 from ._tuning import use_pdl
 
 
@@ -44,9 +44,7 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
         raise ValueError(f"wpe: expected {wte.shape[1]} columns like wte, got {wpe.shape[1]}")
     R, N = ids.shape[0], wte.shape[1]
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
-    if stats_out is not None:
-        check_tensor("stats_out", stats_out, ndim=3, dtypes=(torch.float32,), device=wte.device)
-        check_shape("stats_out", stats_out, (R, 2, triton.cdiv(N, STATS_GROUP)))
+    check_row_stats("stats_out", stats_out, R, N, wte.device)
     if R:
         BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)

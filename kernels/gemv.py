@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _store_row_stats
+from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -70,17 +70,30 @@ def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
                      mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
         row_sum += tl.sum(xk, axis=1)
         row_sq += tl.sum(xk * xk, axis=1)
-    mean = row_sum / K
-    # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
-    var = tl.maximum(row_sq / K - mean * mean, 0.0)
-    return mean, 1.0 / tl.sqrt(var + ln_eps)
+    return _mean_rstd(row_sum, row_sq, K, ln_eps)
 
 
 @triton.jit
-def _normalize(a, lnw, lnb, mean, rstd, k_mask):
-    """(a - mean) * rstd * lnw + lnb per row, zero past K, back in a's dtype for tl.dot."""
-    an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-    return tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+def _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN: tl.constexpr):
+    """W[kk, rn] and, with a layernorm, its gain and shift at kk (fp32; 0.0 without)."""
+    w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+    lnw, lnb = 0.0, 0.0
+    if HAS_LN:
+        lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    return w, lnw, lnb
+
+
+@triton.jit
+def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
+    """x[rows, kk], layernormed with HAS_LN ((x - mean) * rstd * lnw + lnb, zero past K), in
+    x's dtype for tl.dot."""
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    if HAS_LN:
+        an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
+        a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+    return a
 
 
 @triton.jit
@@ -126,30 +139,19 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
     if FIRST_LOADED:
         w, lnw, lnb = w_first, lnw_first, lnb_first
     else:
-        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        lnw, lnb = 0.0, 0.0
-        if HAS_LN:
-            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    if HAS_LN:
-        a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
+        w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
+    a = _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN)
     # the fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
     # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
     acc = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
     acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
-    for i in range(1, ITERS):
-        kk = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = kk < K
-        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if HAS_LN:
-            lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            a = _normalize(a, lnw, lnb, mean, rstd, k_mask)
-        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+    for i in range(1, ITERS):  # fresh names in the loop: only acc is carried
+        kk_i = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask_i = kk_i < K
+        w_i, lnw_i, lnb_i = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk_i, k_mask_i, rn, n_mask, stride_wk, stride_wn,
+                                         HAS_LN)
+        a_i = _x_tile(x_rows, kk_i, k_mask_i, m_mask, stride_xk, lnw_i, lnb_i, mean, rstd, HAS_LN)
+        acc = tl.dot(a_i, w_i, acc, input_precision=INPUT_PRECISION)
     return acc
 
 
@@ -189,12 +191,7 @@ def _gemv_kernel(
 
     # weights and layernorm parameters never change between launches: fetch the first tile
     # before waiting on the kernel that writes x
-    w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-    lnw, lnb = 0.0, 0.0
-    if HAS_LN:
-        lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
     # the epilogue's bias too, and the residual where the caller vouches that the kernel just
     # before does not write it: the finishing program then has no loads left to wait for
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,

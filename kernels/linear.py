@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _store_row_stats
+from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import INTERPRET, autotune, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
@@ -79,14 +79,6 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
                          restore_value=["y_ptr"])(_linear_kernel)
 
 
-def _check_stats(name, t, rows, cols, device):
-    if t is not None:
-        check_tensor(name, t, ndim=3, dtypes=(torch.float32,), device=device)
-        check_shape(name, t, (rows, 2, triton.cdiv(cols, STATS_GROUP)))
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor")
-
-
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
            prefetch_residual=False, _config=None):
@@ -133,8 +125,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     check_shape("out", y, out_shape)
     if not y.is_contiguous():
         raise ValueError("out: expected a contiguous tensor")
-    _check_stats("ln_stats", ln_stats, M, K, x.device)
-    _check_stats("stats_out", stats_out, M, N, x.device)
+    check_row_stats("ln_stats", ln_stats, M, K, x.device)
+    check_row_stats("stats_out", stats_out, M, N, x.device)
     if ln_stats is not None and ln_weight is None:
         raise ValueError("ln_stats: given without ln_weight/ln_bias")
     if argmax_out is not None:
