@@ -25,7 +25,7 @@ from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_st
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
-BLOCK_M = 16  # rows per tl.dot: the minimum MMA height; a row's arithmetic is the same at any M
+BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
 LN_BLOCK = 512  # columns per chunk of the row-statistics pass
 
@@ -34,16 +34,26 @@ def decode_config(M, N, K, itemsize=2):
     """Launch parameters for M rows of an (K -> N) layer. The arithmetic (BLOCK_K, CHUNKS) is a
     function of (N, K, dtype) alone, so a row's result is the same at every M <= 64; only the
     layout (SPLIT, BLOCK_N, warps) follows M. Chosen from scripts/bench_gemv.py sweeps on an
-    H200: eight chunks of one BLOCK_K and 64-column blocks were fastest or within 10% for every
-    GPT-2 shape at M = 1; past 16 rows the split partials cost more than they save on wide
-    layers. fp32 takes half the BLOCK_K: its pipelined weight tiles must fit shared memory."""
-    block_k = 128 if itemsize <= 2 else 64
-    if N >= 16384:  # vocabulary heads: column blocks alone fill the GPU
-        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=1, SPLIT=False, num_warps=8)
-    chunks = chunk_count(K, block_k, 8)
-    if M > 16 and N >= 2 * K:
+    H200 (bench/results/h200/gemv-sweep-*.json):
+    - a chunk is one weight tile, so a program requests all its weights at once, before it
+      waits on the previous kernel: 128 x 256 tiles (64 KB) for K >= 1024, 128 x 128 below;
+    - past 16 rows one program loops over the chunks: the split partials of many rows cost
+      more than they save;
+    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; past 16
+      rows in one 64-row tl.dot (BLOCK_M), which the GPU tests show gives a row the same bits
+      as a 16-row one.
+    fp32 takes half the BLOCK_K (twice the bytes per element)."""
+    shrink = 2 if itemsize > 2 else 1
+    if N >= 16384:  # 64-row tiles past 16 rows: W crosses L2 once, not once per 16 rows
+        return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8,
+                    BLOCK_M=64 if M > BLOCK_M else BLOCK_M)
+    block_k = (256 if K >= 1024 else 128) // shrink
+    chunks = triton.cdiv(K, block_k)
+    if M <= BLOCK_M:
+        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
+    if K < 1024 and N >= 2 * K:
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
-    return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
+    return dict(BLOCK_N=32 if K < 1024 else 64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4)
 
 
 def chunk_count(K, block_k, chunks):
@@ -52,9 +62,10 @@ def chunk_count(K, block_k, chunks):
     return triton.cdiv(K, k_chunk)
 
 
-# other layouts scripts/bench_gemv.py sweeps (BLOCK_N, BLOCK_K, CHUNKS, SPLIT, warps)
-CANDIDATES = [(64, 128, 8, True, 4), (64, 128, 4, True, 4), (32, 128, 8, True, 4), (64, 64, 16, True, 4),
-              (64, 256, 2, True, 4), (128, 128, 8, False, 8), (64, 128, 8, False, 4), (128, 128, 1, False, 8)]
+# layouts scripts/bench_gemv.py sweeps besides its grid of one-tile chunks (BLOCK_N, BLOCK_K,
+# CHUNKS, SPLIT, warps); CHUNKS 64 means one weight tile per chunk at every GPT-2 width
+CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, True, 4), (64, 128, 8, True, 4),
+              (64, 256, 64, False, 4), (128, 128, 64, False, 8), (128, 128, 1, False, 8)]
 
 
 @triton.jit
@@ -253,6 +264,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     assert M <= SMALL_M
     meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
+    meta.setdefault("BLOCK_M", BLOCK_M)
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
@@ -260,7 +272,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if split or argmax else part
     amax_val = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.float32)
     amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
+    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
@@ -277,7 +289,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-        USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual), BLOCK_M=BLOCK_M,
+        USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )

@@ -24,7 +24,8 @@ from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph
 SHAPES = [  # (name, M, K, N, layernorm prologue)
     ("gpt2 qkv", 1, 768, 2304, True), ("gpt2 attn-out", 1, 768, 768, False), ("gpt2 fc", 1, 768, 3072, True),
     ("gpt2 mlp-out", 1, 3072, 768, False), ("gpt2 lm_head", 1, 768, 50257, True),
-    ("gpt2 qkv", 64, 768, 2304, True), ("gpt2 fc", 64, 768, 3072, True), ("gpt2 mlp-out", 64, 3072, 768, False),
+    ("gpt2 qkv", 64, 768, 2304, True), ("gpt2 attn-out", 64, 768, 768, False), ("gpt2 fc", 64, 768, 3072, True),
+    ("gpt2 mlp-out", 64, 3072, 768, False), ("gpt2 lm_head", 64, 768, 50257, True),
     ("xl qkv", 1, 1600, 4800, True), ("xl attn-out", 1, 1600, 1600, False), ("xl fc", 1, 1600, 6400, True),
     ("xl mlp-out", 1, 6400, 1600, False),
 ]
@@ -33,6 +34,31 @@ SHAPES = [  # (name, M, K, N, layernorm prologue)
 def set_pdl(on):
     tuning.PDL = on
     tuning._pdl_devices.clear()
+
+
+def sweep_configs(M, N, K):
+    """The listed CANDIDATES and a grid of layouts whose chunk is one weight tile (a program
+    requests its whole slab before it waits on the previous kernel)."""
+    cands = list(gemv.CANDIDATES)
+    for bk in (128, 256, 512):
+        for bn in (32, 64, 128):
+            if bn * bk > 32768 or bk > max(128, K):
+                continue
+            for warps in ((4, 8) if bn * bk >= 16384 else (4,)):
+                cands.append((bn, bk, 64, True, warps))
+                if M > 16:  # one looping program per tile too
+                    cands.append((bn, bk, 64, False, warps))
+    seen, out = set(), []
+    tall = [config_dict(c) | {"BLOCK_M": 64} for c in cands if M > 16]  # one 64-row tl.dot
+    for cfg in [config_dict(c) for c in cands] + tall:
+        cfg["CHUNKS"] = gemv.chunk_count(K, cfg["BLOCK_K"], cfg["CHUNKS"])
+        if M > 16 and cfg["SPLIT"] and cfg["CHUNKS"] > 4 and "BLOCK_M" not in cfg:
+            continue  # the fp32 partials of 64 rows in 16-row tiles outweigh the weights
+        key = str(cfg)
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
 
 
 def config_dict(c):
@@ -56,9 +82,19 @@ def pdl_ordering():
             "loads_after_wait": sum(i > wait for i in loads)}
 
 
+def run_or_inf(run, cfg):
+    try:
+        return run(cfg)
+    except Exception as e:  # e.g. a tile too large for shared memory: not a layout to pick
+        print(f"    {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        return float("inf")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--shapes", nargs="*", default=None, metavar="TEXT",
+                    help="only the shapes whose name contains one of these (e.g. 'xl' 'lm_head')")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     h = dict(device="cuda", dtype=torch.float16)
@@ -76,6 +112,8 @@ def main():
     print("PTX of the decode kernel:", ordering)
     rows = []
     for name, M, K, N, ln in SHAPES:
+        if args.shapes and not any(t in f"{name} M={M}" for t in args.shapes):
+            continue
         lm = "lm_head" in name
 
         def make():
@@ -91,8 +129,8 @@ def main():
             return ms_graph([lambda a=a: f(*a) for a in sets]) * 1e3
 
         set_pdl(True)
-        cfgs = [config_dict(c) for c in gemv.CANDIDATES if not (N >= 16384 and c[3] and c[2] > 1)]
-        times = [run(c) for c in cfgs]
+        cfgs = sweep_configs(M, N, K)
+        times = [run_or_inf(run, c) for c in cfgs]
         i_best = min(range(len(cfgs)), key=times.__getitem__)
         best, per = str(cfgs[i_best]), {str(c): t for c, t in zip(cfgs, times)}
         tuned_us = run(None)  # decode_config's choice
