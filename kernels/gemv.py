@@ -7,11 +7,12 @@ weight read plus fixed latency, and the kernel is built around that:
   counter) adds the partials in chunk order and runs the epilogue. With more rows one program
   loops over the chunks and adds them in the same order. The arithmetic depends on (N, K)
   only: a row's result is bit-identical at any M <= 64, in either mode, in every launch;
-- row blocks of 16 that share a weight tile are neighbouring programs: W crosses the memory
-  bus once and the other row blocks read it from L2;
-- the first weight tile is loaded before anything an earlier kernel writes. With programmatic
-  dependent launch (Hopper) the kernel starts while the previous one still runs, so this load
-  and the launch hide behind it; gdc_wait then waits for x;
+- row blocks (16 rows, or 64 for vocabulary heads at batch) that share a weight tile are
+  neighbouring programs: W crosses the memory bus once and the other row blocks read it from L2;
+- the first weight tile is loaded before anything an earlier kernel writes; decode_config
+  makes a chunk one tile, so that is a split program's whole slab. With programmatic dependent
+  launch (Hopper) the kernel starts while the previous one still runs, so this load and the
+  launch hide behind it; gdc_wait then waits for x;
 - the layernorm prologue takes each row's statistics from the partial sums the producing
   kernel left (ln_stats), or else computes them from the whole row in every program;
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
