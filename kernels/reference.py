@@ -111,7 +111,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
     k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape

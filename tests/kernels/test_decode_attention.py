@@ -30,11 +30,13 @@ def test_decode_attention(B, H, L, D, dtype, device):
     assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
 
 
+@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
-def test_decode_attention_splits_and_new_token(splits, prefetch, device):
+def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
     """Every split count, with the new key/value written into the cache by the same launch, and
-    with each program's first tile read up front (empty splits, 1-token rows included)."""
+    with each program's first tile read up front (empty splits, 1-token rows included). Cache
+    rows past a sequence's length are NaN: they may be read (prefetched tiles), never used."""
     B, H, L, D = 3, 2, 150, 32
     q = randn(B, H, D, device=device)
     kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
@@ -44,10 +46,14 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, device):
     rows = torch.arange(B, device=device)
     expect_k[rows, :, lens - 1] = k_new
     expect_v[rows, :, lens - 1] = v_new
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]  # (B, 1, L, 1)
+    kc.masked_fill_(past, float("nan"))
+    vc.masked_fill_(past, float("nan"))
     for _ in range(2):  # repeated launches reuse the arrival counters
         o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits,
-                                     prefetch_cache=prefetch)
-        assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
+                                     prefetch_cache=prefetch, _config=config)
+        assert torch.equal(kc.masked_fill(past, 0), expect_k.masked_fill(past, 0))
+        assert torch.equal(vc.masked_fill(past, 0), expect_v.masked_fill(past, 0))
         assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
 
 
