@@ -22,6 +22,8 @@ for stage in "$@"; do
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
     checks) timeout 300 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
+    sweeps) timeout 330 python3 scripts/bench_gemv.py --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv.log"
+            timeout 120 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
     bench-generate)
       timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
@@ -35,7 +37,8 @@ for stage in "$@"; do
       done
       timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
     profile)
-      for m in gpt2 gpt2-xl; do timeout 120 python3 scripts/profile_decode.py --model $m --batch 1 --out "$R" 2>&1 | tail -n 14; done ;;
+      for mb in "gpt2 1" "gpt2 64" "gpt2-xl 1"; do read -r m b <<< "$mb"
+        timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --out "$R" 2>&1 | tail -n 14; done ;;
     coldwarm)
       mkdir -p /tmp/cw && python3 -c "
 import sys; sys.path.insert(0, '.')
