@@ -143,9 +143,10 @@ def default_layout(device, bh, L, block_d):
     """(splits, BLOCK_N) for bh (row, head) pairs over L cache positions."""
     block_n = 64 if block_d <= 64 else 32
     splits = _num_splits(device, bh, L, block_n)
-    if block_d <= 64 and (splits == 1 or L <= 2 * block_n):
-        # one program per (row, head), or a short cache: 128-row tiles, fewer trips round the
-        # loop (2.1 against 3.1 us at L = 128, 13.3 against 15.3 at batch 64, on an H200)
+    if block_d <= 64 and splits > 1 and L <= 2 * block_n:
+        # a short cache and few rows: one program per (row, head) and one 128-row tile, read
+        # before the wait (2.1 against 3.3 us at batch 1, L = 128, on an H200). Not at batch
+        # 64, where the step got slower with them (a profile: 11.0 against 7.7 us at L = 128)
         block_n = 128
         splits = _num_splits(device, bh, L, block_n)
     return splits, block_n
