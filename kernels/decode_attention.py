@@ -139,9 +139,13 @@ def _num_splits(device, bh, L, block_n):
     return splits
 
 
+def _base_block_n(block_d):
+    return 64 if block_d <= 64 else 32  # cache rows per tile: 8 or 16 KB of fp16 keys
+
+
 def default_layout(device, bh, L, block_d):
     """(splits, BLOCK_N) for bh (row, head) pairs over L cache positions."""
-    block_n = 64 if block_d <= 64 else 32
+    block_n = _base_block_n(block_d)
     splits = _num_splits(device, bh, L, block_n)
     if block_d <= 64 and splits > 1 and L <= 2 * block_n:
         # a short cache and few rows: one program per (row, head) and one 128-row tile, read
@@ -192,8 +196,10 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     if B * H == 0:
         return o
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    splits, block_n = default_layout(q.device, B * H, L, BLOCK_D)
-    splits = splits if num_splits is None else int(num_splits)
+    if num_splits is None:
+        splits, block_n = default_layout(q.device, B * H, L, BLOCK_D)
+    else:
+        splits, block_n = int(num_splits), _base_block_n(BLOCK_D)
     meta = {"BLOCK_N": block_n, "num_warps": 4 if BLOCK_D <= 64 else 8, **(_config or {})}
     BLOCK_N = meta["BLOCK_N"]
     if splits < 1 or splits & (splits - 1):

@@ -57,7 +57,7 @@ def main():
         best = min(per, key=per.get)
         layouts = {f"BLOCK_N={bn} warps={w}": time_splits(sets, best, {"BLOCK_N": bn, "num_warps": w})
                    for bn in (32, 64, 128) for w in (2, 4, 8)}
-        default_us = time_splits(sets, default, None)  # the launcher's own BLOCK_N too
+        default_us = time_splits(sets, default, {"BLOCK_N": block_n})  # the launcher's own choice
         r = {"shape": f"{name} B={B} H={H} L={L} filled={filled}", "default_splits": default,
              "default_block_n": block_n, "default_us": default_us, "best_splits": best, "best_us": per[best],
              "all_us_block_n_64": per, "layouts_at_best_splits_us": layouts}
