@@ -21,6 +21,5 @@ from .linear import linear
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
-           "layernorm", "linear",
-           "new_row_stats", "softmax"]
+           "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -94,8 +94,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
-    _config: tests only: a dict of block sizes (for the GEMV path: BLOCK_N/BLOCK_K/SPLIT_K)
-    that bypasses autotuning.
+    _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
+    rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
+    CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
     """
     check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)
