@@ -1,0 +1,101 @@
+"""What one dependency between decode phases costs on this GPU: a grid-wide barrier inside one
+persistent launch, against a kernel boundary (a chain of launches in a CUDA graph, with and
+without programmatic dependent launch). Each variant also carries one value per program across
+the boundary, as a decode phase carries its activations.
+
+    python3 scripts/bench_sync.py [--steps 2000] [--out DIR]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from kernels._sync import _grid_sync  # noqa: E402
+
+
+@triton.jit
+def _barrier_chain_kernel(bar_ptr, val_ptr, STEPS: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    v = pid.to(tl.float32)
+    for s in range(STEPS):
+        tl.store(val_ptr + (s % 2) * G + pid, v)
+        _grid_sync(bar_ptr, (s + 1) * G)
+        v = tl.load(val_ptr + (s % 2) * G + (pid + 1) % G, cache_modifier=".cg") + 1.0
+    tl.store(val_ptr + 2 * G + pid, v)
+
+
+@triton.jit
+def _hop_kernel(val_ptr, out_ptr, G, USE_PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    v = tl.load(val_ptr + (pid + 1) % G) + 1.0
+    tl.store(out_ptr + pid, v)
+
+
+def time_graph(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2] * 1e3  # us
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2000, help="dependencies per timed run (default 2000)")
+    ap.add_argument("--out", default=None, help="folder for sync.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows = []
+    for G in (sms // 2, sms):
+        bar = torch.zeros(1, dtype=torch.int32, device=dev)
+        val = torch.randn(3 * G, device=dev)
+
+        def barrier():
+            bar.zero_()
+            _barrier_chain_kernel[(G,)](bar, val, STEPS=args.steps)
+
+        t = time_graph(barrier)
+        rows.append({"variant": "grid barrier (one launch)", "programs": G, "us_per_dep": t / args.steps})
+        a, b = torch.randn(G, device=dev), torch.empty(G, device=dev)
+        for pdl in (False, True):
+            def chain():
+                for i in range(args.steps // 10):
+                    src, dst = (a, b) if i % 2 == 0 else (b, a)
+                    _hop_kernel[(G,)](src, dst, G, USE_PDL=pdl, launch_pdl=pdl)
+
+            t = time_graph(chain)
+            rows.append({"variant": f"kernel boundary, graph{' + PDL' if pdl else ''}", "programs": G,
+                         "us_per_dep": t / (args.steps // 10)})
+    name = torch.cuda.get_device_name(dev)
+    print(f"# one dependency between phases, {name}, triton {triton.__version__}")
+    print("| variant | programs | us per dependency |\n|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['programs']} | {r['us_per_dep']:.2f} |")
+    if args.out:
+        with open(os.path.join(args.out, "sync.json"), "w") as f:
+            json.dump({"device": name, "triton": triton.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
