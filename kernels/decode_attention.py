@@ -67,8 +67,6 @@ def _decode_attention_kernel(
     if PREFETCH:  # rows written by earlier steps (caller's promise): read before the wait
         k0 = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
         v0 = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
-    if L2_PREFETCH:  # the next kernel's weights into L2
-        _prefetch_l2(pf_ptr, pf_bytes, pid_bh + pid_s * tl.num_programs(0), tl.num_programs(0) * NUM_SPLITS)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -105,6 +103,8 @@ def _decode_attention_kernel(
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
 
+    if L2_PREFETCH:  # our cache rows are in: the bus would idle through the merge and the next launch
+        _prefetch_l2(pf_ptr, pf_bytes, pid_bh + pid_s * tl.num_programs(0), tl.num_programs(0) * NUM_SPLITS)
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_d
     if NUM_SPLITS == 1:
         tl.store(o_ptrs, (acc / l_i).to(o_ptr.dtype.element_ty), mask=d_mask)

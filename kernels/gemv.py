@@ -209,8 +209,6 @@ def _gemv_kernel(
     # before does not write it: the finishing program then has no loads left to wait for
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
-    if L2_PREFETCH:  # the next kernel's weights into L2, behind our own loads
-        _prefetch_l2(pf_ptr, pf_bytes, pid + pid_k * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1))
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
@@ -231,6 +229,8 @@ def _gemv_kernel(
                               c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
                               BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
+    if L2_PREFETCH:  # our weights are in: the bus would idle through the merge and the next launch
+        _prefetch_l2(pf_ptr, pf_bytes, pid + pid_k * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1))
     finish = True
     if SPLIT and CHUNKS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]

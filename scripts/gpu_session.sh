@@ -36,8 +36,8 @@ for stage in "$@"; do
         MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
       done
       timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
-    l2ab)  # L2 prefetch of the next weights: off, then 1, 2 and 3 kernels ahead (A/B in one run)
-      for cfg in "0 1" "1 1" "1 2" "1 3"; do read -r on ahead <<< "$cfg"; echo "l2 prefetch $on ahead $ahead"
+    l2ab)  # L2 prefetch of the next weights: off, then 1 and 2 kernels ahead (A/B in one run)
+      for cfg in "0 1" "1 1" "1 2"; do read -r on ahead <<< "$cfg"; echo "l2 prefetch $on ahead $ahead"
         MINILLM_L2_PREFETCH=$on MINILLM_L2_AHEAD=$ahead timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/l2-$on-$ahead" 2>&1 | tail -n 3
         MINILLM_L2_PREFETCH=$on MINILLM_L2_AHEAD=$ahead timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/l2-xl-$on-$ahead" 2>&1 | tail -n 2
       done ;;

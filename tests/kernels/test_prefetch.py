@@ -38,7 +38,7 @@ def test_prefetch_args(device):
     if ON_GPU and torch.cuda.get_device_capability(w.device)[0] >= 9:
         assert t is not None and nbytes == 300 * 7 * 2 // 16 * 16  # whole 16-byte units
         big = torch.empty(CAP // 2 + 100, dtype=torch.float16, device=device)
-        assert prefetch_args(big, device)[1] == CAP
+        assert prefetch_args(big, big.device)[1] == CAP
     else:
         assert (t, nbytes) == (None, 0)  # no instruction here: the kernels skip it
     assert prefetch_args(None, device) == (None, 0)
