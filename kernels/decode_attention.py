@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._prefetch import _prefetch_l2, check_prefetch, prefetch_args
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -46,12 +45,12 @@ def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, H
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, pf_ptr, pf_bytes,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -103,8 +102,6 @@ def _decode_attention_kernel(
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
 
-    if L2_PREFETCH:  # our cache rows are in: the bus would idle through the merge and the next launch
-        _prefetch_l2(pf_ptr, pf_bytes, pid_bh + pid_s * tl.num_programs(0), tl.num_programs(0) * NUM_SPLITS)
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_d
     if NUM_SPLITS == 1:
         tl.store(o_ptrs, (acc / l_i).to(o_ptr.dtype.element_ty), mask=d_mask)
@@ -160,7 +157,7 @@ def default_layout(device, bh, L, block_d):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, prefetch=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -170,8 +167,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_cache: each program reads its first cache tile before waiting on the previous
     kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
     a decode step, where the cache is written by this kernel alone.
-    prefetch: a tensor over one dense range of memory (the next kernel's weight) that the L2
-    is asked to fetch while this kernel runs (a hint only).
     _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
     """
     check_tensor("q", q, ndim=3, last_contiguous=True)
@@ -193,7 +188,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
             check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
             if t.shape != q.shape:
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    check_prefetch(prefetch, q.device)
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
@@ -217,14 +211,13 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    pf, pf_bytes = prefetch_args(prefetch, q.device)
     _decode_attention_kernel[(B * H, splits)](
-        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts, pf if pf is not None else q, pf_bytes,
+        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
-        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), L2_PREFETCH=pf is not None, launch_pdl=pdl, **meta,
+        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), launch_pdl=pdl, **meta,
     )
     return o

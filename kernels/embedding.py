@@ -5,17 +5,13 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
 from ._epilogue import STATS_GROUP, _store_row_stats, check_row_stats
-from ._prefetch import _prefetch_l2, check_prefetch, prefetch_args
 from ._tuning import use_pdl
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, pf_ptr, pf_bytes, N, stride_te,
-                      stride_pe, stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr,
-                      USE_PDL: tl.constexpr, L2_PREFETCH: tl.constexpr):
+def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, stride_te, stride_pe, stride_ym,
+                      stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0)
-    if L2_PREFETCH:  # the first layer's weights into L2
-        _prefetch_l2(pf_ptr, pf_bytes, row, tl.num_programs(0))
     if USE_PDL:  # may start while the previous kernel runs: wait for its writes (ids, pos)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -33,12 +29,10 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, pf_p
         _store_row_stats(vals, rows, rows >= 0, 0, N, stats_ptr, stride_sm, 1, BLOCK_N)
 
 
-def embedding(ids, pos, wte, wpe, out=None, stats_out=None, prefetch=None):
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
     """wte[ids] + wpe[pos] for 1-D int tensors ids and pos of equal length; returns (len, C).
     Ids and positions are trusted to be in range (the runtime validates them on the host).
-    stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics.
-    prefetch: a tensor over one dense range of memory (the next kernel's weight) that the L2
-    is asked to fetch while this kernel runs (a hint only)."""
+    stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics."""
     check_tensor("wte", wte, ndim=2, last_contiguous=True)
     check_device_usable("wte", wte)
     check_tensor("wpe", wpe, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
@@ -51,14 +45,11 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, prefetch=None):
     R, N = ids.shape[0], wte.shape[1]
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
     check_row_stats("stats_out", stats_out, R, N, wte.device)
-    check_prefetch(prefetch, wte.device)
     if R:
         BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
-        pf, pf_bytes = prefetch_args(prefetch, wte.device)
-        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, pf if pf is not None else y, pf_bytes, N,
-                                wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
-                                STATS_OUT=stats_out is not None, USE_PDL=pdl, L2_PREFETCH=pf is not None,
+        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, N, wte.stride(0), wpe.stride(0), y.stride(0),
+                                stats.stride(0), BLOCK_N=BLOCK_N, STATS_OUT=stats_out is not None, USE_PDL=pdl,
                                 num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
-from ._prefetch import _prefetch_l2, prefetch_args
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -171,14 +170,14 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
-    amax_val_ptr, amax_idx_ptr, tok_ptr, pf_ptr, pf_bytes,
+    amax_val_ptr, amax_idx_ptr, tok_ptr,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, L2_PREFETCH: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
@@ -229,8 +228,6 @@ def _gemv_kernel(
                               c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
                               BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
-    if L2_PREFETCH:  # our weights are in: the bus would idle through the merge and the next launch
-        _prefetch_l2(pf_ptr, pf_bytes, pid + pid_k * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1))
     finish = True
     if SPLIT and CHUNKS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
@@ -260,10 +257,9 @@ def _gemv_kernel(
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None, prefetch=None):
+         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
-    config: a dict like decode_config's, in its place (tests, benchmarks).
-    prefetch: a tensor (the next kernel's weights) to pull into L2 while this kernel runs."""
+    config: a dict like decode_config's, in its place (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
@@ -279,14 +275,13 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
-    pf, pf_bytes = prefetch_args(prefetch, x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
     _gemv_kernel[grid](
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
-        amax_val, amax_idx, argmax_out if argmax else amax_idx, pf if pf is not None else dummy, pf_bytes,
+        amax_val, amax_idx, argmax_out if argmax else amax_idx,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
@@ -296,7 +291,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)), L2_PREFETCH=pf is not None,
+        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )
     return y2

@@ -16,7 +16,6 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
-from ._prefetch import check_prefetch
 from ._tuning import INTERPRET, autotune, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
@@ -82,7 +81,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, prefetch=None, _config=None):
+           prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -95,8 +94,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
-    prefetch: a tensor over one dense range of memory, typically the next kernel's weight,
-    that decode rows ask the L2 to fetch while they run (up to 32 MB of it; a hint only).
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
@@ -138,7 +135,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         check_shape("argmax_out", argmax_out, x.shape[:-1])
         if not argmax_out.is_contiguous():
             raise ValueError("argmax_out: expected a contiguous tensor")
-    check_prefetch(prefetch, x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
     y2 = y.view(-1, N)
     if M == 0:
@@ -146,7 +142,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
-             _config, prefetch)
+             _config)
         return y
 
     if ln_weight is not None:

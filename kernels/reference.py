@@ -72,11 +72,10 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, prefetch=None):
+           prefetch_residual=False):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
-    stats_out receives row_stats of the output, argmax_out each output row's argmax.
-    prefetch_residual and prefetch are the kernels' scheduling hints, no-ops here."""
+    stats_out receives row_stats of the output, argmax_out each output row's argmax."""
     xf = x.float()
     if ln_weight is not None and ln_stats is not None:
         xf = _layernorm_from_stats(xf, ln_stats.to(xf.dtype), ln_weight.float(), ln_bias.float(), ln_eps)
@@ -112,7 +111,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, prefetch=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
     k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape
@@ -130,7 +129,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v).to(q.dtype), out)
 
 
-def embedding(ids, pos, wte, wpe, out=None, stats_out=None, prefetch=None):
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
     y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))

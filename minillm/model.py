@@ -3,8 +3,6 @@
 The backend is a module with the `kernels` API: `kernels` itself (Triton) or
 `kernels.reference` (plain torch). This file never imports triton.
 """
-import os
-
 import torch
 
 import kernels
@@ -58,8 +56,6 @@ class Block:
 
 
 class GPT:
-    L2_AHEAD = int(os.environ.get("MINILLM_L2_AHEAD", "1"))  # see _l2_plan
-
     def __init__(self, config, weights, backend="triton"):
         if backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
@@ -87,39 +83,24 @@ class GPT:
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-fused linear reads those (ln_stats) instead of whole rows.
-    # pf: the weight that kernel asks the L2 for while it runs (decode; see _l2_plan)
-    def _attention_in(self, blk, x, stats, pf=None):
+    def _attention_in(self, blk, x, stats):
         return self.ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
-                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, prefetch=pf)
+                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
 
-    def _attention_out(self, blk, y, x, stats_out, pf=None):
+    def _attention_out(self, blk, y, x, stats_out):
         # x was last written three launches back (mlp-out; then qkv, attention): safe to read early
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=True, prefetch=pf)  # x += proj(y)
+                               prefetch_residual=True)  # x += proj(y)
 
-    def _mlp(self, blk, x, stats, stats_out, pf=(None, None)):
+    def _mlp(self, blk, x, stats, stats_out):
         f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
-                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats,
-                            prefetch=pf[0])
+                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=True, prefetch=pf[1])  # x += mlp(ln_2(x)); x written before fc
+                               prefetch_residual=True)  # x += mlp(ln_2(x)); x written before fc
 
     def _logits(self, x, stats=None, argmax_out=None):
         return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],
                                ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, argmax_out=argmax_out)
-
-    def _l2_plan(self):
-        """For each decode-step kernel in launch order (embedding; per layer qkv, attention,
-        attn-out, fc, mlp-out; lm_head), the weight it asks the L2 to fetch: that of the kernel
-        L2_AHEAD launches later. DRAM then streams weights while the chain of dependent kernels
-        waits on itself. Attention has no weight; the first layer's qkv comes from the embedding."""
-        weights = [None]
-        for blk in self.blocks:
-            weights += [blk.attn[0], None, blk.attn_proj[0], blk.fc[0], blk.mlp_proj[0]]
-        weights.append(self.lm_head)
-        plan = weights[self.L2_AHEAD:] + [None] * self.L2_AHEAD
-        plan[0] = plan[0] if plan[0] is not None else weights[1]
-        return plan
 
     def prefill(self, ids, seq_lens, cache, all_logits=False):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
@@ -153,15 +134,13 @@ class GPT:
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = pos + 1
-        pf = self._l2_plan()
         st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
-        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, prefetch=pf[0])  # (B, C)
+        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            p = pf[1 + 5 * i: 6 + 5 * i]
-            qkv = self._attention_in(blk, x, st_a, p[0]).view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
-            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens, k_new=qkv[:, 1], v_new=qkv[:, 2],
-                                     prefetch_cache=True, prefetch=p[1])  # (B, H, D)
-            x = self._attention_out(blk, y.view(B, C), x, st_b, p[2])
-            x = self._mlp(blk, x, st_b, st_a, p[3:5])
+            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
+                                     k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
+            x = self._attention_out(blk, y.view(B, C), x, st_b)
+            x = self._mlp(blk, x, st_b, st_a)
         return self._logits(x, st_a, argmax_out)

@@ -1,6 +1,7 @@
 """What one dependency between decode phases costs on this GPU: a grid-wide barrier inside one
 persistent launch, against a kernel boundary (a chain of launches in a CUDA graph, with and
-without programmatic dependent launch). Each variant also carries one value per program across
+without programmatic dependent launch): what a persistent decode megakernel would pay per phase
+where minillm pays a launch. Each variant also carries one value per program across
 the boundary, as a decode phase carries its activations.
 
     python3 scripts/bench_sync.py [--steps 2000] [--out DIR]
@@ -8,14 +9,32 @@ the boundary, as a decode phase carries its activations.
 import argparse
 import json
 import os
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from kernels._sync import _grid_sync  # noqa: E402
+
+# A grid-wide barrier: every program arrives, then waits until all have. Sound only when every
+# program is resident at once (here: grid <= SMs, tiny programs). The counter only grows within
+# a launch, so the n-th barrier waits for n * programs arrivals.
+@triton.jit
+def _ld_acquire(ptr):
+    """ptr's value, loaded with acquire semantics (GPU scope): later loads see what was
+    written before the matching release."""
+    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_sync(bar_ptr, target):
+    """Arrive at the barrier bar_ptr and wait until it has counted `target` arrivals."""
+    tl.debug_barrier()  # every warp's stores are issued before this program's arrival
+    tl.atomic_add(bar_ptr, 1, sem="release")  # one thread per program (a scalar atomic)
+    seen = _ld_acquire(bar_ptr)
+    while seen < target:
+        seen = _ld_acquire(bar_ptr)
+    tl.debug_barrier()
 
 
 @triton.jit

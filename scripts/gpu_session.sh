@@ -36,13 +36,6 @@ for stage in "$@"; do
         MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
       done
       timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
-    l2ab)  # L2 prefetch of the next weights: off, then 1 and 2 kernels ahead (A/B in one run)
-      for cfg in "0 1" "1 1" "1 2"; do read -r on ahead <<< "$cfg"; echo "l2 prefetch $on ahead $ahead"
-        MINILLM_L2_PREFETCH=$on MINILLM_L2_AHEAD=$ahead timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/l2-$on-$ahead" 2>&1 | tail -n 3
-        MINILLM_L2_PREFETCH=$on MINILLM_L2_AHEAD=$ahead timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/l2-xl-$on-$ahead" 2>&1 | tail -n 2
-      done ;;
-    prefetch-tests) timeout 300 python3 -m pytest tests/kernels/test_prefetch.py tests/runtime/test_engine.py -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 30 > "$R/gpu-prefetch-tests.log"
-           tail -n 5 "$R/gpu-prefetch-tests.log" ;;
     profile)
       for mb in "gpt2 1" "gpt2 64" "gpt2-xl 1"; do read -r m b <<< "$mb"
         timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --out "$R" 2>&1 | tail -n 14; done ;;
