@@ -9,14 +9,17 @@ from ._tuning import use_pdl
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, stride_te, stride_pe, stride_ym,
-                      stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr, USE_PDL: tl.constexpr):
+def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens_ptr, N, stride_te, stride_pe,
+                      stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr,
+                      LENS_OUT: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0)
     if USE_PDL:  # may start while the previous kernel runs: wait for its writes (ids, pos)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     tok = tl.load(ids_ptr + row).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
+    if LENS_OUT:  # a decode step's sequence lengths, without a launch of their own
+        tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask, other=0.0).to(tl.float32)
@@ -29,10 +32,12 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, s
         _store_row_stats(vals, rows, rows >= 0, 0, N, stats_ptr, stride_sm, 1, BLOCK_N)
 
 
-def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     """wte[ids] + wpe[pos] for 1-D int tensors ids and pos of equal length; returns (len, C).
     Ids and positions are trusted to be in range (the runtime validates them on the host).
-    stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics."""
+    stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics.
+    lens_out: an int32/int64 tensor shaped like pos that receives pos + 1 (in a decode step,
+    the sequence lengths decode attention needs)."""
     check_tensor("wte", wte, ndim=2, last_contiguous=True)
     check_device_usable("wte", wte)
     check_tensor("wpe", wpe, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
@@ -45,11 +50,17 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
     R, N = ids.shape[0], wte.shape[1]
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
     check_row_stats("stats_out", stats_out, R, N, wte.device)
+    if lens_out is not None:
+        check_tensor("lens_out", lens_out, ndim=1, dtypes=(torch.int32, torch.int64), device=wte.device)
+        if lens_out.shape != pos.shape or lens_out.stride(0) != 1:
+            raise ValueError(f"lens_out: expected a contiguous tensor of shape {tuple(pos.shape)}, "
+                             f"got shape {tuple(lens_out.shape)}")
     if R:
         BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
-        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, N, wte.stride(0), wpe.stride(0), y.stride(0),
-                                stats.stride(0), BLOCK_N=BLOCK_N, STATS_OUT=stats_out is not None, USE_PDL=pdl,
+        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, lens_out if lens_out is not None else pos, N,
+                                wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
+                                STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, USE_PDL=pdl,
                                 num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

@@ -129,10 +129,12 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v).to(q.dtype), out)
 
 
-def embedding(ids, pos, wte, wpe, out=None, stats_out=None):
+def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))
+    if lens_out is not None:
+        lens_out.copy_(pos + 1)
     return y
 
 

@@ -133,9 +133,9 @@ class GPT:
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
-        seq_lens = pos + 1
+        seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
         st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
-        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a)  # (B, C)
+        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)

@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--shapes", nargs="*", default=None, metavar="TEXT",
                     help="only the shapes whose name contains one of these (e.g. 'xl' 'lm_head')")
+    ap.add_argument("--stages", nargs="*", type=int, default=None, metavar="N",
+                    help="instead of the layout grid, time decode_config's own layout at each of these "
+                         "software-pipelining depths (num_stages; the arithmetic stays the same)")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     h = dict(device="cuda", dtype=torch.float16)
@@ -129,7 +132,10 @@ def main():
             return ms_graph([lambda a=a: f(*a) for a in sets]) * 1e3
 
         set_pdl(True)
-        cfgs = sweep_configs(M, N, K)
+        if args.stages:
+            cfgs = [gemv.decode_config(M, N, K, 2) | {"num_stages": n} for n in args.stages]
+        else:
+            cfgs = sweep_configs(M, N, K)
         times = [run_or_inf(run, c) for c in cfgs]
         i_best = min(range(len(cfgs)), key=times.__getitem__)
         best, per = str(cfgs[i_best]), {str(c): t for c, t in zip(cfgs, times)}
@@ -149,7 +155,7 @@ def main():
         print("    " + "  ".join(f"{v:.1f}" for v in per.values()), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gemv-{device_slug()}.json").write_text(json.dumps(
+    (out / f"gemv-{'stages-' if args.stages else ''}{device_slug()}.json").write_text(json.dumps(
         {"environment": environment(), "copy_gbs": copy_gbs, "launch_floor_us": launch, "pdl_ptx": ordering,
          "rows": rows}, indent=1))
 

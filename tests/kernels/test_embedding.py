@@ -17,9 +17,11 @@ def test_embedding(R, V, P, C, dtype, device):
     pos = torch.randint(0, P, (R,), device=device, dtype=torch.int32)
     out = torch.full((R, C), float("nan"), dtype=dtype, device=device)
     stats = torch.full((R, 2, -(-C // 16)), float("nan"), device=device)
-    y = kernels.embedding(ids, pos, wte, wpe, out=out, stats_out=stats)
+    lens = torch.full((R,), -7, dtype=torch.int32, device=device)
+    y = kernels.embedding(ids, pos, wte, wpe, out=out, stats_out=stats, lens_out=lens)
     expect = (wte[ids].double() + wpe[pos.long()].double()).to(dtype)
     assert torch.equal(y, expect)  # one rounding of an exact fp32 sum: bit-identical
+    assert torch.equal(lens, pos + 1)
     torch.testing.assert_close(stats.cpu(), ref.row_stats(expect).cpu(), rtol=1e-5, atol=1e-4)
 
 
@@ -32,3 +34,7 @@ def test_embedding_errors(device):
         kernels.embedding(ids.float(), ids, wte, wpe)
     with pytest.raises(ValueError, match="wpe: expected 8 columns"):
         kernels.embedding(ids, ids, wte, randn(4, 6, device=device))
+    with pytest.raises(ValueError, match="lens_out: expected a contiguous tensor of shape"):
+        kernels.embedding(ids, ids, wte, wpe, lens_out=torch.empty(2, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="lens_out: expected dtype"):
+        kernels.embedding(ids, ids, wte, wpe, lens_out=torch.empty(3, device=device))
