@@ -58,14 +58,16 @@ def main():
         layouts = {f"BLOCK_N={bn} warps={w}": time_splits(sets, best, {"BLOCK_N": bn, "num_warps": w})
                    for bn in (32, 64, 128) for w in (2, 4, 8)}
         default_us = time_splits(sets, default, {"BLOCK_N": block_n})  # the launcher's own choice
+        stages = {n: time_splits(sets, default, {"BLOCK_N": block_n, "num_stages": n}) for n in (1, 2, 3, 4)}
         r = {"shape": f"{name} B={B} H={H} L={L} filled={filled}", "default_splits": default,
              "default_block_n": block_n, "default_us": default_us, "best_splits": best, "best_us": per[best],
-             "all_us_block_n_64": per, "layouts_at_best_splits_us": layouts}
+             "all_us_block_n_64": per, "layouts_at_best_splits_us": layouts, "default_by_num_stages_us": stages}
         rows.append(r)
         print(f"{r['shape']:<36} default {default:2d} splits x {block_n} {default_us:6.2f} us"
               f"   best {best:2d} splits {per[best]:6.2f} us   " + "  ".join(f"{s}:{t:.2f}" for s, t in per.items()),
               flush=True)
         print("    at the best split count: " + "  ".join(f"{k}: {t:.2f}" for k, t in layouts.items()), flush=True)
+        print("    the default layout by num_stages: " + "  ".join(f"{k}: {t:.2f}" for k, t in stages.items()), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"decode-attention-{device_slug()}.json").write_text(json.dumps(

@@ -24,7 +24,8 @@ for stage in "$@"; do
     checks) timeout 300 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
     sweeps) timeout 330 python3 scripts/bench_gemv.py --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv.log"
             timeout 120 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
-    stages) timeout 300 python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log" ;;
+    stages) timeout 300 python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log"
+            timeout 150 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
     bench-generate)
       timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
