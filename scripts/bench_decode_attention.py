@@ -48,7 +48,7 @@ def main():
             return q, k, v, kn, vn, torch.full((B,), filled, dtype=torch.int32, device="cuda")
 
         sets = rotating(make, 2 * B * H * L * D * 2)
-        default, block_n = da.default_layout(torch.device("cuda"), B * H, L, D)
+        default, block_n, warps = da.default_layout(torch.device("cuda"), B * H, L, D)
         per = {}
         for splits in (1, 2, 4, 8, 16, 32):
             if splits * 32 > L:
@@ -57,8 +57,9 @@ def main():
         best = min(per, key=per.get)
         layouts = {f"BLOCK_N={bn} warps={w}": time_splits(sets, best, {"BLOCK_N": bn, "num_warps": w})
                    for bn in (32, 64, 128) for w in (2, 4, 8)}
-        default_us = time_splits(sets, default, {"BLOCK_N": block_n})  # the launcher's own choice
-        stages = {n: time_splits(sets, default, {"BLOCK_N": block_n, "num_stages": n}) for n in (1, 2, 3, 4)}
+        mine = {"BLOCK_N": block_n, "num_warps": warps}
+        default_us = time_splits(sets, default, mine)  # the launcher's own choice
+        stages = {n: time_splits(sets, default, mine | {"num_stages": n}) for n in (1, 2, 3, 4)}
         r = {"shape": f"{name} B={B} H={H} L={L} filled={filled}", "default_splits": default,
              "default_block_n": block_n, "default_us": default_us, "best_splits": best, "best_us": per[best],
              "all_us_block_n_64": per, "layouts_at_best_splits_us": layouts, "default_by_num_stages_us": stages}
