@@ -136,8 +136,8 @@ def _num_splits(device, bh, L, block_n):
     """Enough programs to cover the SMs a few times over, each with at least one full tile
     (block_n positions): on an H200 thinner splits cost more in the merge than they save
     (scripts/bench_decode_attention.py)."""
-    splits = 1
-    while bh * splits < _programs_wanted(device) and splits * 2 * block_n <= L and splits < 64:
+    splits, wanted = 1, _programs_wanted(device)
+    while bh * splits < wanted and splits * 2 * block_n <= L and splits < 64:
         splits *= 2
     return splits
 

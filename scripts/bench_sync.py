@@ -9,10 +9,14 @@ the boundary, as a decode phase carries its activations.
 import argparse
 import json
 import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from minillm.benchutil import ms_graph  # noqa: E402
 
 
 # A grid-wide barrier: every program arrives, then waits until all have. Sound only when every
@@ -59,25 +63,6 @@ def _hop_kernel(val_ptr, out_ptr, G, USE_PDL: tl.constexpr):
     tl.store(out_ptr + pid, v)
 
 
-def time_graph(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2] * 1e3  # us
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="dependencies per timed run (default 2000)")
@@ -94,7 +79,7 @@ def main():
             bar.zero_()
             _barrier_chain_kernel[(G,)](bar, val, STEPS=args.steps)
 
-        t = time_graph(barrier)
+        t = ms_graph([barrier]) * 1e3  # us per launch of STEPS barriers
         rows.append({"variant": "grid barrier (one launch)", "programs": G, "us_per_dep": t / args.steps})
         a, b = torch.randn(G, device=dev), torch.empty(G, device=dev)
         for pdl in (False, True):
@@ -103,7 +88,7 @@ def main():
                     src, dst = (a, b) if i % 2 == 0 else (b, a)
                     _hop_kernel[(G,)](src, dst, G, USE_PDL=pdl, launch_pdl=pdl)
 
-            t = time_graph(chain)
+            t = ms_graph([chain]) * 1e3
             rows.append({"variant": f"kernel boundary, graph{' + PDL' if pdl else ''}", "programs": G,
                          "us_per_dep": t / (args.steps // 10)})
     name = torch.cuda.get_device_name(dev)
