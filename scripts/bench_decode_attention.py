@@ -56,7 +56,7 @@ def main():
             per[splits] = time_splits(sets, splits, {"BLOCK_N": 64, "num_warps": 4})
         best = min(per, key=per.get)
         layouts = {f"BLOCK_N={bn} warps={w}": time_splits(sets, best, {"BLOCK_N": bn, "num_warps": w})
-                   for bn in (32, 64, 128) for w in (2, 4, 8)}
+                   for bn in (16, 32, 64, 128) for w in (1, 2, 4, 8)}
         mine = {"BLOCK_N": block_n, "num_warps": warps}
         default_us = time_splits(sets, default, mine)  # the launcher's own choice
         stages = {n: time_splits(sets, default, mine | {"num_stages": n}) for n in (1, 2, 3, 4)}

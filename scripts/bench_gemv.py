@@ -98,7 +98,18 @@ def main():
     ap.add_argument("--stages", nargs="*", type=int, default=None, metavar="N",
                     help="instead of the layout grid, time decode_config's own layout at each of these "
                          "software-pipelining depths (num_stages; the arithmetic stays the same)")
+    ap.add_argument("--configs", default=None, metavar="JSON",
+                    help="instead of the layout grid, time these layouts: a JSON list of dicts, each laid over "
+                         "decode_config's own (e.g. '[{\"num_stages\": 4}, {\"BLOCK_N\": 32}]')")
     args = ap.parse_args()
+    overrides = None
+    if args.configs is not None:
+        try:
+            overrides = json.loads(args.configs)
+        except json.JSONDecodeError as e:
+            ap.error(f"--configs: expected a JSON list of objects ({e})")
+        if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
+            ap.error("--configs: expected a JSON list of objects")
     copy_gbs = copy_bandwidth()
     h = dict(device="cuda", dtype=torch.float16)
     launch = {}
@@ -132,7 +143,9 @@ def main():
             return ms_graph([lambda a=a: f(*a) for a in sets]) * 1e3
 
         set_pdl(True)
-        if args.stages:
+        if overrides is not None:
+            cfgs = [gemv.decode_config(M, N, K, 2) | o for o in [{}] + overrides]
+        elif args.stages:
             cfgs = [gemv.decode_config(M, N, K, 2) | {"num_stages": n} for n in args.stages]
         else:
             cfgs = sweep_configs(M, N, K)
@@ -155,7 +168,8 @@ def main():
         print("    " + "  ".join(f"{v:.1f}" for v in per.values()), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gemv-{'stages-' if args.stages else ''}{device_slug()}.json").write_text(json.dumps(
+    mode = "configs-" if overrides is not None else "stages-" if args.stages else ""
+    (out / f"gemv-{mode}{device_slug()}.json").write_text(json.dumps(
         {"environment": environment(), "copy_gbs": copy_gbs, "launch_floor_us": launch, "pdl_ptx": ordering,
          "rows": rows}, indent=1))
 
