@@ -35,47 +35,98 @@ GROUPINGS = {  # kernels per layer: which of a layer's ops share one kernel
 
 
 @triton.jit
-def _stream_kernel(w_ptr, prev_ptr, out_ptr, n_elems, n_prev, TILE: tl.constexpr, USE_PDL: tl.constexpr):
+def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_prev, CHUNKS,
+                   TILE: tl.constexpr, USE_PDL: tl.constexpr, MERGE: tl.constexpr, CHUNKS_IN: tl.constexpr,
+                   ROW_IN: tl.constexpr, N_IN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Streams one TILE of the op's bytes and hands BLOCK_N values per program to the next
+    kernel. With CHUNKS > 1 the programs are split-K chunks of a linear (fp32 partials):
+    MERGE adds them up in the last program of a group to arrive, as minillm's decode linears
+    do; otherwise they are left for the next kernel, whose programs add them right after the
+    wait (CHUNKS_IN > 1): the whole N_IN-wide row (ROW_IN: a layernorm needs it) or one
+    column block."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * TILE + tl.arange(0, TILE)
     w = tl.load(w_ptr + offs, mask=offs < n_elems, other=0.0)  # requested before the wait
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    x = tl.load(prev_ptr + pid % n_prev)  # what the previous kernel wrote
-    tl.store(out_ptr + pid, tl.sum(w.to(tl.float32), axis=0) * x)
+    rn = tl.arange(0, BLOCK_N)
+    if CHUNKS_IN == 1:
+        x = tl.load(prev_ptr + (pid * BLOCK_N + rn) % n_prev)
+    elif ROW_IN:
+        ROW: tl.constexpr = triton.next_power_of_2(N_IN)
+        cols = tl.arange(0, ROW)
+        row = tl.zeros((ROW,), dtype=tl.float32)
+        for c in tl.static_range(CHUNKS_IN):  # chunk order; the loads are issued together
+            row += tl.load(prev_ptr + c * N_IN + cols, mask=cols < N_IN, other=0.0, cache_modifier=".cg")
+        x = tl.sum(row, axis=0) + tl.zeros((BLOCK_N,), dtype=tl.float32)
+    else:
+        blk = pid % (N_IN // BLOCK_N)
+        x = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for c in tl.static_range(CHUNKS_IN):
+            x += tl.load(prev_ptr + c * N_IN + blk * BLOCK_N + rn, cache_modifier=".cg")
+    val = tl.sum(w.to(tl.float32), axis=0) * x  # (BLOCK_N,)
+    if MERGE:
+        tl.store(part_ptr + pid * BLOCK_N + rn, val)
+        group = pid // CHUNKS
+        if tl.atomic_add(count_ptr + group, 1, sem="acq_rel") == CHUNKS - 1:
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for c in range(CHUNKS):
+                acc += tl.load(part_ptr + (group * CHUNKS + c) * BLOCK_N + rn, cache_modifier=".cg")
+            tl.store(out_ptr + group * BLOCK_N + rn, acc)
+            tl.atomic_xchg(count_ptr + group, 0)
+    else:
+        tl.store(out_ptr + pid * BLOCK_N + rn, val)
 
 
-def op_bytes(cfg, positions):
-    """Bytes each op of one layer reads at batch 1 (fp16): weights, or the attention's cache."""
+def layer_ops(cfg, positions):
+    """(name, bytes read at batch 1 in fp16, output columns, split-K chunks) of one layer's
+    ops; the chunks are those of minillm's decode linears (128-wide K-chunks below K = 1024,
+    else 256)."""
     C = cfg.n_embd
-    return {"qkv": 2 * C * 3 * C, "attention": 2 * 2 * positions * C, "attn-out": 2 * C * C,
-            "fc": 2 * C * 4 * C, "mlp-out": 2 * 4 * C * C}
+    k_chunks = lambda K: -(-K // (256 if K >= 1024 else 128))  # noqa: E731
+    return {"qkv": (2 * C * 3 * C, 3 * C, k_chunks(C)), "attention": (2 * 2 * positions * C, C, 1),
+            "attn-out": (2 * C * C, C, k_chunks(C)), "fc": (2 * C * 4 * C, 4 * C, k_chunks(C)),
+            "mlp-out": (2 * 4 * C * C, C, k_chunks(4 * C))}
 
 
-def chain_sizes(cfg, per_layer, positions):
-    """Bytes of every kernel of one decode step: embedding, the layers, the lm_head, bookkeeping."""
-    ops = op_bytes(cfg, positions)
-    sizes = [2 * cfg.n_embd]
+LN_INPUT = {"qkv", "fc", "lm_head"}  # ops that start with a layernorm: they need whole rows
+
+
+def chain(cfg, per_layer, positions):
+    """Every kernel of one decode step as (bytes, output columns, chunks, first op): the
+    embedding, the layers, the lm_head, the bookkeeping."""
+    ops = layer_ops(cfg, positions)
+    kernels = [(2 * cfg.n_embd, cfg.n_embd, 1, "embedding")]
     for _ in range(cfg.n_layer):
-        sizes += [sum(ops[o] for o in group) for group in GROUPINGS[per_layer]]
-    return sizes + [2 * cfg.vocab_size * cfg.n_embd, 64]
+        for group in GROUPINGS[per_layer]:
+            kernels.append((sum(ops[o][0] for o in group), ops[group[-1]][1], ops[group[-1]][2], group[0]))
+    return kernels + [(2 * cfg.vocab_size * cfg.n_embd, cfg.vocab_size, 1, "lm_head"), (64, 1, 1, "append")]
 
 
-def time_chain(sizes, tile, pdl, dev):
-    bufs = [torch.randn(max(n // 2, 1), dtype=torch.float16, device=dev) for n in sizes]
-    grids = [triton.cdiv(b.numel(), tile) for b in bufs]
-    outs = [torch.ones(g, dtype=torch.float32, device=dev) for g in grids]
+def time_chain(kernels, tile, pdl, mode, dev):
+    """us per step of the chain; mode: "plain" (no split-K), "merge" or "deferred"."""
+    block_n = 128
+    bufs = [torch.randn(max(n // 2, 1), dtype=torch.float16, device=dev) for n, _, _, _ in kernels]
+    chunks = [c if mode != "plain" else 1 for _, _, c, _ in kernels]
+    grids = [triton.cdiv(triton.cdiv(b.numel(), tile), c) * c for b, c in zip(bufs, chunks)]
+    size = [max(g, c * triton.cdiv(n, block_n)) * block_n for g, c, (_, n, _, _) in zip(grids, chunks, kernels)]
+    outs = [torch.ones(n, dtype=torch.float32, device=dev) for n in size]
+    parts = [torch.zeros(n, dtype=torch.float32, device=dev) for n in size]
+    counts = [torch.zeros(g, dtype=torch.int32, device=dev) for g in grids]
 
     def step():
-        prev = outs[-1]
-        for b, g, o in zip(bufs, grids, outs):
-            _stream_kernel[(g,)](b, prev, o, b.numel(), prev.numel(), TILE=tile, USE_PDL=pdl, num_warps=4,
-                                 launch_pdl=pdl)
-            prev = o
+        prev, prev_chunks, prev_n = outs[-1], 1, 1
+        for b, g, o, p, n, c, (_, cols, _, first) in zip(bufs, grids, outs, parts, counts, chunks, kernels):
+            deferred = mode == "deferred"
+            _stream_kernel[(g,)](b, prev, o, p, n, b.numel(), prev.numel(), c, TILE=tile, USE_PDL=pdl,
+                                 MERGE=mode == "merge" and c > 1, CHUNKS_IN=prev_chunks if deferred else 1,
+                                 ROW_IN=first in LN_INPUT, N_IN=triton.cdiv(prev_n, block_n) * block_n,
+                                 BLOCK_N=block_n, num_warps=4, launch_pdl=pdl)
+            prev, prev_chunks, prev_n = o, c, cols
 
     t = ms_graph([step], reps=10) * 1e3
-    del bufs, outs
+    del bufs, outs, parts, counts
     torch.cuda.empty_cache()
     return t
 
@@ -93,23 +144,27 @@ def main():
     copy_gbs = copy_bandwidth()
     rows = []
     print(f"copy bandwidth {copy_gbs:.0f} GB/s")
-    print("| model | kernels/layer | kernels/step | PDL | best tile KiB | us/step | bandwidth floor us | floor fraction |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|")
+    print("| model | kernels/layer | kernels/step | PDL | split-K partials | best tile KiB | us/step "
+          "| bandwidth floor us | floor fraction |")
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|")
     for name in args.models:
         cfg = PRESETS[name]
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6  # the generation benchmark's floor
-        one = sum(chain_sizes(cfg, 5, args.positions))
-        variants = [(k, True) for k in GROUPINGS] + [(5, False)] + [("all", True)]
-        for per_layer, pdl in variants:
-            sizes = [one] if per_layer == "all" else chain_sizes(cfg, per_layer, args.positions)
-            per_tile = {kb: time_chain(sizes, kb * 512, pdl, dev) for kb in args.tiles_kb}
+        one = sum(k[0] for k in chain(cfg, 5, args.positions))
+        variants = [(k, True, "plain") for k in GROUPINGS] + [(5, False, "plain"), ("all", True, "plain"),
+                                                             (5, True, "merge"), (5, True, "deferred")]
+        for per_layer, pdl, mode in variants:
+            kernels = [(one, 1, 1, "all")] if per_layer == "all" else chain(cfg, per_layer, args.positions)
+            per_tile = {kb: time_chain(kernels, kb * 512, pdl, mode, dev) for kb in args.tiles_kb}
             best = min(per_tile, key=per_tile.get)
-            r = {"model": name, "kernels_per_layer": per_layer, "kernels_per_step": len(sizes), "pdl": pdl,
-                 "bytes_per_step": sum(sizes), "us_per_step_by_tile_kb": per_tile, "best_tile_kb": best,
+            r = {"model": name, "kernels_per_layer": per_layer, "kernels_per_step": len(kernels), "pdl": pdl,
+                 "split_k": mode,
+                 "bytes_per_step": sum(k[0] for k in kernels), "us_per_step_by_tile_kb": per_tile, "best_tile_kb": best,
                  "us_per_step": per_tile[best], "bandwidth_floor_us": floor_us,
                  "floor_fraction": floor_us / per_tile[best]}
             rows.append(r)
-            print(f"| {name} | {per_layer} | {len(sizes)} | {'on' if pdl else 'off'} | {best} | {per_tile[best]:.1f} "
+            print(f"| {name} | {per_layer} | {len(kernels)} | {'on' if pdl else 'off'} | {mode} | {best} "
+                  f"| {per_tile[best]:.1f} "
                   f"| {floor_us:.1f} | {r['floor_fraction']:.2f} |", flush=True)
     if args.out:
         out = Path(args.out)
