@@ -29,8 +29,6 @@ from ._workspace import arrival_counters
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
 LN_BLOCK = 512  # columns per chunk of the row-statistics pass
-WHOLE_K_COLUMNS = 16  # columns per program of the WHOLE_K layout
-WHOLE_K_BYTES = 64 << 10  # the most weight bytes a WHOLE_K program holds in registers
 
 
 def decode_config(M, N, K, itemsize=2):
@@ -54,9 +52,6 @@ def decode_config(M, N, K, itemsize=2):
                     BLOCK_M=64 if M > BLOCK_M else BLOCK_M, num_stages=3 if M > BLOCK_M else 2)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
-    if M <= BLOCK_M and K * WHOLE_K_COLUMNS * itemsize <= WHOLE_K_BYTES:
-        return dict(BLOCK_N=WHOLE_K_COLUMNS, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, WHOLE_K=True,
-                    num_warps=8)
     if M <= BLOCK_M:
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
     if K < 1024 and N >= 2 * K:
@@ -107,19 +102,14 @@ def _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, str
 
 
 @triton.jit
-def _normalize(a, k_mask, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
-    """With HAS_LN, (a - mean) * rstd * lnw + lnb, zero past K, in a's dtype for tl.dot."""
+def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
+    """x[rows, kk], layernormed with HAS_LN ((x - mean) * rstd * lnw + lnb, zero past K), in
+    x's dtype for tl.dot."""
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     if HAS_LN:
         an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
         a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
     return a
-
-
-@triton.jit
-def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
-    """x[rows, kk], layernormed with HAS_LN."""
-    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    return _normalize(a, k_mask, lnw, lnb, mean, rstd, HAS_LN)
 
 
 @triton.jit
@@ -182,39 +172,6 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
 
 
 @triton.jit
-def _weight_slab(w_ptr, lnw_ptr, lnb_ptr, k0, rn, n_mask, stride_wk, stride_wn, K: tl.constexpr,
-                 HAS_LN: tl.constexpr, TILES: tl.constexpr, BLOCK_K: tl.constexpr):
-    """TILES consecutive weight tiles from k0 (and their layernorm parameters) as tuples:
-    loads that are all in flight together."""
-    ws, lnws, lnbs = (), (), ()
-    for t in tl.static_range(TILES):
-        kk = k0 + t * BLOCK_K + tl.arange(0, BLOCK_K)
-        w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn, HAS_LN)
-        ws, lnws, lnbs = ws + (w,), lnws + (lnw,), lnbs + (lnb,)
-    return ws, lnws, lnbs
-
-
-@triton.jit
-def _whole_k_dot(x_rows, ws, lnws, lnbs, mean, rstd, m_mask, zero, stride_xk, K: tl.constexpr,
-                 HAS_LN: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """The chunk sums of one-tile chunks whose weights are already loaded (ws): every x tile is
-    requested before the first product waits on one, the products are independent (each into a
-    fresh accumulator) and are added in chunk order, as the split and looping layouts add them."""
-    xs = ()
-    for c in tl.static_range(CHUNKS):
-        kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
-        xs = xs + (tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & (kk < K)[None, :], other=0.0),)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):
-        kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
-        a = _normalize(xs[c], kk < K, lnws[c], lnbs[c], mean, rstd, HAS_LN)
-        acc += tl.dot(a, ws[c], tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32),
-                      input_precision=INPUT_PRECISION)
-    return acc
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
     amax_val_ptr, amax_idx_ptr, tok_ptr,
@@ -224,7 +181,7 @@ def _gemv_kernel(
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, WHOLE_K: tl.constexpr, LN_BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
@@ -245,11 +202,12 @@ def _gemv_kernel(
     n_mask = rn < N
     tile_mask = m_mask[:, None] & n_mask[None, :]
     k0 = pid_k * K_CHUNK
+    kk = k0 + tl.arange(0, BLOCK_K)
+    k_mask = kk < K
 
-    # weights and layernorm parameters never change between launches: fetch the first tile (with
-    # WHOLE_K every tile of the program's column block) before waiting on the kernel that writes x
-    ws, lnws, lnbs = _weight_slab(w_ptr, lnw_ptr, lnb_ptr, k0, rn, n_mask, stride_wk, stride_wn, K, HAS_LN,
-                                  CHUNKS if WHOLE_K else 1, BLOCK_K)
+    # weights and layernorm parameters never change between launches: fetch the first tile
+    # before waiting on the kernel that writes x
+    w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
     # the epilogue's bias too, and the residual where the caller vouches that the kernel just
     # before does not write it: the finishing program then has no loads left to wait for
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
@@ -265,16 +223,12 @@ def _gemv_kernel(
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    if WHOLE_K:
-        acc = _whole_k_dot(x_rows, ws, lnws, lnbs, mean, rstd, m_mask, zero, stride_xk, K, HAS_LN, CHUNKS,
-                           BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
-    else:
-        acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, ws[0], lnws[0], lnbs[0], mean, rstd, rn, n_mask, m_mask,
-                         k0, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N,
-                         BLOCK_K, INPUT_PRECISION)
-    if not SPLIT and not WHOLE_K:
+    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
+                     stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
+                     INPUT_PRECISION)
+    if not SPLIT:
         for c in range(1, CHUNKS):
-            acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, ws[0], lnws[0], lnbs[0], mean, rstd, rn, n_mask, m_mask,
+            acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
                               c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
                               BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
@@ -316,9 +270,6 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
-    meta.setdefault("WHOLE_K", False)
-    if meta["WHOLE_K"] and (meta["SPLIT"] or meta["CHUNKS"] * meta["BLOCK_K"] < K):
-        raise ValueError(f"config: WHOLE_K needs SPLIT False and one-tile chunks, got {meta}")
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N

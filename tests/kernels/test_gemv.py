@@ -20,11 +20,6 @@ def _cfg(block_n=32, block_k=32, chunks=1, split=True):
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": chunks, "SPLIT": split}
 
 
-def _whole_k(K, block_n=16, block_k=32):
-    """One program per column block over all of K, every weight tile loaded before the wait."""
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": -(-K // block_k), "SPLIT": False, "WHOLE_K": True}
-
-
 # with K = 230: chunks of one and of several BLOCK_Ks, chunk counts that leave the last one
 # short or empty (4 x 64 > 230), N off the block; split programs and the looping program
 @pytest.mark.parametrize("block_k,chunks", [(32, 1), (32, 3), (64, 4), (32, 2)])
@@ -42,29 +37,6 @@ def test_gemv_chunked_reduction(block_k, chunks, split, M, device):
         y = kernels.linear(x, w, activation="relu", residual=res, out=out, _config=cfg)
         expect = _ref(x, w, activation="relu", residual=res)
         assert_rel_close(y, expect, torch.float32, f"chunks {chunks} split {split}")
-
-
-@pytest.mark.parametrize("block_n,block_k", [(16, 32), (32, 64)])
-@pytest.mark.parametrize("M", [1, 18])
-def test_gemv_whole_k(block_n, block_k, M, device):
-    """WHOLE_K (every tile of a column block in one program, no partials): right values with
-    the layernorm prologue, bias, GELU and residual, and the split layout's bits exactly."""
-    K, N = 230, 75  # the last tile is short
-    x, w = randn(M, K, device=device, scale=2.0) + 0.5, randn(K, N, device=device, scale=K ** -0.5)
-    g, be, b, res = randn(K, device=device), randn(K, device=device), randn(N, device=device), randn(M, N, device=device)
-    kw = dict(activation="gelu_tanh", residual=res, ln_weight=g, ln_bias=be)
-    out = poisoned((M, N), torch.float32, device)
-    y = kernels.linear(x, w, b, out=out, _config=_whole_k(K, block_n, block_k), **kw)
-    assert_rel_close(y, _ref(x, w, bias=b, **kw), torch.float32, f"whole K {block_n}x{block_k}")
-    split = kernels.linear(x, w, b, _config=_cfg(block_k=block_k, chunks=-(-K // block_k)), **kw)
-    assert torch.equal(y, split)
-
-
-def test_gemv_whole_k_config_errors(device):
-    x, w = randn(2, 100, device=device), randn(100, 20, device=device)
-    for bad in ({**_whole_k(100), "SPLIT": True}, {**_whole_k(100), "CHUNKS": 2}):
-        with pytest.raises(ValueError, match="config: WHOLE_K needs SPLIT False and one-tile chunks"):
-            kernels.linear(x, w, _config=bad)
 
 
 @pytest.mark.parametrize("chunks", [1, 3])
@@ -97,8 +69,7 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     split = kernels.linear(x, w, bias, _config=_cfg(block_n=64, chunks=3, split=True))
     looped = kernels.linear(x, w, bias, _config=_cfg(block_n=128, chunks=3, split=False))
     tall = kernels.linear(x, w, bias, _config={**_cfg(block_n=128, chunks=3, split=False), "BLOCK_M": 64})
-    whole = kernels.linear(x, w, bias, _config=_whole_k(K))  # the same 32-wide chunks
-    assert torch.equal(split, looped) and torch.equal(split, tall) and torch.equal(split, whole)
+    assert torch.equal(split, looped) and torch.equal(split, tall)
 
 
 @pytest.mark.parametrize("M", [1, 20, 70])  # 70: the prefill tile path writes statistics too
