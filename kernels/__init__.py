@@ -4,8 +4,6 @@
 - linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
-- mlp: proj(act(layernorm?(x) @ W_fc + b_fc)) + residual; decode rows hand the hidden layer
-  over as split-K partials
 - embedding: token + position embedding gather
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
@@ -20,9 +18,8 @@ from .decode_step import append_tokens
 from .embedding import embedding
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
-from .mlp import mlp
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
-           "layernorm", "linear", "mlp", "new_row_stats", "softmax"]
+           "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

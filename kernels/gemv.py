@@ -18,14 +18,11 @@ weight read plus fixed latency, and the kernel is built around that:
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax (argmax_out).
 """
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import (STATS_GROUP, _argmax_rows, _epilogue, _epilogue_values, _load_bias_residual,
-                        _load_row_stats, _mean_rstd, _store_row_stats)
+from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -62,31 +59,6 @@ def decode_config(M, N, K, itemsize=2):
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4)
-
-
-class SplitPartials(NamedTuple):
-    """A decode linear's output left as its split-K partials (defer_out): fp32 (chunks, M, N)
-    in `part`, plus the epilogue (bias, activation) the linear that reads it applies."""
-    part: torch.Tensor
-    chunks: int
-    bias: torch.Tensor
-    activation: str
-    negative_slope: float
-
-
-def hands_off(M, K, H, N, itemsize=2):
-    """Whether a (K -> H) linear feeding an (H -> N) one can hand over its split-K partials at
-    M >= 1 rows: the first splits K into several chunks and the second runs one program per
-    weight tile (no layernorm on its input), as decode_config lays out few rows of
-    non-vocabulary layers."""
-    if not 1 <= M <= SMALL_M:
-        return False
-    first, second = decode_config(M, H, K, itemsize), decode_config(M, N, H, itemsize)
-
-    def one_tile_split(cfg, k):  # one program per weight tile
-        return cfg["SPLIT"] and chunk_count(k, cfg["BLOCK_K"], cfg["CHUNKS"]) == triton.cdiv(k, cfg["BLOCK_K"])
-
-    return one_tile_split(first, K) and triton.cdiv(K, first["BLOCK_K"]) > 1 and one_tile_split(second, H)
 
 
 def chunk_count(K, block_k, chunks):
@@ -141,15 +113,34 @@ def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN:
 
 
 @triton.jit
-def _x_from_partials(x_tile_ptrs, mask, xb, stride_xc, negative_slope, X_CHUNKS: tl.constexpr,
-                     X_ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
-    """An x tile that its producer left as split-K partials: added in chunk order and finished
-    with the producer's epilogue (bias, activation), in the producer's output dtype: the bits
-    the producer's own merge would have stored."""
-    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for s in tl.static_range(X_CHUNKS):
-        acc += tl.load(x_tile_ptrs + s * stride_xc, mask=mask, other=0.0, cache_modifier=".cg")
-    return _epilogue_values(acc, xb, 0.0, negative_slope, X_ACTIVATION).to(dtype)
+def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr, idx_ptr, counter_ptr, tok_ptr,
+                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Greedy decoding's argmax over each row of y, fused: every column block writes its rows'
+    (max, first index of the max); the last block of a row block to arrive reduces them in
+    column order. Ties go to the lowest index, as torch.argmax does."""
+    BIG: tl.constexpr = 2147483647
+    v = tl.where(tile_mask, y, float("-inf"))
+    vmax = tl.max(v, axis=1)
+    vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], BIG), axis=1)
+    tl.store(val_ptr + rm * num_pid_n + pid_n, vmax, mask=m_mask)
+    tl.store(idx_ptr + rm * num_pid_n + pid_n, vidx, mask=m_mask)
+    done = tl.atomic_add(counter_ptr + pid_m, 1, sem="acq_rel")
+    if done == num_pid_n - 1:
+        best = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        best_i = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        for c0 in range(0, num_pid_n, CHUNK):
+            cc = c0 + tl.arange(0, CHUNK)
+            mask = m_mask[:, None] & (cc < num_pid_n)[None, :]
+            offs = rm[:, None] * num_pid_n + cc[None, :]
+            cv = tl.load(val_ptr + offs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+            ci = tl.load(idx_ptr + offs, mask=mask, other=BIG, cache_modifier=".cg")
+            cmax = tl.max(cv, axis=1)
+            cidx = tl.min(tl.where(cv == cmax[:, None], ci, BIG), axis=1)
+            take = cmax > best  # strictly: an equal max in a later chunk has a higher index
+            best = tl.where(take, cmax, best)
+            best_i = tl.where(take, cidx, best_i)
+        tl.store(tok_ptr + rm, best_i.to(tl.int64), mask=m_mask)
+        tl.atomic_xchg(counter_ptr + pid_m, 0)
 
 
 @triton.jit
@@ -183,15 +174,14 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
-    amax_val_ptr, amax_idx_ptr, tok_ptr, xb_ptr,
-    M, N, ln_eps, negative_slope, x_negative_slope, zero,
-    stride_xm, stride_xk, stride_xc, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
+    amax_val_ptr, amax_idx_ptr, tok_ptr,
+    M, N, ln_eps, negative_slope, zero,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, DEFER_OUT: tl.constexpr, X_CHUNKS: tl.constexpr,
-    X_HAS_BIAS: tl.constexpr, X_ACTIVATION: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
@@ -222,9 +212,6 @@ def _gemv_kernel(
     # before does not write it: the finishing program then has no loads left to wait for
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
-    xb = 0.0  # with X_CHUNKS, the producer's bias at this tile's columns of x
-    if X_CHUNKS > 0 and X_HAS_BIAS:
-        xb = tl.load(xb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
@@ -236,15 +223,9 @@ def _gemv_kernel(
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    if X_CHUNKS > 0:  # x is the producer's partials (fp32, X_CHUNKS x M x K): one tile per program
-        tl.static_assert(SPLIT and ITERS == 1 and not HAS_LN)
-        a = _x_from_partials(x_rows + kk[None, :] * stride_xk, m_mask[:, None] & k_mask[None, :], xb, stride_xc,
-                             x_negative_slope, X_CHUNKS, X_ACTIVATION, BLOCK_M, BLOCK_K, w_ptr.dtype.element_ty)
-        acc = tl.dot(a, w, tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32), input_precision=INPUT_PRECISION)
-    else:
-        acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
-                         stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
-                         INPUT_PRECISION)
+    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
+                     stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
+                     INPUT_PRECISION)
     if not SPLIT:
         for c in range(1, CHUNKS):
             acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
@@ -255,17 +236,14 @@ def _gemv_kernel(
     if SPLIT and CHUNKS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k * M * N, acc, mask=tile_mask)
-        if DEFER_OUT:  # the next linear adds the partials as it reads them (X_CHUNKS)
-            finish = False
-        else:
-            # acq_rel: our partial is visible before the count moves; the last arriver sees all
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-            finish = arrived == CHUNKS - 1
-            if finish:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
-                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        finish = arrived == CHUNKS - 1
+        if finish:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
+                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
     if finish:
         # res is the constant 0.0 here: loading into it inside a runtime if would change its type
         if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
@@ -283,13 +261,9 @@ def _gemv_kernel(
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None,
-         defer_out=False, x_partials=None):
+         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
-    config: a dict like decode_config's, in its place (tests, benchmarks).
-    defer_out: leave the output as split-K partials: returns SplitPartials (y2 is not written;
-    see hands_off for when the layout allows it). x_partials: such partials as the input, in
-    place of x2's values (x2 gives the shape)."""
+    config: a dict like decode_config's, in its place (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
@@ -297,11 +271,6 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
-    if defer_out and not (split and residual is None and stats_out is None and argmax_out is None):
-        raise ValueError("defer_out: needs a split layout and no residual, stats_out or argmax_out")
-    if x_partials is not None and not (meta["SPLIT"] and meta["CHUNKS"] == triton.cdiv(K, meta["BLOCK_K"])
-                                       and ln_weight is None):
-        raise ValueError("x_partials: needs a split layout of one-tile chunks and no layernorm")
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
     argmax = argmax_out is not None
@@ -312,16 +281,13 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     pdl = use_pdl(x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
-    xp = x_partials
     _gemv_kernel[grid](
-        x2 if xp is None else xp.part, weight, bias if bias is not None else dummy,
-        residual if residual is not None else y2, y2,
+        x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
         amax_val, amax_idx, argmax_out if argmax else amax_idx,
-        xp.bias if xp is not None and xp.bias is not None else dummy,
-        M, N, ln_eps, negative_slope, 0.0 if xp is None else xp.negative_slope, 0.0,
-        *(x2.stride() if xp is None else (K, 1)), M * K, weight.stride(0), weight.stride(1),
+        M, N, ln_eps, negative_slope, 0.0,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
@@ -329,11 +295,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)), DEFER_OUT=bool(defer_out),
-        X_CHUNKS=0 if xp is None else xp.chunks, X_HAS_BIAS=xp is not None and xp.bias is not None,
-        X_ACTIVATION=None if xp is None else xp.activation,
+        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )
-    if defer_out:
-        return SplitPartials(part.view(meta["CHUNKS"], M, N), meta["CHUNKS"], bias, activation, negative_slope)
     return y2

@@ -81,7 +81,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, _config=None, _defer_out=False, _x_partials=None):
+           prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -97,9 +97,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
-    _defer_out / _x_partials: decode rows only, for `mlp`: return the output as split-K
-    partials (gemv.SplitPartials) without writing `out`; read x from such partials (x, unwritten,
-    gives the shape).
     """
     check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)
@@ -143,12 +140,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M == 0:
         return y
     if M <= SMALL_M:
-        ret = gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-                   ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
-                   _config, _defer_out, _x_partials)
-        return ret if _defer_out else y
-    if _defer_out or _x_partials is not None:
-        raise ValueError(f"_defer_out/_x_partials: decode rows only (at most {SMALL_M}), got {M}")
+        gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
+             _config)
+        return y
 
     if ln_weight is not None:
         x2 = layernorm(x2, ln_weight, ln_bias, ln_eps)

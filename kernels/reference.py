@@ -95,15 +95,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return y
 
 
-def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation=None, residual=None, out=None,
-        negative_slope=0.01, ln_weight=None, ln_bias=None, ln_eps=1e-5, ln_stats=None, stats_out=None,
-        prefetch_residual=False):
-    """linear twice: the hidden layer rounded to x's dtype in between, as the kernels store it."""
-    h = linear(x, fc_weight, fc_bias, activation, negative_slope=negative_slope, ln_weight=ln_weight,
-               ln_bias=ln_bias, ln_eps=ln_eps, ln_stats=ln_stats)
-    return linear(h, proj_weight, proj_bias, residual=residual, out=out, stats_out=stats_out)
-
-
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding)."""
     B, H, T, D = q.shape
