@@ -52,8 +52,6 @@ def decode_config(M, N, K, itemsize=2):
                     BLOCK_M=64 if M > BLOCK_M else BLOCK_M, num_stages=3 if M > BLOCK_M else 2)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
-    if M <= BLOCK_M and N == K and 1024 <= K <= 2048:  # square: xl attn-out 3.96 against 4.37 us
-        return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=2)
     if M <= BLOCK_M:
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
     if K < 1024 and N >= 2 * K:
@@ -72,7 +70,7 @@ def chunk_count(K, block_k, chunks):
 # layouts scripts/bench_gemv.py sweeps besides its grid of one-tile chunks (BLOCK_N, BLOCK_K,
 # CHUNKS, SPLIT, warps); CHUNKS 64 means one weight tile per chunk at every GPT-2 width
 CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, True, 4), (64, 128, 8, True, 4),
-              (64, 256, 64, False, 4), (128, 128, 64, False, 8), (128, 128, 1, False, 8), (64, 256, 64, True, 2)]
+              (64, 256, 64, False, 4), (128, 128, 64, False, 8), (128, 128, 1, False, 8)]
 
 
 @triton.jit

@@ -30,8 +30,7 @@ def test_decode_attention(B, H, L, D, dtype, device):
     assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
 
 
-@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 64, "num_warps": 1},
-                                    {"BLOCK_N": 128, "num_warps": 4}])
+@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4}])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
