@@ -45,16 +45,10 @@ def _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm,
 
 
 @triton.jit
-def _epilogue_values(acc, bias, res, negative_slope, ACTIVATION: tl.constexpr):
-    """act(acc + bias) + residual in fp32: the one formula of every linear's output (a kernel
-    that reads a decode linear's split-K partials finishes them with it)."""
-    return _apply_activation(acc + bias, negative_slope, ACTIVATION) + res
-
-
-@triton.jit
 def _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION: tl.constexpr):
     """y = act(acc + bias) + residual, stored in y's dtype; returns the stored values in fp32."""
-    y = _epilogue_values(acc, bias, res, negative_slope, ACTIVATION).to(y_ptr.dtype.element_ty)
+    acc = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res
+    y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=tile_mask)
     return y.to(tl.float32)
 

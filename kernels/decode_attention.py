@@ -8,9 +8,7 @@ launch, deterministic, and the grid depends only on shapes, so it replays in a C
 while seq_lens changes on the device.
 
 Optionally the new token's key and value are written into the cache by the same launch
-(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers. The query,
-key and value may also come straight from the split-K partials of the qkv projection
-(`qkv_partials`): each program adds up the few it needs, so that linear skips its merge.
+(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers.
 """
 import math
 
@@ -19,7 +17,6 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._epilogue import _epilogue_values
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -47,24 +44,13 @@ def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, H
 
 
 @triton.jit
-def _from_partials(part_ptr, bias, cols, d_mask, stride_pc, QKV_CHUNKS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   dtype: tl.constexpr):
-    """One head's slice `cols` of the qkv projection from its split-K partials: added in chunk
-    order and finished with the bias as the linear's own merge would (the same bits)."""
-    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for s in tl.static_range(QKV_CHUNKS):
-        acc += tl.load(part_ptr + s * stride_pc + cols, mask=d_mask, other=0.0, cache_modifier=".cg")
-    return _epilogue_values(acc, bias, 0.0, 0.0, None).to(dtype)
-
-
-@triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, qkv_part_ptr, qkv_bias_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-    stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh, stride_pc, stride_pb,
+    stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, QKV_CHUNKS: tl.constexpr, QKV_HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -80,36 +66,19 @@ def _decode_attention_kernel(
     if PREFETCH:  # rows written by earlier steps (caller's promise): read before the wait
         k0 = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
         v0 = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
-    # with QKV_CHUNKS: columns of this head's q, k, v in a row of the projection, and its bias
-    q_cols = h * D + offs_d
-    k_cols = q_cols + H * D
-    v_cols = k_cols + H * D
-    q_bias, k_bias, v_bias = 0.0, 0.0, 0.0
-    if QKV_CHUNKS > 0 and QKV_HAS_BIAS:
-        q_bias = tl.load(qkv_bias_ptr + q_cols, mask=d_mask, other=0.0).to(tl.float32)
-        k_bias = tl.load(qkv_bias_ptr + k_cols, mask=d_mask, other=0.0).to(tl.float32)
-        v_bias = tl.load(qkv_bias_ptr + v_cols, mask=d_mask, other=0.0).to(tl.float32)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     seq_len = tl.load(lens_ptr + b)
-    if QKV_CHUNKS > 0:
-        row = qkv_part_ptr + b * stride_pb
-        dt = q_ptr.dtype.element_ty
-        q = _from_partials(row, q_bias, q_cols, d_mask, stride_pc, QKV_CHUNKS, BLOCK_D, dt).to(tl.float32)
-        k_new = _from_partials(row, k_bias, k_cols, d_mask, stride_pc, QKV_CHUNKS, BLOCK_D, dt)
-        v_new = _from_partials(row, v_bias, v_cols, d_mask, stride_pc, QKV_CHUNKS, BLOCK_D, dt)
-    else:
-        q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        k_new = q
-        v_new = q
-        if HAS_NEW:
-            k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
-            v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
     end = tl.minimum(start + chunk, seq_len)
     pos = seq_len - 1
+    k_new = q
+    v_new = q
     if HAS_NEW:
+        k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
+        v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
         if (pos >= start) & (pos < start + chunk):  # exactly one split owns the new position
             tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
             tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
@@ -196,7 +165,7 @@ def default_layout(device, bh, L, block_d):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, qkv_partials=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -206,9 +175,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_cache: each program reads its first cache tile before waiting on the previous
     kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
     a decode step, where the cache is written by this kernel alone.
-    qkv_partials: the gemv.SplitPartials that `linear(..., split_partials=True)` returned for
-    the (B, 3 * H * D) qkv projection; q, k_new and v_new are then the (unwritten) views of that
-    projection they would be, and their values come from the partials.
     _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
     """
     check_tensor("q", q, ndim=3, last_contiguous=True)
@@ -230,12 +196,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
             check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
             if t.shape != q.shape:
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    if qkv_partials is not None:
-        qkv = qkv_partials.part
-        check_tensor("qkv_partials.part", qkv, ndim=3, dtypes=(torch.float32,), device=q.device)
-        if tuple(qkv.shape[1:]) != (B, 3 * H * D) or not qkv.is_contiguous() or k_new is None:
-            raise ValueError(f"qkv_partials: expected contiguous (chunks, {B}, {3 * H * D}) partials and k_new/v_new, "
-                             f"got {tuple(qkv.shape)}")
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
@@ -259,18 +219,13 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    qp = qkv_partials
-    qkv_part = qp.part if qp is not None else part
-    qkv_bias = qp.bias if qp is not None and qp.bias is not None else qkv_part
     _decode_attention_kernel[(B * H, splits)](
-        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts, qkv_part, qkv_bias,
+        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
-        qkv_part.stride(0) if qp is not None else 0, qkv_part.stride(1) if qp is not None else 0,
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
-        QKV_CHUNKS=qp.chunks if qp is not None else 0, QKV_HAS_BIAS=qp is not None and qp.bias is not None,
         USE_PDL=pdl, PREFETCH=bool(prefetch_cache), launch_pdl=pdl, **meta,
     )
     return o

@@ -18,8 +18,6 @@ weight read plus fixed latency, and the kernel is built around that:
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax (argmax_out).
 """
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -61,15 +59,6 @@ def decode_config(M, N, K, itemsize=2):
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4)
-
-
-class SplitPartials(NamedTuple):
-    """A decode linear's output left as its split-K partials (linear's split_partials): fp32
-    (chunks, M, N) in `part`, to be added in chunk order and finished with `bias` by the
-    kernel that reads them (decode_attention's qkv_partials)."""
-    part: torch.Tensor
-    chunks: int
-    bias: torch.Tensor
 
 
 def chunk_count(K, block_k, chunks):
@@ -192,7 +181,7 @@ def _gemv_kernel(
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, DEFER_OUT: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
@@ -247,17 +236,14 @@ def _gemv_kernel(
     if SPLIT and CHUNKS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k * M * N, acc, mask=tile_mask)
-        if DEFER_OUT:  # the reading kernel adds the partials (see SplitPartials)
-            finish = False
-        else:
-            # acq_rel: our partial is visible before the count moves; the last arriver sees all
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-            finish = arrived == CHUNKS - 1
-            if finish:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
-                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        finish = arrived == CHUNKS - 1
+        if finish:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
+                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
     if finish:
         # res is the constant 0.0 here: loading into it inside a runtime if would change its type
         if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
@@ -275,12 +261,9 @@ def _gemv_kernel(
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None,
-         split_partials=False):
+         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
-    config: a dict like decode_config's, in its place (tests, benchmarks).
-    split_partials: where the layout splits K (and there is no activation, residual, stats_out
-    or argmax_out), leave the output as its partials and return SplitPartials instead."""
+    config: a dict like decode_config's, in its place (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
@@ -288,8 +271,6 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
-    defer = split and split_partials and activation is None and residual is None and stats_out is None \
-        and argmax_out is None
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
     argmax = argmax_out is not None
@@ -314,7 +295,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)), DEFER_OUT=defer,
+        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )
-    return SplitPartials(part.view(meta["CHUNKS"], M, N), meta["CHUNKS"], bias) if defer else y2
+    return y2

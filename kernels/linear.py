@@ -81,7 +81,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, split_partials=False, _config=None):
+           prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -94,10 +94,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
-    split_partials: decode rows whose layout splits K (no activation, residual, stats_out or
-    argmax_out) skip the final merge and return gemv.SplitPartials in place of the output, for
-    a consumer that adds them itself (decode_attention's qkv_partials); otherwise the output
-    as usual.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
@@ -144,10 +140,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M == 0:
         return y
     if M <= SMALL_M:
-        ret = gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-                   ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
-                   _config, split_partials)
-        return y if ret is y2 else ret
+        gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
+             _config)
+        return y
 
     if ln_weight is not None:
         x2 = layernorm(x2, ln_weight, ln_bias, ln_eps)

@@ -72,9 +72,8 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, split_partials=False):
-    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype
-    (always as the output: split_partials only lets the Triton backend return partials).
+           prefetch_residual=False):
+    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
     stats_out receives row_stats of the output, argmax_out each output row's argmax."""
     xf = x.float()
@@ -112,15 +111,10 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, qkv_partials=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
-    k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1. With
-    qkv_partials, q, k_new and v_new are taken from those split-K partials of the projection."""
+    k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape
-    if qkv_partials is not None:
-        qkv = qkv_partials.part.sum(0)
-        qkv = (qkv + qkv_partials.bias.float() if qkv_partials.bias is not None else qkv).to(q.dtype)
-        q, k_new, v_new = qkv.view(B, 3, H, D).unbind(1)
     if k_new is not None:
         rows = torch.arange(B, device=q.device)
         k_cache[rows, :, seq_lens.long() - 1] = k_new.to(k_cache.dtype)

@@ -83,9 +83,9 @@ class GPT:
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-fused linear reads those (ln_stats) instead of whole rows.
-    def _attention_in(self, blk, x, stats, **kw):
+    def _attention_in(self, blk, x, stats):
         return self.ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
-                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
+                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
 
     def _attention_out(self, blk, y, x, stats_out):
         # x was last written three launches back (mlp-out; then qkv, attention): safe to read early
@@ -137,14 +137,10 @@ class GPT:
         st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            qkv = x.new_empty(B, 3 * C)
-            # few rows: the projection may stop at its split-K partials; the attention adds them up
-            got = self._attention_in(blk, x, st_a, out=qkv, split_partials=True)
-            partials = None if isinstance(got, torch.Tensor) else got
-            qkv = qkv.view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
-            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens, k_new=qkv[:, 1], v_new=qkv[:, 2],
-                                     prefetch_cache=True, qkv_partials=partials)  # (B, H, D)
+            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
+                                     k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
             x = self._attention_out(blk, y.view(B, C), x, st_b)
             x = self._mlp(blk, x, st_b, st_a)
         return self._logits(x, st_a, argmax_out)

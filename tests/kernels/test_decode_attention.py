@@ -3,7 +3,6 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.gemv import SplitPartials
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -80,31 +79,3 @@ def test_decode_attention_errors(device):
         kernels.decode_attention(q, kc, kc, lens, num_splits=3)
     with pytest.raises(ValueError, match="k_new/v_new"):
         kernels.decode_attention(q, kc, kc, lens, k_new=q)
-
-
-@pytest.mark.parametrize("M", [1, 3])
-@pytest.mark.parametrize("dtype", DTYPES[:2])
-def test_decode_attention_from_qkv_partials(M, dtype, device):
-    """q, k_new and v_new taken from the qkv projection's split-K partials give the bits of the
-    merged projection (the output and the cache rows written), and the torch twin's values."""
-    H, D, L = 4, 64, 50
-    C = H * D  # 256: more than one K-chunk, so the decode linear splits
-    x, w, b = randn(M, C, dtype=dtype, device=device), randn(C, 3 * C, dtype=dtype, device=device, scale=C ** -0.5), \
-        randn(3 * C, dtype=dtype, device=device)
-    ln = dict(ln_weight=randn(C, dtype=dtype, device=device), ln_bias=randn(C, dtype=dtype, device=device))
-    buf = poisoned((M, 3 * C), dtype, device)
-    partials = kernels.linear(x, w, b, out=buf, split_partials=True, **ln)
-    assert isinstance(partials, SplitPartials) and buf.isnan().all()  # the projection stopped at its partials
-    merged = kernels.linear(x, w, b, **ln).view(M, 3, H, D)
-    caches = [(randn(M, H, L, D, dtype=dtype, device=device), randn(M, H, L, D, dtype=dtype, device=device))]
-    caches.append(tuple(c.clone() for c in caches[0]))
-    lens = torch.tensor([50, 1, 23][:M], dtype=torch.int32, device=device)
-    u = buf.view(M, 3, H, D)
-    o = kernels.decode_attention(u[:, 0], *caches[0], lens, k_new=u[:, 1], v_new=u[:, 2], qkv_partials=partials)
-    expect = kernels.decode_attention(merged[:, 0], *caches[1], lens, k_new=merged[:, 1], v_new=merged[:, 2])
-    assert torch.equal(o, expect) and torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
-    twin = ref.decode_attention(u[:, 0], *[c.clone() for c in caches[1]], lens, k_new=u[:, 1], v_new=u[:, 2],
-                                qkv_partials=partials)
-    assert_rel_close(o, twin, dtype, f"from partials M={M}")
-    with pytest.raises(ValueError, match=r"qkv_partials: expected contiguous \(chunks, 1, 768\)"):
-        kernels.decode_attention(u[:1, 0], caches[0][0][:1], caches[0][1][:1], lens[:1], qkv_partials=partials)

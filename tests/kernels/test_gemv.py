@@ -6,7 +6,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.gemv import CANDIDATES, SMALL_M, SplitPartials
+from kernels.gemv import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, poisoned, randn
 
@@ -153,24 +153,3 @@ def test_gemv_candidate_layouts(candidate, device):
         y = kernels.linear(x, w, b, activation="gelu_tanh", residual=h, ln_weight=g, ln_bias=be, _config=cfg)
         expect = _ref(x, w, bias=b, activation="gelu_tanh", residual=h, ln_weight=g, ln_bias=be)
         assert_rel_close(y, expect, dtype, f"layout {candidate} M={M}")
-
-
-def test_linear_split_partials(device):
-    """split_partials: a split decode layout stops at its partials (out untouched), which add up
-    in chunk order, with the bias, to the merged output's bits; any other case (an epilogue
-    beyond the bias, a looping layout, prefill rows) returns the output as usual."""
-    K, N = 300, 70
-    w, b = randn(K, N, device=device, scale=K ** -0.5), randn(N, device=device)
-    x = randn(3, K, device=device)
-    out = poisoned((3, N), torch.float32, device)
-    p = kernels.linear(x, w, b, out=out, split_partials=True, _config=_cfg(chunks=3))
-    assert isinstance(p, SplitPartials) and p.chunks == 3 and out.isnan().all()
-    merged = kernels.linear(x, w, b, _config=_cfg(chunks=3))
-    summed = torch.zeros_like(p.part[0])
-    for s in range(p.chunks):
-        summed += p.part[s]
-    assert torch.equal(summed + b, merged)
-    for rows, kw in ((3, dict(activation="relu")), (3, dict(residual=randn(3, N, device=device))),
-                     (20, {}), (70, {})):
-        y = kernels.linear(randn(rows, K, device=device), w, b, split_partials=True, **kw)
-        assert isinstance(y, torch.Tensor) and y.shape == (rows, N)
