@@ -1,13 +1,20 @@
 """The fastest a batch-1 decode step can be when it is a chain of kernels: every kernel of the
 chain only streams its op's weight bytes (its slab requested before it waits on the kernel
-before it, as minillm's decode kernels do) and hands one value to the next, in a CUDA graph
-with programmatic dependent launch. No arithmetic, no split-K merge, no layernorm: what is left
-is the memory traffic and the cost of each dependency, so this is a lower bound for any design
+before it, as minillm's decode kernels do) and hands its values to the next, in a CUDA graph
+with programmatic dependent launch. No arithmetic and no layernorm: what is left is the memory
+traffic and the cost of each dependency, so the "plain" rows are a lower bound for any design
 that runs a layer as that many kernels.
 
-The chain is timed for the GPT-2 shapes at several granularities (kernels per layer: 5 as
-minillm runs it, ops fused into 3, 2 or 1), next to the bandwidth floor (the same bytes in one
-kernel) and the copy bandwidth of the run.
+Rows, for the GPT-2 shapes (gpt2, gpt2-xl by default):
+- plain: kernels per layer 5 (as minillm runs it), or ops fused into 3, 2 or 1; with dependent
+  launch off; and the whole step's bytes in one kernel (the bandwidth floor, checked);
+- merge: the 5-kernel chain where every linear splits K into minillm's chunks and the last
+  program to arrive merges the fp32 partials (an acq_rel counter), as minillm's decode
+  linears do at few rows;
+- tagged: the same merge without fence or counter: partials carry a ready tag that the last
+  chunk polls;
+- deferred: no merge; each kernel's programs add up the previous kernel's partials after the
+  wait (the whole row where a layernorm follows, else their column block).
 
     python3 scripts/bench_floor.py --out bench/results
 """
@@ -40,10 +47,12 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_pre
                    ROW_IN: tl.constexpr, N_IN: tl.constexpr, BLOCK_N: tl.constexpr):
     """Streams one TILE of the op's bytes and hands BLOCK_N values per program to the next
     kernel. With CHUNKS > 1 the programs are split-K chunks of a linear (fp32 partials):
-    MERGE adds them up in the last program of a group to arrive, as minillm's decode linears
-    do; otherwise they are left for the next kernel, whose programs add them right after the
-    wait (CHUNKS_IN > 1): the whole N_IN-wide row (ROW_IN: a layernorm needs it) or one
-    column block."""
+    MERGE 1 adds them up in the last program of a group to arrive (an acq_rel counter), as
+    minillm's decode linears do; MERGE 2 has the last chunk of a group poll the others'
+    partials, each stored with a ready tag in its upper 32 bits (no fence, no counter), and
+    clear the tags; otherwise they are left for the next kernel, whose programs add them right
+    after the wait (CHUNKS_IN > 1): the whole N_IN-wide row (ROW_IN: a layernorm needs it) or
+    one column block."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * TILE + tl.arange(0, TILE)
     w = tl.load(w_ptr + offs, mask=offs < n_elems, other=0.0)  # requested before the wait
@@ -66,7 +75,23 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_pre
         for c in tl.static_range(CHUNKS_IN):
             x += tl.load(prev_ptr + c * N_IN + blk * BLOCK_N + rn, cache_modifier=".cg")
     val = tl.sum(w.to(tl.float32), axis=0) * x  # (BLOCK_N,)
-    if MERGE:
+    if MERGE == 2:
+        group = pid // CHUNKS
+        if pid % CHUNKS != CHUNKS - 1:  # value bits low, tag 1 high: one single-copy-atomic store
+            bits = val.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+            tl.store(part_ptr + pid * BLOCK_N + rn, bits | (1 << 32))
+        else:  # scheduled after the group's other chunks (higher y): they are running or done
+            rc = tl.arange(0, 32)
+            ptrs = part_ptr + (group * CHUNKS + rc)[:, None] * BLOCK_N + rn[None, :]
+            live = (rc < CHUNKS - 1)[:, None]
+            tagged = tl.load(ptrs, mask=live, other=1 << 32, volatile=True)
+            while tl.min(tl.min(tagged >> 32, axis=1), axis=0) == 0:
+                tagged = tl.load(ptrs, mask=live, other=1 << 32, volatile=True)
+            parts = (tagged & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+            acc = tl.sum(tl.where(live, parts, 0.0), axis=0) + val
+            tl.store(ptrs, tl.zeros_like(tagged), mask=live)  # cleared for the next launch
+            tl.store(out_ptr + group * BLOCK_N + rn, acc)
+    elif MERGE == 1:
         tl.store(part_ptr + pid * BLOCK_N + rn, val)
         group = pid // CHUNKS
         if tl.atomic_add(count_ptr + group, 1, sem="acq_rel") == CHUNKS - 1:
@@ -105,22 +130,24 @@ def chain(cfg, per_layer, positions):
 
 
 def time_chain(kernels, tile, pdl, mode, dev):
-    """us per step of the chain; mode: "plain" (no split-K), "merge" or "deferred"."""
+    """us per step of the chain; mode: "plain" (no split-K), "merge", "tagged" or "deferred"."""
     block_n = 128
     bufs = [torch.randn(max(n // 2, 1), dtype=torch.float16, device=dev) for n, _, _, _ in kernels]
     chunks = [c if mode != "plain" else 1 for _, _, c, _ in kernels]
     grids = [triton.cdiv(triton.cdiv(b.numel(), tile), c) * c for b, c in zip(bufs, chunks)]
     size = [max(g, c * triton.cdiv(n, block_n)) * block_n for g, c, (_, n, _, _) in zip(grids, chunks, kernels)]
     outs = [torch.ones(n, dtype=torch.float32, device=dev) for n in size]
-    parts = [torch.zeros(n, dtype=torch.float32, device=dev) for n in size]
+    parts = [torch.zeros(n, dtype=torch.int64, device=dev) for n in size]  # (tagged) partials
     counts = [torch.zeros(g, dtype=torch.int32, device=dev) for g in grids]
 
     def step():
         prev, prev_chunks, prev_n = outs[-1], 1, 1
         for b, g, o, p, n, c, (_, cols, _, first) in zip(bufs, grids, outs, parts, counts, chunks, kernels):
             deferred = mode == "deferred"
-            _stream_kernel[(g,)](b, prev, o, p, n, b.numel(), prev.numel(), c, TILE=tile, USE_PDL=pdl,
-                                 MERGE=mode == "merge" and c > 1, CHUNKS_IN=prev_chunks if deferred else 1,
+            part = p if mode == "tagged" else p.view(torch.float32)
+            _stream_kernel[(g,)](b, prev, o, part, n, b.numel(), prev.numel(), c, TILE=tile, USE_PDL=pdl,
+                                 MERGE={"merge": 1, "tagged": 2}.get(mode, 0) if c > 1 else 0,
+                                 CHUNKS_IN=prev_chunks if deferred else 1,
                                  ROW_IN=first in LN_INPUT, N_IN=triton.cdiv(prev_n, block_n) * block_n,
                                  BLOCK_N=block_n, num_warps=4, launch_pdl=pdl)
             prev, prev_chunks, prev_n = o, c, cols
@@ -152,7 +179,8 @@ def main():
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6  # the generation benchmark's floor
         one = sum(k[0] for k in chain(cfg, 5, args.positions))
         variants = [(k, True, "plain") for k in GROUPINGS] + [(5, False, "plain"), ("all", True, "plain"),
-                                                             (5, True, "merge"), (5, True, "deferred")]
+                                                             (5, True, "merge"), (5, True, "tagged"),
+                                                             (5, True, "deferred")]
         for per_layer, pdl, mode in variants:
             kernels = [(one, 1, 1, "all")] if per_layer == "all" else chain(cfg, per_layer, args.positions)
             per_tile = {kb: time_chain(kernels, kb * 512, pdl, mode, dev) for kb in args.tiles_kb}
