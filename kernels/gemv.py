@@ -140,7 +140,7 @@ def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr,
             best = tl.where(take, cmax, best)
             best_i = tl.where(take, cidx, best_i)
         tl.store(tok_ptr + rm, best_i.to(tl.int64), mask=m_mask)
-        tl.atomic_xchg(counter_ptr + pid_m, 0)
+        tl.atomic_xchg(counter_ptr + pid_m, 0, sem="relaxed")  # see the split counter below
 
 
 @triton.jit
@@ -243,7 +243,9 @@ def _gemv_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
                 acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next launch (and graph replay)
+            # ready for the next launch (and graph replay), which the kernel boundary orders after
+            # this one: relaxed, so the epilogue's stores need not wait for its round trip
+            tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
     if finish:
         # res is the constant 0.0 here: loading into it inside a runtime if would change its type
         if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
