@@ -143,8 +143,8 @@ def main():
             return ms_graph([lambda a=a: f(*a) for a in sets]) * 1e3
 
         set_pdl(True)
-        if overrides is not None:
-            cfgs = [gemv.decode_config(M, N, K, 2) | o for o in [{}] + overrides]
+        if overrides is not None:  # decode_config's own first; a layout listed twice is timed once
+            cfgs = list({str(c): c for c in (gemv.decode_config(M, N, K, 2) | o for o in [{}] + overrides)}.values())
         elif args.stages:
             cfgs = [gemv.decode_config(M, N, K, 2) | {"num_stages": n} for n in args.stages]
         else:
