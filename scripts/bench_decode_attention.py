@@ -37,6 +37,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_decode_attention: needs a CUDA GPU")
     h = dict(device="cuda", dtype=torch.float16)
     rows = []
     for name, B, H, L, filled in SHAPES:

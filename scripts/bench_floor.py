@@ -167,6 +167,8 @@ def main():
                     help=f"cache positions the attention reads (default {CACHE_POSITIONS})")
     ap.add_argument("--out", default=None, help="folder for floor-<device>.json")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_floor: needs a CUDA GPU")
     dev = torch.device("cuda")
     copy_gbs = copy_bandwidth()
     rows = []

@@ -102,6 +102,8 @@ def main():
                     help="instead of the layout grid, time these layouts: a JSON list of dicts, each laid over "
                          "decode_config's own (e.g. '[{\"num_stages\": 4}, {\"BLOCK_N\": 32}]')")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemv: needs a CUDA GPU")
     overrides = None
     if args.configs is not None:
         try:

@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2000, help="dependencies per timed run (default 2000)")
     ap.add_argument("--out", default=None, help="folder for sync.json")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_sync: needs a CUDA GPU")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []

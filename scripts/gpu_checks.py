@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--new-tokens", type=int, default=256)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_checks: needs a CUDA GPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []

@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("profile_decode: needs a CUDA GPU")
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=False)
