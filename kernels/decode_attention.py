@@ -132,32 +132,33 @@ def _programs_wanted(device):
     return 8
 
 
-def _num_splits(device, bh, L, block_n):
-    """Enough programs to cover the SMs a few times over, each with at least one full tile
-    (block_n positions): on an H200 thinner splits cost more in the merge than they save
+def _num_splits(wanted, bh, L, block_n):
+    """Enough programs (`wanted`) to cover the SMs a few times over, each with at least one full
+    tile (block_n positions): on an H200 thinner splits cost more in the merge than they save
     (scripts/bench_decode_attention.py)."""
-    splits, wanted = 1, _programs_wanted(device)
+    splits = 1
     while bh * splits < wanted and splits * 2 * block_n <= L and splits < 64:
         splits *= 2
     return splits
 
 
-def _base_block_n(block_d):
-    return 64 if block_d <= 64 else 32  # cache rows per tile: 8 or 16 KB of fp16 keys
+def _base_layout(block_d):
+    """(BLOCK_N, num_warps) of a tile: 64 or 32 cache rows, 8 or 16 KB of fp16 keys."""
+    return (64, 4) if block_d <= 64 else (32, 8)
 
 
 def default_layout(device, bh, L, block_d):
     """(splits, BLOCK_N, num_warps) for bh (row, head) pairs over L cache positions."""
-    block_n = _base_block_n(block_d)
-    warps = 4 if block_d <= 64 else 8
-    splits = _num_splits(device, bh, L, block_n)
+    block_n, warps = _base_layout(block_d)
+    wanted = _programs_wanted(device)
+    splits = _num_splits(wanted, bh, L, block_n)
     if block_d <= 64 and splits > 1 and L <= 2 * block_n:
         # a short cache and few rows: one program per (row, head) and one 128-row tile, read
         # before the wait (2.1 against 3.3 us at batch 1, L = 128, on an H200). Not at batch
         # 64, where the step got slower with them (a profile: 11.0 against 7.7 us at L = 128)
         block_n = 128
-        splits = _num_splits(device, bh, L, block_n)
-    elif block_d <= 64 and bh >= _programs_wanted(device):
+        splits = _num_splits(wanted, bh, L, block_n)
+    elif block_d <= 64 and bh >= wanted:
         # many rows: (row, head) pairs fill the GPU alone; narrow tiles, two warps a program
         # (batch 64, L = 256: 13.0 against 15.4 us on an H200)
         block_n, warps = 32, 2
@@ -207,7 +208,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     if num_splits is None:
         splits, block_n, warps = default_layout(q.device, B * H, L, BLOCK_D)
     else:
-        splits, block_n, warps = int(num_splits), _base_block_n(BLOCK_D), 4 if BLOCK_D <= 64 else 8
+        splits, (block_n, warps) = int(num_splits), _base_layout(BLOCK_D)
     meta = {"BLOCK_N": block_n, "num_warps": warps, **(_config or {})}
     BLOCK_N = meta["BLOCK_N"]
     if splits < 1 or splits & (splits - 1):
