@@ -14,7 +14,10 @@ Rows, for the GPT-2 shapes (gpt2, gpt2-xl by default):
 - tagged: the same merge without fence or counter: partials carry a ready tag that the last
   chunk polls;
 - deferred: no merge; each kernel's programs add up the previous kernel's partials after the
-  wait (the whole row where a layernorm follows, else their column block).
+  wait (the whole row where a layernorm follows, else their column block);
+- atomic: no merge; every chunk adds its partial, in fixed point, into an int64 row with a
+  relaxed atomic (integer sums do not depend on the order, so this stays deterministic); the
+  next kernel reads the one row after its wait, and the kernel after that clears it.
 
     python3 scripts/bench_floor.py --out bench/results
 """
@@ -42,8 +45,8 @@ GROUPINGS = {  # kernels per layer: which of a layer's ops share one kernel
 
 
 @triton.jit
-def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_prev, CHUNKS,
-                   TILE: tl.constexpr, USE_PDL: tl.constexpr, MERGE: tl.constexpr, CHUNKS_IN: tl.constexpr,
+def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, clear_ptr, n_elems, n_prev, n_clear, CHUNKS,
+                   TILE: tl.constexpr, ACC_IN: tl.constexpr, CLEAR: tl.constexpr, USE_PDL: tl.constexpr, MERGE: tl.constexpr, CHUNKS_IN: tl.constexpr,
                    ROW_IN: tl.constexpr, N_IN: tl.constexpr, BLOCK_N: tl.constexpr):
     """Streams one TILE of the op's bytes and hands BLOCK_N values per program to the next
     kernel. With CHUNKS > 1 the programs are split-K chunks of a linear (fp32 partials):
@@ -60,7 +63,19 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_pre
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     rn = tl.arange(0, BLOCK_N)
-    if CHUNKS_IN == 1:
+    if CLEAR:  # the int64 row two kernels back: its reader has finished
+        for c0 in range(pid * BLOCK_N, n_clear, tl.num_programs(0) * BLOCK_N):
+            tl.store(clear_ptr + c0 + rn, tl.zeros((BLOCK_N,), dtype=tl.int64), mask=c0 + rn < n_clear)
+    if ACC_IN:  # fixed-point row (2**-32 units) that the previous kernel's chunks added into
+        if ROW_IN:
+            ROW_A: tl.constexpr = triton.next_power_of_2(N_IN)
+            cols_a = tl.arange(0, ROW_A)
+            acc_row = tl.load(prev_ptr + cols_a, mask=cols_a < N_IN, other=0, cache_modifier=".cg")
+            x = tl.sum(acc_row.to(tl.float32) * 2.3283064365386963e-10, axis=0) + tl.zeros((BLOCK_N,), tl.float32)
+        else:
+            blk_a = pid % (N_IN // BLOCK_N)
+            x = tl.load(prev_ptr + blk_a * BLOCK_N + rn, cache_modifier=".cg").to(tl.float32) * 2.3283064365386963e-10
+    elif CHUNKS_IN == 1:
         x = tl.load(prev_ptr + (pid * BLOCK_N + rn) % n_prev)
     elif ROW_IN:
         ROW: tl.constexpr = triton.next_power_of_2(N_IN)
@@ -75,7 +90,10 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, n_elems, n_pre
         for c in tl.static_range(CHUNKS_IN):
             x += tl.load(prev_ptr + c * N_IN + blk * BLOCK_N + rn, cache_modifier=".cg")
     val = tl.sum(w.to(tl.float32), axis=0) * x  # (BLOCK_N,)
-    if MERGE == 2:
+    if MERGE == 3:
+        group = pid // CHUNKS
+        tl.atomic_add(part_ptr + group * BLOCK_N + rn, (val * 4294967296.0).to(tl.int64), sem="relaxed")
+    elif MERGE == 2:
         group = pid // CHUNKS
         if pid % CHUNKS != CHUNKS - 1:  # value bits low, tag 1 high: one single-copy-atomic store
             bits = val.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
@@ -130,7 +148,7 @@ def chain(cfg, per_layer, positions):
 
 
 def time_chain(kernels, tile, pdl, mode, dev):
-    """us per step of the chain; mode: "plain" (no split-K), "merge", "tagged" or "deferred"."""
+    """us per step of the chain; mode: "plain" (no split-K), "merge", "tagged", "deferred" or "atomic"."""
     block_n = 128
     bufs = [torch.randn(max(n // 2, 1), dtype=torch.float16, device=dev) for n, _, _, _ in kernels]
     chunks = [c if mode != "plain" else 1 for _, _, c, _ in kernels]
@@ -142,15 +160,22 @@ def time_chain(kernels, tile, pdl, mode, dev):
 
     def step():
         prev, prev_chunks, prev_n = outs[-1], 1, 1
+        accs = [None, None]  # int64 rows written by the last two kernels (atomic mode)
         for b, g, o, p, n, c, (_, cols, _, first) in zip(bufs, grids, outs, parts, counts, chunks, kernels):
             deferred = mode == "deferred"
-            part = p if mode == "tagged" else p.view(torch.float32)
-            _stream_kernel[(g,)](b, prev, o, part, n, b.numel(), prev.numel(), c, TILE=tile, USE_PDL=pdl,
-                                 MERGE={"merge": 1, "tagged": 2}.get(mode, 0) if c > 1 else 0,
+            atomic = mode == "atomic" and c > 1
+            part = p if mode in ("tagged", "atomic") else p.view(torch.float32)
+            acc_in = accs[-1] is not None
+            clear = accs[0]
+            _stream_kernel[(g,)](b, accs[-1] if acc_in else prev, o, part, n, clear if clear is not None else p,
+                                 b.numel(), prev.numel(), clear.numel() if clear is not None else 0, c,
+                                 TILE=tile, ACC_IN=acc_in, CLEAR=clear is not None, USE_PDL=pdl,
+                                 MERGE={"merge": 1, "tagged": 2, "atomic": 3}.get(mode, 0) if c > 1 else 0,
                                  CHUNKS_IN=prev_chunks if deferred else 1,
                                  ROW_IN=first in LN_INPUT, N_IN=triton.cdiv(prev_n, block_n) * block_n,
                                  BLOCK_N=block_n, num_warps=4, launch_pdl=pdl)
             prev, prev_chunks, prev_n = o, c, cols
+            accs = [accs[-1], part[:triton.cdiv(cols, block_n) * block_n] if atomic else None]
 
     t = ms_graph([step], reps=10) * 1e3
     del bufs, outs, parts, counts
@@ -165,6 +190,8 @@ def main():
                     help="bytes per program, in KiB (each a power of two; default 16 32 64)")
     ap.add_argument("--positions", type=int, default=CACHE_POSITIONS,
                     help=f"cache positions the attention reads (default {CACHE_POSITIONS})")
+    ap.add_argument("--modes", nargs="+", default=None,
+                    choices=["plain", "merge", "tagged", "deferred", "atomic"], help="only these rows (default all)")
     ap.add_argument("--out", default=None, help="folder for floor-<device>.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -182,8 +209,10 @@ def main():
         one = sum(k[0] for k in chain(cfg, 5, args.positions))
         variants = [(k, True, "plain") for k in GROUPINGS] + [(5, False, "plain"), ("all", True, "plain"),
                                                              (5, True, "merge"), (5, True, "tagged"),
-                                                             (5, True, "deferred")]
+                                                             (5, True, "deferred"), (5, True, "atomic")]
         for per_layer, pdl, mode in variants:
+            if args.modes and mode not in args.modes:
+                continue
             kernels = [(one, 1, 1, "all")] if per_layer == "all" else chain(cfg, per_layer, args.positions)
             per_tile = {kb: time_chain(kernels, kb * 512, pdl, mode, dev) for kb in args.tiles_kb}
             best = min(per_tile, key=per_tile.get)
