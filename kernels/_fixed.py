@@ -26,7 +26,7 @@ import triton.language as tl
 from ._checks import check_shape, check_tensor
 
 FIXED_ONE = 4294967296.0  # 2**32: one unit of the fixed-point rows
-CLEAR_BLOCK = 256
+CLEAR_BLOCK = tl.constexpr(256)  # int64 elements a program zeroes per store
 
 
 class Pending(NamedTuple):
