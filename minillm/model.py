@@ -156,34 +156,32 @@ class GPT:
         if self._sums is None:
             C = self.config.n_embd
             self._sums = {name: torch.zeros(HAND_OFF_ROWS, n, dtype=torch.int64, device=self.device)
-                          for name, n in (("qkv", 3 * C), ("attn", C), ("fc", 4 * C), ("mlp", C))}
+                          for name, n in (("qkv", 3 * C), ("fc", 4 * C))}
         return {name: t[:B] for name, t in self._sums.items()}
 
-    def _decode_hand_off(self, x, stats, seq_lens, cache, max_len, argmax_out):
-        """The layers of a decode step at few rows: every linear adds its split-K chunks into a
-        fixed-point int64 row and the next kernel finishes them (bias, GELU, residual) as it
-        reads them, so no kernel waits on a merge. The residual stream is stored by the
-        kernels that finish it: h after each MLP (by qkv), h2 after each attention (by fc)."""
+
+    def _decode_hand_off(self, x, st_a, seq_lens, cache, max_len, argmax_out):
+        """The layers of a decode step at few rows. The qkv projection and fc add their split-K
+        chunks into fixed-point int64 rows (kernels.Pending) that decode attention and mlp-out
+        finish (bias, GELU) as they read them: those two kernels read only their own slice of
+        the row, so no merge is needed. attn-out and mlp-out, whose outputs the next layernorm
+        reads whole, merge as before and leave the statistics it needs."""
         c, ops = self.config, self.ops
         B, C, H, D = x.shape[0], c.n_embd, c.n_head, c.head_dim
         eps = c.layer_norm_epsilon
         s = self._hand_off_sums(B)
-        h, h2 = x, torch.empty_like(x)  # (B, C) each
-        x_in = x  # the first layer reads the embedding as it is (with its statistics)
+        st_b = ops.new_row_stats(B, C, x.device)
         for i, blk in enumerate(self.blocks):
-            ops.linear(x_in, blk.attn[0], ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1], ln_eps=eps,
-                       ln_stats=stats if i == 0 else None, acc_out=s["qkv"], clear=s["fc"])
+            ops.linear(x, blk.attn[0], ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1], ln_eps=eps, ln_stats=st_a,
+                       acc_out=s["qkv"], clear=s["fc"])
             qkv = s["qkv"].view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens, k_new=qkv[:, 1], v_new=qkv[:, 2],
-                                     fixed_bias=blk.attn[1].view(3, H, D).unbind(0), clear=s["mlp"],
-                                     prefetch_cache=True)  # (B, H, D)
-            ops.linear(y.view(B, C), blk.attn_proj[0], acc_out=s["attn"], clear=s["qkv"])
-            attn = ops.Pending(s["attn"], blk.attn_proj[1], residual=h, out=h2)  # h2 = h + attn
-            ops.linear(attn, blk.fc[0], ln_weight=blk.ln_2[0], ln_bias=blk.ln_2[1], ln_eps=eps, acc_out=s["fc"])
+                                     fixed_bias=blk.attn[1].view(3, H, D).unbind(0), prefetch_cache=True)  # (B, H, D)
+            ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x, stats_out=st_b, prefetch_residual=True,
+                       clear=s["qkv"])  # x += proj(y)
+            ops.linear(x, blk.fc[0], ln_weight=blk.ln_2[0], ln_bias=blk.ln_2[1], ln_eps=eps, ln_stats=st_b,
+                       acc_out=s["fc"])
             fc = ops.Pending(s["fc"], blk.fc[1], activation=c.activation)
-            ops.linear(fc, blk.mlp_proj[0], acc_out=s["mlp"], clear=s["attn"])
-            x_in = ops.Pending(s["mlp"], blk.mlp_proj[1], residual=h2, out=h)  # h = h2 + mlp
-        final = x_in._replace(out=None)
-        return ops.linear(final, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1], ln_eps=eps,
-                          argmax_out=argmax_out)
+            ops.linear(fc, *blk.mlp_proj, residual=x, out=x, stats_out=st_a, prefetch_residual=True)  # x += mlp
+        return self._logits(x, st_a, argmax_out)
