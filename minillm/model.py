@@ -3,6 +3,8 @@
 The backend is a module with the `kernels` API: `kernels` itself (Triton) or
 `kernels.reference` (plain torch). This file never imports triton.
 """
+import os as _os
+
 import torch
 
 import kernels
@@ -180,8 +182,11 @@ class GPT:
                                      fixed_bias=blk.attn[1].view(3, H, D).unbind(0), prefetch_cache=True)  # (B, H, D)
             ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x, stats_out=st_b, prefetch_residual=True,
                        clear=s["qkv"])  # x += proj(y)
-            ops.linear(x, blk.fc[0], ln_weight=blk.ln_2[0], ln_bias=blk.ln_2[1], ln_eps=eps, ln_stats=st_b,
-                       acc_out=s["fc"])
-            fc = ops.Pending(s["fc"], blk.fc[1], activation=c.activation)
-            ops.linear(fc, *blk.mlp_proj, residual=x, out=x, stats_out=st_a, prefetch_residual=True)  # x += mlp
+            if _os.environ.get("MINILLM_HAND_OFF", "both") == "both":
+                ops.linear(x, blk.fc[0], ln_weight=blk.ln_2[0], ln_bias=blk.ln_2[1], ln_eps=eps, ln_stats=st_b,
+                           acc_out=s["fc"])
+                fc = ops.Pending(s["fc"], blk.fc[1], activation=c.activation)
+                ops.linear(fc, *blk.mlp_proj, residual=x, out=x, stats_out=st_a, prefetch_residual=True)  # x += mlp
+            else:
+                x = self._mlp(blk, x, st_b, st_a)
         return self._logits(x, st_a, argmax_out)
