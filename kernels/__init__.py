@@ -1,8 +1,7 @@
 """minillm's Triton kernels. Every op has a plain-torch twin in `kernels.reference`.
 
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
-- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows,
-  which may hand off to the next kernel in fixed point (acc_out, Pending): no split-K merge
+- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
@@ -12,7 +11,6 @@
 - softmax, gelu: row softmax and elementwise GELU
 """
 from ._epilogue import new_row_stats
-from ._fixed import Pending
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
@@ -22,6 +20,6 @@ from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "Pending", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
            "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

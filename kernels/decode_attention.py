@@ -16,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import FLOAT_DTYPES, check_device_usable, check_tensor
-from ._fixed import CLEAR_BLOCK, _clear_rows, _from_fixed, check_clear
+from ._checks import check_device_usable, check_tensor
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 
@@ -45,24 +44,13 @@ def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, H
 
 
 @triton.jit
-def _head_values(ptr, bias_ptr, offs_d, d_mask, o_ptr, FIXED: tl.constexpr):
-    """One head's D values of q, k_new or v_new; FIXED: pending int64 sums of the qkv
-    projection, finished here (+ bias, rounded to the output's dtype as its epilogue would)."""
-    v = tl.load(ptr + offs_d, mask=d_mask, other=0)
-    if FIXED:
-        v = _from_fixed(v) + tl.load(bias_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        v = v.to(o_ptr.dtype.element_ty)
-    return v
-
-
-@triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, qb_ptr, kb_ptr, vb_ptr, clr_ptr,
-    H, D, L, qk_scale, chunk, n_clear, stride_cm,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
+    H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, FIXED: tl.constexpr, CLEAR: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -81,19 +69,16 @@ def _decode_attention_kernel(
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if CLEAR:  # rows the previous kernel has finished reading: zero for their next producer
-        _clear_rows(clr_ptr, tl.num_programs(0) // H, n_clear, stride_cm, pid_bh * tl.num_programs(1) + pid_s,
-                    tl.num_programs(0) * tl.num_programs(1), CLEAR_BLOCK)
     seq_len = tl.load(lens_ptr + b)
-    q = _head_values(q_ptr + b * stride_qb + h * stride_qh, qb_ptr + h * D, offs_d, d_mask, o_ptr, FIXED)
-    q = q.to(tl.float32) * qk_scale  # log2 domain
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
     end = tl.minimum(start + chunk, seq_len)
     pos = seq_len - 1
     k_new = q
     v_new = q
     if HAS_NEW:
-        k_new = _head_values(knew_ptr + b * stride_knb + h * stride_knh, kb_ptr + h * D, offs_d, d_mask, o_ptr, FIXED)
-        v_new = _head_values(vnew_ptr + b * stride_vnb + h * stride_vnh, vb_ptr + h * D, offs_d, d_mask, o_ptr, FIXED)
+        k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
+        v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
         if (pos >= start) & (pos < start + chunk):  # exactly one split owns the new position
             tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
             tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
@@ -181,7 +166,7 @@ def default_layout(device, bh, L, block_d):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, fixed_bias=None, clear=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -191,19 +176,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_cache: each program reads its first cache tile before waiting on the previous
     kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
     a decode step, where the cache is written by this kernel alone.
-    fixed_bias: (q_bias, k_bias, v_bias), each (H, D): q, k_new and v_new are then a qkv
-    projection's pending int64 sums (linear's acc_out, `_fixed.py`), finished here with these
-    biases and rounded to the cache's dtype. clear: an int64 (B, n) tensor zeroed after the
-    wait (see linear).
     _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
     """
-    fixed = fixed_bias is not None
-    value_dtypes = (torch.int64,) if fixed else FLOAT_DTYPES
-    check_tensor("q", q, ndim=3, dtypes=value_dtypes, last_contiguous=True)
+    check_tensor("q", q, ndim=3, last_contiguous=True)
     check_device_usable("q", q)
     B, H, D = q.shape
-    if fixed and k_new is None:
-        raise ValueError("fixed_bias: expected k_new/v_new with it (the qkv projection's sums)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, ndim=4, device=q.device, last_contiguous=True)
         if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
@@ -217,20 +194,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         raise ValueError("k_new/v_new: expected both or neither")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t is not None:
-            check_tensor(name, t, ndim=3, dtypes=value_dtypes, device=q.device, last_contiguous=True)
+            check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
             if t.shape != q.shape:
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    if fixed:
-        if len(fixed_bias) != 3:
-            raise ValueError(f"fixed_bias: expected (q_bias, k_bias, v_bias), got {len(fixed_bias)} tensors")
-        for name, t in zip(("q_bias", "k_bias", "v_bias"), fixed_bias):
-            check_tensor(f"fixed_bias.{name}", t, ndim=2, dtypes=(k_cache.dtype,), device=q.device)
-            if tuple(t.shape) != (H, D) or not t.is_contiguous():
-                raise ValueError(f"fixed_bias.{name}: expected a contiguous ({H}, {D}) tensor, got {tuple(t.shape)}")
-    check_clear(clear, B, q.device)
-    dtype = k_cache.dtype if fixed else q.dtype
-    o = torch.empty(q.shape, dtype=dtype, device=q.device) if out is None else out
-    check_tensor("out", o, ndim=3, dtypes=(dtype,), device=q.device, last_contiguous=True)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
         raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
     L = k_cache.shape[2]
@@ -252,15 +220,13 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    qb, kb, vb = fixed_bias if fixed else (o, o, o)
     _decode_attention_kernel[(B * H, splits)](
-        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts, qb, kb, vb, clear if clear is not None else counts,
+        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
-        clear.shape[1] if clear is not None else 0, clear.stride(0) if clear is not None else 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
-        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), FIXED=fixed, CLEAR=clear is not None, launch_pdl=pdl, **meta,
+        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), launch_pdl=pdl, **meta,
     )
     return o

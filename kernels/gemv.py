@@ -22,12 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._argmax import _argmax_rows
 from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
-from ._fixed import CLEAR_BLOCK, _clear_rows, _from_fixed, _to_fixed
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
-from .activations import _apply_activation
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
@@ -77,37 +74,16 @@ CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, Tr
 
 
 @triton.jit
-def _x_values(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, m_mask, k_mask, store, stride_xm, stride_xk, stride_xrm,
-              stride_xom, negative_slope, X_FIXED: tl.constexpr, X_ACT: tl.constexpr, X_RES: tl.constexpr,
-              X_STORE: tl.constexpr):
-    """x[rm, kk] in the model's dtype (zero outside the masks). With X_FIXED, x_ptr holds a
-    producer's pending int64 sums: finish them (bias, activation, residual, one rounding, the
-    producer's epilogue) and store the rows where `store` (BLOCK_M,) holds to xo."""
-    mask = m_mask[:, None] & k_mask[None, :]
-    a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask, other=0)
-    if X_FIXED:
-        v = _from_fixed(a) + tl.load(xb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        v = _apply_activation(v, negative_slope, X_ACT)
-        if X_RES:
-            v += tl.load(xr_ptr + rm[:, None] * stride_xrm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-        a = tl.where(mask, v, 0.0).to(xo_ptr.dtype.element_ty)
-        if X_STORE:
-            tl.store(xo_ptr + rm[:, None] * stride_xom + kk[None, :], a, mask=store[:, None] & k_mask[None, :])
-    return a
-
-
-@triton.jit
-def _row_stats(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, m_mask, stride_xm, stride_xk, stride_xrm, stride_xom, ln_eps,
-               negative_slope, K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr,
-               X_FIXED: tl.constexpr, X_ACT: tl.constexpr, X_RES: tl.constexpr):
+def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
+               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr):
     """Mean and 1/std of rows rm over all K columns; the chunks are independent loads, issued
     together (static unroll), so the pass costs about one L2 round trip."""
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in tl.static_range(0, K, LN_BLOCK):
         kk = k0 + tl.arange(0, LN_BLOCK)
-        xk = _x_values(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, m_mask, kk < K, m_mask, stride_xm, stride_xk,
-                       stride_xrm, stride_xom, negative_slope, X_FIXED, X_ACT, X_RES, False).to(tl.float32)
+        xk = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                     mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
         row_sum += tl.sum(xk, axis=1)
         row_sq += tl.sum(xk * xk, axis=1)
     return _mean_rstd(row_sum, row_sq, K, ln_eps)
@@ -126,13 +102,10 @@ def _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, str
 
 
 @triton.jit
-def _x_tile(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, k_mask, m_mask, store, stride_xm, stride_xk, stride_xrm,
-            stride_xom, negative_slope, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr, X_FIXED: tl.constexpr,
-            X_ACT: tl.constexpr, X_RES: tl.constexpr, X_STORE: tl.constexpr):
-    """x[rm, kk] (_x_values), layernormed with HAS_LN ((x - mean) * rstd * lnw + lnb, zero past
-    K), in the model's dtype for tl.dot."""
-    a = _x_values(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, m_mask, k_mask, store, stride_xm, stride_xk, stride_xrm,
-                  stride_xom, negative_slope, X_FIXED, X_ACT, X_RES, X_STORE)
+def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
+    """x[rows, kk], layernormed with HAS_LN ((x - mean) * rstd * lnw + lnb, zero past K), in
+    x's dtype for tl.dot."""
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     if HAS_LN:
         an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
         a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
@@ -140,12 +113,41 @@ def _x_tile(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, k_mask, m_mask, store, stride
 
 
 @triton.jit
-def _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd,
-               rm, rn, n_mask, m_mask, store, k0, zero, stride_xm, stride_xk, stride_xrm, stride_xom, stride_wk,
-               stride_wn, negative_slope, K: tl.constexpr, HAS_LN: tl.constexpr, X_FIXED: tl.constexpr,
-               X_ACT: tl.constexpr, X_RES: tl.constexpr, X_STORE: tl.constexpr, FIRST_LOADED: tl.constexpr,
-               ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr):
+def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr, idx_ptr, counter_ptr, tok_ptr,
+                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Greedy decoding's argmax over each row of y, fused: every column block writes its rows'
+    (max, first index of the max); the last block of a row block to arrive reduces them in
+    column order. Ties go to the lowest index, as torch.argmax does."""
+    BIG: tl.constexpr = 2147483647
+    v = tl.where(tile_mask, y, float("-inf"))
+    vmax = tl.max(v, axis=1)
+    vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], BIG), axis=1)
+    tl.store(val_ptr + rm * num_pid_n + pid_n, vmax, mask=m_mask)
+    tl.store(idx_ptr + rm * num_pid_n + pid_n, vidx, mask=m_mask)
+    done = tl.atomic_add(counter_ptr + pid_m, 1, sem="acq_rel")
+    if done == num_pid_n - 1:
+        best = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        best_i = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        for c0 in range(0, num_pid_n, CHUNK):
+            cc = c0 + tl.arange(0, CHUNK)
+            mask = m_mask[:, None] & (cc < num_pid_n)[None, :]
+            offs = rm[:, None] * num_pid_n + cc[None, :]
+            cv = tl.load(val_ptr + offs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+            ci = tl.load(idx_ptr + offs, mask=mask, other=BIG, cache_modifier=".cg")
+            cmax = tl.max(cv, axis=1)
+            cidx = tl.min(tl.where(cv == cmax[:, None], ci, BIG), axis=1)
+            take = cmax > best  # strictly: an equal max in a later chunk has a higher index
+            best = tl.where(take, cmax, best)
+            best_i = tl.where(take, cidx, best_i)
+        tl.store(tok_ptr + rm, best_i.to(tl.int64), mask=m_mask)
+        tl.atomic_xchg(counter_ptr + pid_m, 0, sem="relaxed")  # see the split counter below
+
+
+@triton.jit
+def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd, rn, n_mask, m_mask,
+               k0, zero, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
+               FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """(layernormed) x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator;
     the first weight tile may already be loaded (w_first, lnw_first, lnb_first)."""
     kk = k0 + tl.arange(0, BLOCK_K)
@@ -154,8 +156,7 @@ def _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w_first, 
         w, lnw, lnb = w_first, lnw_first, lnb_first
     else:
         w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
-    a = _x_tile(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk, k_mask, m_mask, store, stride_xm, stride_xk, stride_xrm,
-                stride_xom, negative_slope, lnw, lnb, mean, rstd, HAS_LN, X_FIXED, X_ACT, X_RES, X_STORE)
+    a = _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN)
     # the fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
     # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
     acc = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
@@ -165,9 +166,7 @@ def _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w_first, 
         k_mask_i = kk_i < K
         w_i, lnw_i, lnb_i = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk_i, k_mask_i, rn, n_mask, stride_wk, stride_wn,
                                          HAS_LN)
-        a_i = _x_tile(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, kk_i, k_mask_i, m_mask, store, stride_xm, stride_xk,
-                      stride_xrm, stride_xom, negative_slope, lnw_i, lnb_i, mean, rstd, HAS_LN, X_FIXED, X_ACT, X_RES,
-                      X_STORE)
+        a_i = _x_tile(x_rows, kk_i, k_mask_i, m_mask, stride_xk, lnw_i, lnb_i, mean, rstd, HAS_LN)
         acc = tl.dot(a_i, w_i, acc, input_precision=INPUT_PRECISION)
     return acc
 
@@ -175,15 +174,12 @@ def _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w_first, 
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
-    amax_val_ptr, amax_idx_ptr, tok_ptr, xb_ptr, xr_ptr, xo_ptr, clr_ptr,
-    M, N, ln_eps, negative_slope, zero, n_clear,
-    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so, stride_xrm, stride_xom,
-    stride_cm,
+    amax_val_ptr, amax_idx_ptr, tok_ptr,
+    M, N, ln_eps, negative_slope, zero,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
-    X_FIXED: tl.constexpr, X_ACT: tl.constexpr, X_RES: tl.constexpr, X_STORE: tl.constexpr,
-    OUT_FIXED: tl.constexpr, CLEAR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
     SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
 ):
@@ -191,7 +187,6 @@ def _gemv_kernel(
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
     # programs in flight) and lets the last to arrive add them; otherwise one program loops over
     # the chunks. Both do the same arithmetic, so the mode may follow M without changing a bit.
-    # OUT_FIXED: the chunk sums go into y (int64) as fixed point instead (_fixed.py), no merge.
     K_CHUNK: tl.constexpr = (K + CHUNKS * BLOCK_K - 1) // (CHUNKS * BLOCK_K) * BLOCK_K
     ITERS: tl.constexpr = K_CHUNK // BLOCK_K
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
@@ -220,89 +215,65 @@ def _gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
-    if CLEAR:  # rows the previous kernel has finished reading: zero for their next producer
-        _clear_rows(clr_ptr, M, n_clear, stride_cm, pid * tl.num_programs(1) + pid_k,
-                    tl.num_programs(0) * tl.num_programs(1), CLEAR_BLOCK)
 
-    # one column block stores the finished rows of a pending x (the vector compare: the
-    # interpreter rejects a mask built from a scalar bool)
-    store = m_mask & (rm * 0 + pid_n == 0)
+    x_rows = x_ptr + rm[:, None] * stride_xm
     mean, rstd = 0.0, 0.0
     if HAS_LN:
         if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
-            mean, rstd = _row_stats(x_ptr, xb_ptr, xr_ptr, xo_ptr, rm, m_mask, stride_xm, stride_xk, stride_xrm,
-                                    stride_xom, ln_eps, negative_slope, K, BLOCK_M, LN_BLOCK, X_FIXED, X_ACT, X_RES)
-    acc = _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rm, rn, n_mask,
-                     m_mask, store, k0, zero, stride_xm, stride_xk, stride_xrm, stride_xom, stride_wk, stride_wn,
-                     negative_slope, K, HAS_LN, X_FIXED, X_ACT, X_RES, X_STORE, True, ITERS, BLOCK_M, BLOCK_N,
-                     BLOCK_K, INPUT_PRECISION)
-    if OUT_FIXED:
-        fixed = _to_fixed(acc)
+            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
+    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
+                     stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
+                     INPUT_PRECISION)
     if not SPLIT:
         for c in range(1, CHUNKS):
-            part = _chunk_dot(x_ptr, xb_ptr, xr_ptr, xo_ptr, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rm,
-                              rn, n_mask, m_mask, store, c * K_CHUNK, zero, stride_xm, stride_xk, stride_xrm,
-                              stride_xom, stride_wk, stride_wn, negative_slope, K, HAS_LN, X_FIXED, X_ACT, X_RES,
-                              X_STORE, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
-            if OUT_FIXED:
-                fixed += _to_fixed(part)
-            else:
-                acc += part
-    if OUT_FIXED:  # nobody waits for these: the next kernel reads them after the kernel boundary
-        y_tile = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        if SPLIT and CHUNKS > 1:
-            tl.atomic_add(y_tile, fixed, mask=tile_mask, sem="relaxed")
-        else:  # the tile's only writer, into zeros: a store adds the same, without atomics
-            tl.store(y_tile, fixed, mask=tile_mask)
-    else:
-        finish = True
-        if SPLIT and CHUNKS > 1:
-            part = part_ptr + rm[:, None] * N + rn[None, :]
-            tl.store(part + pid_k * M * N, acc, mask=tile_mask)
-            # acq_rel: our partial is visible before the count moves; the last arriver sees all
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-            finish = arrived == CHUNKS - 1
-            if finish:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
-                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-                # ready for the next launch (and graph replay), which the kernel boundary orders after
-                # this one: relaxed, so the epilogue's stores need not wait for its round trip
-                tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
+            acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
+                              c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
+                              BLOCK_N, BLOCK_K, INPUT_PRECISION)
+
+    finish = True
+    if SPLIT and CHUNKS > 1:
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=tile_mask)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        finish = arrived == CHUNKS - 1
         if finish:
-            # res is the constant 0.0 here: loading into it inside a runtime if would change its type
-            if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
-                late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
-                late_res = late_res.to(tl.float32)
-                y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
-            else:
-                y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
-            if STATS_OUT:
-                _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
-                                 BLOCK_M, BLOCK_N)
-            if ARGMAX:  # its counters sit after the split ones
-                _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
-                             count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
+                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            # ready for the next launch (and graph replay), which the kernel boundary orders after
+            # this one: relaxed, so the epilogue's stores need not wait for its round trip
+            tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
+    if finish:
+        # res is the constant 0.0 here: loading into it inside a runtime if would change its type
+        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
+            late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
+            late_res = late_res.to(tl.float32)
+            y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+        else:
+            y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+        if STATS_OUT:
+            _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
+                             BLOCK_M, BLOCK_N)
+        if ARGMAX:  # its counters sit after the split ones
+            _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
+                         count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None, pending=None,
-         clear=None):
-    """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N), or adds
-    into it when it is int64 (fixed point, `linear`'s acc_out). pending: a Pending whose acc
-    is x2. clear: an int64 (M, n) block to zero. config: a dict like decode_config's, in its
-    place (tests, benchmarks)."""
+         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
+    """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
+    config: a dict like decode_config's, in its place (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
-    meta = decode_config(M, N, K, weight.element_size()) if config is None else dict(config)
+    meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
-    out_fixed = y2.dtype == torch.int64
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
-    part = x2.new_empty((meta["CHUNKS"] * M * N,) if split and not out_fixed else (1,), dtype=torch.float32)
+    part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
     argmax = argmax_out is not None
     counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if split or argmax else part
@@ -310,29 +281,22 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
-    dummy = weight  # any tensor of the model's dtype
+    dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
-    p_bias, p_res, p_out = (pending.bias, pending.residual, pending.out) if pending is not None else (None,) * 3
     _gemv_kernel[grid](
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
         amax_val, amax_idx, argmax_out if argmax else amax_idx,
-        p_bias if p_bias is not None else dummy, p_res if p_res is not None else dummy,
-        p_out if p_out is not None else dummy, clear if clear is not None else counts,
-        M, N, ln_eps, negative_slope, 0.0, clear.shape[1] if clear is not None else 0,
+        M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
-        p_res.stride(0) if p_res is not None else 0, p_out.stride(0) if p_out is not None else 0,
-        clear.stride(0) if clear is not None else 0,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
-        INPUT_PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+        INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        X_FIXED=pending is not None, X_ACT=pending.activation if pending is not None else None,
-        X_RES=p_res is not None, X_STORE=p_out is not None, OUT_FIXED=out_fixed, CLEAR=clear is not None,
         LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
         launch_pdl=pdl, **meta,
     )

@@ -16,7 +16,6 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
-from ._fixed import Pending, check_clear, check_pending
 from ._tuning import INTERPRET, autotune, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
@@ -82,7 +81,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, acc_out=None, clear=None, _config=None):
+           prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -98,22 +97,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
-
-    Decode rows (M <= 64) may hand off in fixed point (`_fixed.py`), with no split-K merge:
-    acc_out: an int64 (M, N) tensor, zero before the call, into which x @ W is added in units
-    of 2**-32; bias, activation and residual then belong to the reader (leave them None here).
-    x may be such a `Pending` output: its values are finished as the tiles are read, and
-    stored into its `out` by one column block. clear: an int64 (M, n) tensor zeroed after the
-    wait, for rows the previous kernel read (its producer adds into them next).
     """
-    pending = x if isinstance(x, Pending) else None
-    if pending is not None:
-        x = check_pending("x", pending, ACTIVATIONS)
-    else:
-        check_tensor("x", x, min_ndim=1)
+    check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)
-    dtype = pending.dtype if pending is not None else x.dtype
-    check_tensor("weight", weight, ndim=2, dtypes=(dtype,), device=x.device)
+    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=x.device)
     K, N = weight.shape
     if x.shape[-1] != K:
         raise ValueError(f"weight: expected ({x.shape[-1]}, N) to match x's last dim, got {tuple(weight.shape)}")
@@ -132,24 +119,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     M = x2.shape[0]
     out_shape = (*x.shape[:-1], N)
     if residual is not None:
-        check_tensor("residual", residual, dtypes=(dtype,), device=x.device, last_contiguous=True)
+        check_tensor("residual", residual, dtypes=(x.dtype,), device=x.device, last_contiguous=True)
         check_shape("residual", residual, out_shape)
-    fixed = acc_out is not None or pending is not None or clear is not None
-    if fixed and M > SMALL_M:
-        raise ValueError(f"acc_out/x: fixed-point hand-off needs at most {SMALL_M} rows, got {M}")
-    if acc_out is not None:
-        given = [n for n, v in (("bias", bias), ("activation", activation), ("residual", residual), ("out", out),
-                                ("stats_out", stats_out), ("argmax_out", argmax_out)) if v is not None]
-        if given:
-            raise ValueError(f"acc_out: {given[0]} belongs to the reader's Pending, expected None with acc_out")
-        check_tensor("acc_out", acc_out, dtypes=(torch.int64,), device=x.device)
-        check_shape("acc_out", acc_out, out_shape)
-        out = acc_out
-    if ln_stats is not None and pending is not None:
-        raise ValueError("ln_stats: a Pending x has no statistics, expected None")
-    check_clear(clear, M, x.device)
-    y = x.new_empty(out_shape, dtype=dtype) if out is None else out
-    check_tensor("out", y, dtypes=(torch.int64,) if acc_out is not None else (dtype,), device=x.device)
+    y = x.new_empty(out_shape) if out is None else out
+    check_tensor("out", y, dtypes=(x.dtype,), device=x.device)
     check_shape("out", y, out_shape)
     if not y.is_contiguous():
         raise ValueError("out: expected a contiguous tensor")
@@ -169,7 +142,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
-             _config, pending, clear)
+             _config)
         return y
 
     if ln_weight is not None:

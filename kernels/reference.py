@@ -9,8 +9,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._fixed import FIXED_ONE, Pending
-
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
 
@@ -72,43 +70,18 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
     return (x - mean) * torch.rsqrt(var + eps) * weight + bias
 
 
-def finish(p, negative_slope=0.01):
-    """The values a Pending stands for, in its dtype (also stored into p.out when given)."""
-    y = p.acc.to(torch.float32) / FIXED_ONE
-    if p.bias is not None:
-        y = y + p.bias.float()
-    y = apply_activation(y, p.activation, negative_slope)
-    if p.residual is not None:
-        y = y + p.residual.float()
-    return _into(y.to(p.dtype), p.out)
-
-
-def to_fixed(y):
-    """fp32 values as the int64 fixed point of the decode hand-off (truncated, 2**-32 units)."""
-    return (y.float() * FIXED_ONE).to(torch.int64)
-
-
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
-           prefetch_residual=False, acc_out=None, clear=None):
+           prefetch_residual=False):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
-    stats_out receives row_stats of the output, argmax_out each output row's argmax.
-    x may be a Pending (finished first); acc_out receives x @ weight added in fixed point
-    (the whole sum truncated once: the kernel truncates each K-chunk); clear is zeroed."""
-    if isinstance(x, Pending):
-        x = finish(x, negative_slope)
-    if clear is not None:
-        clear.zero_()
+    stats_out receives row_stats of the output, argmax_out each output row's argmax."""
     xf = x.float()
     if ln_weight is not None and ln_stats is not None:
         xf = _layernorm_from_stats(xf, ln_stats.to(xf.dtype), ln_weight.float(), ln_bias.float(), ln_eps)
     elif ln_weight is not None:
         xf = F.layer_norm(xf, (x.shape[-1],), ln_weight.float(), ln_bias.float(), ln_eps)
     y = xf @ weight.float()
-    if acc_out is not None:
-        acc_out += to_fixed(y)
-        return acc_out
     if bias is not None:
         y = y + bias.float()
     y = apply_activation(y, activation, negative_slope)
@@ -138,15 +111,9 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, fixed_bias=None, clear=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
-    k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1. With
-    fixed_bias (3 x (H, D)) q, k_new, v_new are int64 sums finished with those biases."""
-    if fixed_bias is not None:
-        q, k_new, v_new = (finish(Pending(t.reshape(t.shape[0], -1), b.reshape(-1))).view(t.shape)
-                           for t, b in zip((q, k_new, v_new), fixed_bias))
-    if clear is not None:
-        clear.zero_()
+    k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape
     if k_new is not None:
         rows = torch.arange(B, device=q.device)

@@ -3,15 +3,12 @@
 The backend is a module with the `kernels` API: `kernels` itself (Triton) or
 `kernels.reference` (plain torch). This file never imports triton.
 """
-import os as _os
-
 import torch
 
 import kernels
 import kernels.reference
 
 BACKENDS = {"triton": kernels, "torch": kernels.reference}
-HAND_OFF_ROWS = 64  # decode batches up to this run _decode_hand_off (the decode linears' row limit)
 
 
 class KVCache:
@@ -71,7 +68,6 @@ class GPT:
         head = weights.get("lm_head.weight", self.wte)
         self.lm_head = head.t()
         self.blocks = [Block(weights, i) for i in range(config.n_layer)]
-        self._sums = None  # the fixed-point hand-off rows of decode (_hand_off_sums)
 
     @property
     def device(self):
@@ -136,57 +132,15 @@ class GPT:
         argmax_out (B,) int64 receives each row's argmax, fused into the lm_head (greedy)."""
         c, ops = self.config, self.ops
         B = tokens.shape[0]
+        H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
-        st_a = ops.new_row_stats(B, c.n_embd, tokens.device)
+        st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
-        if B <= HAND_OFF_ROWS:
-            return self._decode_hand_off(x, st_a, seq_lens, cache, max_len, argmax_out)
-        st_b = ops.new_row_stats(B, c.n_embd, tokens.device)
         for i, blk in enumerate(self.blocks):
-            qkv = self._attention_in(blk, x, st_a).view(B, 3, c.n_head, c.head_dim)
+            qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
                                      k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
-            x = self._attention_out(blk, y.view(B, c.n_embd), x, st_b)
+            x = self._attention_out(blk, y.view(B, C), x, st_b)
             x = self._mlp(blk, x, st_b, st_a)
-        return self._logits(x, st_a, argmax_out)
-
-    def _hand_off_sums(self, B):
-        """The decode step's int64 rows (kernels.Pending): (B, N) views of buffers that live as
-        long as the model. They start zeroed and every step leaves them fit for the next: each
-        is cleared by the launch after its reader."""
-        if self._sums is None:
-            C = self.config.n_embd
-            self._sums = {name: torch.zeros(HAND_OFF_ROWS, n, dtype=torch.int64, device=self.device)
-                          for name, n in (("qkv", 3 * C), ("fc", 4 * C))}
-        return {name: t[:B] for name, t in self._sums.items()}
-
-
-    def _decode_hand_off(self, x, st_a, seq_lens, cache, max_len, argmax_out):
-        """The layers of a decode step at few rows. The qkv projection and fc add their split-K
-        chunks into fixed-point int64 rows (kernels.Pending) that decode attention and mlp-out
-        finish (bias, GELU) as they read them: those two kernels read only their own slice of
-        the row, so no merge is needed. attn-out and mlp-out, whose outputs the next layernorm
-        reads whole, merge as before and leave the statistics it needs."""
-        c, ops = self.config, self.ops
-        B, C, H, D = x.shape[0], c.n_embd, c.n_head, c.head_dim
-        eps = c.layer_norm_epsilon
-        s = self._hand_off_sums(B)
-        st_b = ops.new_row_stats(B, C, x.device)
-        for i, blk in enumerate(self.blocks):
-            ops.linear(x, blk.attn[0], ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1], ln_eps=eps, ln_stats=st_a,
-                       acc_out=s["qkv"], clear=s["fc"])
-            qkv = s["qkv"].view(B, 3, H, D)
-            k_cache, v_cache = cache.layer(i, B, max_len)
-            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens, k_new=qkv[:, 1], v_new=qkv[:, 2],
-                                     fixed_bias=blk.attn[1].view(3, H, D).unbind(0), prefetch_cache=True)  # (B, H, D)
-            ops.linear(y.view(B, C), *blk.attn_proj, residual=x, out=x, stats_out=st_b, prefetch_residual=True,
-                       clear=s["qkv"])  # x += proj(y)
-            if _os.environ.get("MINILLM_HAND_OFF", "both") == "both":
-                ops.linear(x, blk.fc[0], ln_weight=blk.ln_2[0], ln_bias=blk.ln_2[1], ln_eps=eps, ln_stats=st_b,
-                           acc_out=s["fc"])
-                fc = ops.Pending(s["fc"], blk.fc[1], activation=c.activation)
-                ops.linear(fc, *blk.mlp_proj, residual=x, out=x, stats_out=st_a, prefetch_residual=True)  # x += mlp
-            else:
-                x = self._mlp(blk, x, st_b, st_a)
         return self._logits(x, st_a, argmax_out)
