@@ -177,20 +177,31 @@ def _fmt(v, spec):
 def _line(r):
     return (f"{r['engine']:<14} {r['model']:<10} batch {r['batch']:<3} prompt {r['prompt_len']:<5} "
             f"{_fmt(r['tok_s'], '10,.0f')} tok/s  ttft {r['ttft_ms']:8.2f} ms  "
-            f"step {_fmt(r['step_ms'], '7.3f')} ms  floor {_fmt(r['floor_fraction'], '.2f')}  cold {r['cold_s']:5.1f} s")
+            f"prefill {r['prefill_tok_s']:11,.0f} tok/s  step {_fmt(r['step_ms'], '7.3f')} ms  "
+            f"floor {_fmt(r['floor_fraction'], '.2f')}  cold {r['cold_s']:5.1f} s")
+
+
+def _setting(rows, key, fmt):
+    """One run setting for the chart's title: its value if every row shares it."""
+    values = {r[key] for r in rows}
+    return fmt(values.pop()) if len(values) == 1 else f"mixed {key}"
 
 
 def chart(rows, path):
+    """Decode tokens/s per (model, batch), engines side by side; returns False (no file) when
+    no row decoded (a prefill-only run, new_tokens 1)."""
+    ok = [r for r in rows if r.get("tok_s") is not None]
+    if not ok:
+        return False
     try:
         import matplotlib
     except ImportError:
         print("bench: matplotlib is not installed, no chart (pip install 'minillm[bench]')")
-        return
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in rows if r.get("tok_s") is not None]
     groups = sorted({(r["model"], r["batch"]) for r in ok}, key=lambda g: (g[0], g[1]))
     engines = [e for e in ENGINES if any(r["engine"] == e for r in ok)]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
@@ -202,22 +213,26 @@ def chart(rows, path):
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{m}\nbatch {b}" for m, b in groups])
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s (log)")
-    dev = ok[0]["device"] if ok else ""
-    ax.set_title(f"greedy decode, fp16, prompt 32, 128 new tokens — {dev}", fontsize=9)
+    setting = ", ".join([_setting(ok, "dtype", str), _setting(ok, "prompt_len", "prompt {}".format),
+                         _setting(ok, "new_tokens", "{} new tokens".format)])
+    ax.set_title(f"greedy decode, {setting} — {ok[0]['device']}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def table(rows):
-    lines = ["| engine | model | batch | prompt | decode tok/s | TTFT ms | ms/step | floor fraction |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| engine | model | batch | prompt | decode tok/s | TTFT ms | prefill tok/s | ms/step | floor fraction |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | | failed | | | |")
+            lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | | failed | | | | |")
             continue
-        lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | {r['prompt_len']} | {_fmt(r['tok_s'], ',.0f')} | "
-                     f"{r['ttft_ms']:.2f} | {_fmt(r['step_ms'], '.3f')} | {_fmt(r['floor_fraction'], '.2f')} |")
+        lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | {r['prompt_len']} | "
+                     f"{_fmt(r['tok_s'], ',.0f')} | {r['ttft_ms']:.2f} | {r['prefill_tok_s']:,.0f} | {_fmt(r['step_ms'], '.3f')} | "
+                     f"{_fmt(r['floor_fraction'], '.2f')} |")
     return "\n".join(lines)
 
 
@@ -227,6 +242,8 @@ def write(rows, out_dir):
     slug = device_slug()
     path = out / f"generate-{slug}.json"
     path.write_text(json.dumps(rows, indent=1))
-    chart(rows, out / f"generate-{slug}.png")
+    png = out / f"generate-{slug}.png"
+    if not chart(rows, png) and png.exists():
+        png.unlink()  # no decode rows: a chart left by an earlier run would describe other numbers
     (out / f"generate-{slug}.md").write_text(table(rows) + "\n")
     return path

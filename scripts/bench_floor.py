@@ -44,10 +44,14 @@ GROUPINGS = {  # kernels per layer: which of a layer's ops share one kernel
 }
 
 
+FIXED_ONE = tl.constexpr(4294967296.0)  # 2**32: the atomic mode's fixed-point unit
+
+
 @triton.jit
 def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, clear_ptr, n_elems, n_prev, n_clear, CHUNKS,
-                   TILE: tl.constexpr, ACC_IN: tl.constexpr, CLEAR: tl.constexpr, USE_PDL: tl.constexpr, MERGE: tl.constexpr, CHUNKS_IN: tl.constexpr,
-                   ROW_IN: tl.constexpr, N_IN: tl.constexpr, BLOCK_N: tl.constexpr):
+                   TILE: tl.constexpr, ACC_IN: tl.constexpr, CLEAR: tl.constexpr, USE_PDL: tl.constexpr,
+                   MERGE: tl.constexpr, CHUNKS_IN: tl.constexpr, ROW_IN: tl.constexpr, N_IN: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     """Streams one TILE of the op's bytes and hands BLOCK_N values per program to the next
     kernel. With CHUNKS > 1 the programs are split-K chunks of a linear (fp32 partials):
     MERGE 1 adds them up in the last program of a group to arrive (an acq_rel counter), as
@@ -71,10 +75,10 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, clear_ptr, n_e
             ROW_A: tl.constexpr = triton.next_power_of_2(N_IN)
             cols_a = tl.arange(0, ROW_A)
             acc_row = tl.load(prev_ptr + cols_a, mask=cols_a < N_IN, other=0, cache_modifier=".cg")
-            x = tl.sum(acc_row.to(tl.float32) * 2.3283064365386963e-10, axis=0) + tl.zeros((BLOCK_N,), tl.float32)
+            x = tl.sum(acc_row.to(tl.float32) / FIXED_ONE, axis=0) + tl.zeros((BLOCK_N,), tl.float32)
         else:
             blk_a = pid % (N_IN // BLOCK_N)
-            x = tl.load(prev_ptr + blk_a * BLOCK_N + rn, cache_modifier=".cg").to(tl.float32) * 2.3283064365386963e-10
+            x = tl.load(prev_ptr + blk_a * BLOCK_N + rn, cache_modifier=".cg").to(tl.float32) / FIXED_ONE
     elif CHUNKS_IN == 1:
         x = tl.load(prev_ptr + (pid * BLOCK_N + rn) % n_prev)
     elif ROW_IN:
@@ -92,7 +96,7 @@ def _stream_kernel(w_ptr, prev_ptr, out_ptr, part_ptr, count_ptr, clear_ptr, n_e
     val = tl.sum(w.to(tl.float32), axis=0) * x  # (BLOCK_N,)
     if MERGE == 3:
         group = pid // CHUNKS
-        tl.atomic_add(part_ptr + group * BLOCK_N + rn, (val * 4294967296.0).to(tl.int64), sem="relaxed")
+        tl.atomic_add(part_ptr + group * BLOCK_N + rn, (val * FIXED_ONE).to(tl.int64), sem="relaxed")
     elif MERGE == 2:
         group = pid // CHUNKS
         if pid % CHUNKS != CHUNKS - 1:  # value bits low, tag 1 high: one single-copy-atomic store

@@ -1,0 +1,47 @@
+"""The benchmark's report: table columns, and a chart only for what was measured (no GPU needed)."""
+import pytest
+
+from minillm.bench import chart, table
+
+
+def _row(engine="minillm", batch=1, prompt_len=32, new_tokens=128, tok_s=4000.0, dtype="float16"):
+    decodes = new_tokens > 1
+    return {"engine": engine, "model": "gpt2", "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            "tok_s": tok_s if decodes else None, "ttft_ms": 1.25, "prefill_tok_s": batch * prompt_len / 1.25e-3,
+            "step_ms": 0.25 if decodes else None, "floor_fraction": 0.24 if decodes else None, "dtype": dtype,
+            "device": "NVIDIA H200", "cold_s": 1.0}
+
+
+def test_table_reports_prefill_tokens_per_second():
+    lines = table([_row(prompt_len=1024, new_tokens=1), {"engine": "hf-eager", "model": "gpt2", "batch": 1,
+                                                          "error": "out of memory"}]).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert "prefill tok/s" in header
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[header.index("prefill tok/s")] == "819,200"  # 1024 tokens in 1.25 ms
+    assert cells[header.index("decode tok/s")] == "-"
+    failed = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert len(failed) == len(header) and "failed" in failed
+
+
+def test_no_chart_without_decode_rows(tmp_path):
+    path = tmp_path / "c.png"
+    assert chart([_row(prompt_len=1024, new_tokens=1)], path) is False
+    assert not path.exists()
+
+
+def test_chart_title_names_the_run(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda self, text, *a, **k: titles.append(text))
+    path = tmp_path / "c.png"
+    assert chart([_row(dtype="bfloat16", prompt_len=64, new_tokens=16), _row(engine="hf-sdpa", tok_s=150.0,
+                                                                          dtype="bfloat16", prompt_len=64,
+                                                                          new_tokens=16)], path)
+    assert path.stat().st_size > 0
+    assert "bfloat16" in titles[0] and "prompt 64" in titles[0] and "16 new tokens" in titles[0]
+    assert chart([_row(prompt_len=32), _row(batch=8, prompt_len=64)], path)
+    assert "mixed prompt_len" in titles[1]
