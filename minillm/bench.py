@@ -231,8 +231,8 @@ def table(rows):
             lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | | failed | | | | |")
             continue
         lines.append(f"| {r['engine']} | {r['model']} | {r['batch']} | {r['prompt_len']} | "
-                     f"{_fmt(r['tok_s'], ',.0f')} | {r['ttft_ms']:.2f} | {r['prefill_tok_s']:,.0f} | {_fmt(r['step_ms'], '.3f')} | "
-                     f"{_fmt(r['floor_fraction'], '.2f')} |")
+                     f"{_fmt(r['tok_s'], ',.0f')} | {r['ttft_ms']:.2f} | {r['prefill_tok_s']:,.0f} | "
+                     f"{_fmt(r['step_ms'], '.3f')} | {_fmt(r['floor_fraction'], '.2f')} |")
     return "\n".join(lines)
 
 
