@@ -19,6 +19,7 @@ from minillm.config import PRESETS  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 
 ROW = 20
+MAX_LEN = 256  # cache positions decode attention splits over (the benchmark's bucket)
 
 
 def prefill(model, prompts, cache):
@@ -106,6 +107,8 @@ def main():
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--kernels", action="store_true", help="check each decode kernel on its own instead")
     args = ap.parse_args()
+    if not 1 <= args.steps <= MAX_LEN - 60:  # prompts are up to 59 tokens
+        ap.error(f"--steps: expected 1 to {MAX_LEN - 60} (the cache holds {MAX_LEN} positions), got {args.steps}")
     if not torch.cuda.is_available():
         sys.exit("check_batch_bits: needs a CUDA GPU")
     torch.manual_seed(0)
@@ -120,7 +123,7 @@ def main():
     prompts = [torch.randint(0, cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(1, 60, (64,), generator=gen)]
     feed = torch.randint(0, cfg.vocab_size, (args.steps,), generator=gen).tolist()
-    max_len = 256
+    max_len = MAX_LEN
     with torch.inference_mode():
         alone = run(model, [prompts[ROW]], args.steps, feed, max_len)
         for label, separate in (("batched prefill", False), ("each prompt prefilled alone", True)):
