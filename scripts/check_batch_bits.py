@@ -102,7 +102,7 @@ def kernel_checks(cfg, dtype):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gpt2", help="preset (random weights), default gpt2")
+    ap.add_argument("--model", default="gpt2", choices=sorted(PRESETS), help="preset (random weights), default gpt2")
     ap.add_argument("--steps", type=int, default=64, help="decode steps (default 64)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--kernels", action="store_true", help="check each decode kernel on its own instead")
