@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import build  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
+from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 
 ROW = 20
@@ -23,13 +24,8 @@ MAX_LEN = 256  # cache positions decode attention splits over (the benchmark's b
 
 
 def prefill(model, prompts, cache):
-    """The engine's batched prefill (right-padded) into cache; returns logits (B, V)."""
-    dev = model.device
-    ids = torch.zeros(len(prompts), max(len(p) for p in prompts), dtype=torch.int64, device=dev)
-    for b, p in enumerate(prompts):
-        ids[b, :len(p)] = torch.tensor(p, device=dev)
-    lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=dev)
-    return model.prefill(ids, lens, cache)
+    """The engine's own batched prefill (right-padded) into cache; returns logits (B, V)."""
+    return Engine(model, use_cuda_graphs=False).prefill(prompts, cache)[0]
 
 
 def run(model, prompts, steps, feed, max_len, separate_prefill=False):
