@@ -2,7 +2,6 @@
 
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
 - linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
-- mlp: a transformer MLP block with its residual; one fused launch for decode rows
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
@@ -19,9 +18,8 @@ from .decode_step import append_tokens
 from .embedding import embedding
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
-from .mlp import mlp
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
-           "layernorm", "linear", "mlp", "new_row_stats", "softmax"]
+           "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -1,5 +1,4 @@
-"""Zeroed workspaces for the one-launch reductions: arrival counters (linear's split-K, decode
-attention, the fused MLP) and the fused MLP's fixed-point rows.
+"""Arrival counters for the one-launch split reductions (linear's split-K, decode attention).
 
 A program of a split tile bumps its tile's counter after writing its partial; the last one to
 arrive reduces and resets the counter to zero. So one zeroed buffer per device serves every
@@ -16,18 +15,4 @@ def arrival_counters(device, n):
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
         _counters[device] = buf
-    return buf
-
-
-_fixed_rows = {}
-
-
-def fixed_point_rows(device, n):
-    """A zeroed int64 buffer of at least n values on `device` (grown when too small) for the
-    fixed-point reductions (the fused MLP): each launch adds into it and its last program zeroes
-    what it used, so, like the counters, one buffer serves every launch that does not overlap."""
-    buf = _fixed_rows.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int64, device=device)
-        _fixed_rows[device] = buf
     return buf

@@ -95,15 +95,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return y
 
 
-
-def mlp(x, ln_weight, ln_bias, fc_weight, fc_bias, proj_weight, proj_bias, activation="gelu_tanh", ln_eps=1e-5,
-        negative_slope=0.01, ln_stats=None, stats_out=None, out=None):
-    """x + act(layernorm(x) @ fc_weight + fc_bias) @ proj_weight + proj_bias, the hidden row
-    rounded to x's dtype in between (as two linears)."""
-    f = linear(x, fc_weight, fc_bias, activation=activation, negative_slope=negative_slope, ln_weight=ln_weight,
-               ln_bias=ln_bias, ln_eps=ln_eps, ln_stats=ln_stats)
-    return linear(f, proj_weight, proj_bias, residual=x, out=out, stats_out=stats_out)
-
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding)."""
     B, H, T, D = q.shape

@@ -93,9 +93,10 @@ class GPT:
                                prefetch_residual=True)  # x += proj(y)
 
     def _mlp(self, blk, x, stats, stats_out):
-        # x += mlp(ln_2(x)); decode rows run it as one fused launch
-        return self.ops.mlp(x, *blk.ln_2, *blk.fc, *blk.mlp_proj, activation=self.config.activation,
-                            ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, stats_out=stats_out, out=x)
+        f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
+                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
+        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
+                               prefetch_residual=True)  # x += mlp(ln_2(x)); x written before fc
 
     def _logits(self, x, stats=None, argmax_out=None):
         return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],

@@ -38,14 +38,6 @@ for stage in "$@"; do
         MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
       done
       timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
-    mlp) timeout 300 python3 scripts/bench_mlp.py --sweep --out "$R" 2>&1 | tee "$R/bench-mlp.log" ;;
-    ab-mlp)  # the fused decode MLP on and off, alternating, in one run
-      for round in 1 2; do for fused in 1 0; do
-        MINILLM_FUSED_MLP=$fused timeout 150 python3 -m minillm bench --model gpt2 --batch 1 8 --engines minillm --repeats 3 --out "$R/ab-mlp$fused-$round" 2>&1 | tail -n 3
-      done; done
-      for fused in 1 0; do
-        MINILLM_FUSED_MLP=$fused timeout 150 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/ab-mlp-xl$fused" 2>&1 | tail -n 2
-      done ;;
     profile)
       for mb in "gpt2 1" "gpt2 64" "gpt2-xl 1"; do read -r m b <<< "$mb"
         timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --out "$R" 2>&1 | tail -n 14; done ;;
