@@ -101,10 +101,18 @@ def run_hf(hf, impl, ids, new, repeats):
         return _timed(once, repeats)
 
 
-def run_peer(cfg, weights, ids, new, repeats):
+def new_peer(cfg, weights, ids, new):
+    """The torch-compile peer for prompts ids (B, T) and `new` tokens, its cache as long as what
+    runs (gpt-fast style). Compiled from a clean state, as in a process of its own: the graphs
+    and guards earlier peers left on the same step function are dropped first."""
     from .torch_peer import TorchPeer
 
-    peer = TorchPeer(cfg, weights, ids.shape[0], max_len=ids.shape[1] + new)  # gpt-fast style: cache = what runs
+    torch._dynamo.reset()
+    return TorchPeer(cfg, weights, ids.shape[0], max_len=ids.shape[1] + new)
+
+
+def run_peer(cfg, weights, ids, new, repeats):
+    peer = new_peer(cfg, weights, ids, new)
 
     def once():
         _sync()

@@ -18,7 +18,9 @@ class TorchPeer:
         # a static address: the cache is mutated inside the graph without breaking CUDA graphs
         torch._dynamo.mark_static_address(self.k)
         torch._dynamo.mark_static_address(self.v)
-        self.step = torch.compile(self._decode, mode="reduce-overhead", fullgraph=True)
+        # static shapes: every batch size gets its own graph, as in a script that runs one. Left
+        # to itself, Dynamo recompiles a second TorchPeer's step with a dynamic batch dimension
+        self.step = torch.compile(self._decode, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
     def _block(self, i, x, attend):
         c, w, p = self.c, self.w, f"h.{i}."
@@ -34,7 +36,8 @@ class TorchPeer:
 
     def _head(self, x):
         x = F.layer_norm(x, (self.c.n_embd,), self.w["ln_f.weight"], self.w["ln_f.bias"], self.c.layer_norm_epsilon)
-        return (x @ self.w["wte.weight"].t()).argmax(-1)
+        head = self.w.get("lm_head.weight", self.w["wte.weight"])  # tied unless the checkpoint has its own
+        return (x @ head.t()).argmax(-1)
 
     def prefill(self, ids):
         """ids (B, T), all of one length (the benchmark's prompts). Returns next ids (B,)."""

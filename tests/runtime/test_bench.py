@@ -1,7 +1,10 @@
-"""The benchmark's report: table columns, and a chart only for what was measured (no GPU needed)."""
+"""The benchmark's report (table columns, a chart only for what was measured; no GPU needed) and,
+on a GPU, its torch-compile peer."""
 import pytest
+import torch
 
 from minillm.bench import chart, table
+from tests.models import build_checkpoint
 
 
 def _row(engine="minillm", batch=1, prompt_len=32, new_tokens=128, tok_s=4000.0, dtype="float16"):
@@ -45,3 +48,23 @@ def test_chart_title_names_the_run(tmp_path, monkeypatch):
     assert "bfloat16" in titles[0] and "prompt 64" in titles[0] and "16 new tokens" in titles[0]
     assert chart([_row(prompt_len=32), _row(batch=8, prompt_len=64)], path)
     assert "mixed prompt_len" in titles[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the torch.compile peer runs CUDA graphs: GPU only")
+@pytest.mark.parametrize("tie", [True, False])
+def test_torch_compile_peer_matches_transformers(tie, tmp_path):
+    """The benchmark's torch-compile peer does the work it is timed on: its greedy ids equal
+    transformers' (peaked fp32 test model, tied or own lm_head), for two batch sizes compiled
+    one after the other in one process, as the benchmark runs them."""
+    from minillm.bench import build, new_peer
+
+    build_checkpoint(tmp_path / "m", n_layer=2, n_head=4, n_embd=64, vocab_size=500, tie=tie)
+    cfg, hf, weights = build(str(tmp_path / "m"), "cuda", torch.float32)
+    torch.manual_seed(1)
+    for batch in (1, 3):
+        ids = torch.randint(0, cfg.vocab_size, (batch, 7), device="cuda")
+        expect = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)[:, 7:]
+        with torch.inference_mode():
+            out = new_peer(cfg, weights, ids, 12).generate(ids, 12)
+        assert torch.equal(out, expect), f"batch {batch}"
