@@ -117,13 +117,10 @@ def run_peer(cfg, weights, ids, new, repeats):
     def once():
         _sync()
         t0 = time.perf_counter()
-        tok = peer.prefill(ids)
+        peer.start(ids)
         _sync()
         t1 = time.perf_counter()
-        pos = torch.tensor(ids.shape[1], device=ids.device)
-        for _ in range(new - 1):
-            tok = peer.step(tok, pos).clone()
-            pos += 1
+        peer.decode(new - 1)
         _sync()
         return t1 - t0, time.perf_counter() - t1
 
