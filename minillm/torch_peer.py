@@ -13,10 +13,13 @@ class TorchPeer:
         self.c, self.w = config, weights
         c = config
         L = max_len or c.n_positions
-        shape = (c.n_layer, batch, c.n_head, L, c.head_dim)
+        shape = (batch, c.n_head, L, c.head_dim)
         dev, dt = weights["wte.weight"].device, weights["wte.weight"].dtype
-        self.k = torch.zeros(shape, device=dev, dtype=dt)
-        self.v = torch.zeros(shape, device=dev, dtype=dt)
+        # one tensor per layer, written gpt-fast style (cache[:, :, pos] = k): Inductor then writes
+        # the new row in place. Views of one (n_layer, ...) tensor made it copy the whole cache
+        # back after every step (1.6 ms of a 2.7 ms step at batch 64 on an H200)
+        self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(c.n_layer)]
+        self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(c.n_layer)]
         self.positions = torch.arange(L, device=dev)
         # static shapes: every batch size gets its own graph, as in a script that runs one. Left
         # to itself, Dynamo recompiles a second TorchPeer's step with a dynamic batch dimension
@@ -48,7 +51,7 @@ class TorchPeer:
         x = self.w["wte.weight"][ids] + self.w["wpe.weight"][:T]
 
         def attend(i, q, k, v):
-            self.k[i, :, :, :T], self.v[i, :, :, :T] = k, v
+            self.k[i][:, :, :T], self.v[i][:, :, :T] = k, v
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         for i in range(self.c.n_layer):
@@ -61,8 +64,8 @@ class TorchPeer:
         mask = (self.positions <= pos)[None, None, None, :]  # (1, 1, 1, L)
 
         def attend(i, q, k, v):
-            self.k[i].index_copy_(2, pos.view(1), k)
-            self.v[i].index_copy_(2, pos.view(1), v)
+            self.k[i][:, :, pos.view(1)] = k
+            self.v[i][:, :, pos.view(1)] = v
             return F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask)
 
         for i in range(self.c.n_layer):
