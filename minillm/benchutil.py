@@ -1,9 +1,16 @@
 """Shared pieces of the benchmarks: timing, the device's copy bandwidth, the environment."""
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+
+def require_cuda(script):
+    """Exit with a one-line message when there is no CUDA GPU (the GPU-only scripts)."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{script}: needs a CUDA GPU")
 
 
 def ms(fn, warmup=25, rep=100):

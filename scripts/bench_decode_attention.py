@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
-from minillm.benchutil import device_slug, environment, ms_graph, rotating  # noqa: E402
+from minillm.benchutil import device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 da = importlib.import_module("kernels.decode_attention")  # the package exports a function of that name
 
@@ -37,8 +37,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_decode_attention: needs a CUDA GPU")
+    require_cuda("bench_decode_attention")
     h = dict(device="cuda", dtype=torch.float16)
     rows = []
     for name, B, H, L, filled in SHAPES:

@@ -32,7 +32,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import floor_seconds  # noqa: E402
-from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 
 CACHE_POSITIONS = 96  # the generation benchmark's mean context (prompt 32 + half of 128 new), as its floor
@@ -198,8 +198,7 @@ def main():
                     choices=["plain", "merge", "tagged", "deferred", "atomic"], help="only these rows (default all)")
     ap.add_argument("--out", default=None, help="folder for floor-<device>.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_floor: needs a CUDA GPU")
+    require_cuda("bench_floor")
     dev = torch.device("cuda")
     copy_gbs = copy_bandwidth()
     rows = []

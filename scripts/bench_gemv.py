@@ -19,7 +19,7 @@ import kernels  # noqa: E402
 import kernels._tuning as tuning  # noqa: E402
 from kernels import gemv  # noqa: E402
 from kernels import reference as ref  # noqa: E402
-from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, rotating  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 SHAPES = [  # (name, M, K, N, layernorm prologue)
     ("gpt2 qkv", 1, 768, 2304, True), ("gpt2 attn-out", 1, 768, 768, False), ("gpt2 fc", 1, 768, 3072, True),
@@ -102,8 +102,7 @@ def main():
                     help="instead of the layout grid, time these layouts: a JSON list of dicts, each laid over "
                          "decode_config's own (e.g. '[{\"num_stages\": 4}, {\"BLOCK_N\": 32}]')")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_gemv: needs a CUDA GPU")
+    require_cuda("bench_gemv")
     overrides = None
     if args.configs is not None:
         try:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
-from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, rotating  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 GPT2_LINEAR = [  # (name, K, N) for every GPT-2-family projection at decode (M = 1)
     ("gpt2 qkv", 768, 2304), ("gpt2 attn-out", 768, 768), ("gpt2 fc", 768, 3072), ("gpt2 mlp-out", 3072, 768),
@@ -169,8 +169,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results", help="folder for the JSON and PNG (default: %(default)s)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("bench_kernels: needs a CUDA GPU")
+    require_cuda("bench_kernels")
     env = environment()
     copy_gbs = copy_bandwidth()
     print(f"{env['device']}: copy bandwidth {copy_gbs:.0f} GB/s (read + write)")

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from minillm.benchutil import ms_graph  # noqa: E402
+from minillm.benchutil import ms_graph, require_cuda  # noqa: E402
 
 
 # A grid-wide barrier: every program arrives, then waits until all have. Sound only when every
@@ -68,8 +68,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2000, help="dependencies per timed run (default 2000)")
     ap.add_argument("--out", default=None, help="folder for sync.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_sync: needs a CUDA GPU")
+    require_cuda("bench_sync")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []

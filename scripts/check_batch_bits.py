@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import build  # noqa: E402
+from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
@@ -105,8 +106,7 @@ def main():
     args = ap.parse_args()
     if not 1 <= args.steps <= MAX_LEN - 60:  # prompts are up to 59 tokens
         ap.error(f"--steps: expected 1 to {MAX_LEN - 60} (the cache holds {MAX_LEN} positions), got {args.steps}")
-    if not torch.cuda.is_available():
-        sys.exit("check_batch_bits: needs a CUDA GPU")
+    require_cuda("check_batch_bits")
     torch.manual_seed(0)
     if args.kernels:
         print(f"{args.model} {args.dtype}: decode kernels at 1 and 64 rows")

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from minillm import LLM, SamplingParams  # noqa: E402
-from minillm.benchutil import environment  # noqa: E402
+from minillm.benchutil import environment, require_cuda  # noqa: E402
 from tests.models import build_checkpoint, hf_generate  # noqa: E402
 
 
@@ -112,8 +112,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--new-tokens", type=int, default=256)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("gpu_checks: needs a CUDA GPU")
+    require_cuda("gpu_checks")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []

@@ -12,6 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import build  # noqa: E402
+from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
@@ -24,8 +25,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("profile_decode: needs a CUDA GPU")
+    require_cuda("profile_decode")
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=False)
