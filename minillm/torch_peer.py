@@ -24,8 +24,11 @@ class TorchPeer:
         # static shapes: every batch size gets its own graph, as in a script that runs one. Left
         # to itself, Dynamo recompiles a second TorchPeer's step with a dynamic batch dimension
         self.compiled = torch.compile(self._decode, fullgraph=True, dynamic=False)
-        self.tok = torch.zeros(batch, dtype=torch.long, device=dev)  # the step graph's state
+        # the step graph's state: the last ids and their position; every id by position in out
+        self.tok = torch.zeros(batch, dtype=torch.long, device=dev)
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.out = torch.zeros(batch, L, dtype=torch.long, device=dev)
+        self.first = 0  # position of start()'s ids
         self.graph = None
 
     def _block(self, i, x, attend):
@@ -73,8 +76,9 @@ class TorchPeer:
         return self._head(x[:, 0])
 
     def _capture(self):
-        """Compile and warm up at the current (tok, pos), then capture one step: next ids into
-        tok, pos + 1. The warm-up steps write the same cache row the first real step writes."""
+        """Compile and warm up at the current (tok, pos), then capture one step: the next ids
+        into tok and into out at pos + 1, then pos + 1. The warm-up steps write the same cache
+        row the first real step writes."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -85,23 +89,27 @@ class TorchPeer:
         with torch.cuda.graph(self.graph):
             self.tok.copy_(self.compiled(self.tok, self.pos))
             self.pos.add_(1)
+            self.out.index_copy_(1, self.pos.view(1), self.tok[:, None])
 
     def start(self, ids):
         """Prefill prompts ids (B, T); returns the first new ids (B,), where the steps go on from."""
         tok = self.prefill(ids)
+        self.first = ids.shape[1]
         self.tok.copy_(tok)
-        self.pos.fill_(ids.shape[1])
+        self.pos.fill_(self.first)
         return tok
 
     def decode(self, steps):
-        """`steps` more ids per row, one graph replay each: (B, steps)."""
+        """`steps` more ids per row, one graph replay each, recorded on the device: a (B, steps)
+        view of out, which the next start() overwrites."""
+        room = self.out.shape[1] - 1 - self.first
+        if steps > room:
+            raise ValueError(f"steps: expected at most {room} for this cache length, got {steps}")
         if self.graph is None:
             self._capture()
-        out = []
         for _ in range(steps):
             self.graph.replay()
-            out.append(self.tok.clone())
-        return torch.stack(out, 1) if out else self.tok.new_empty((self.tok.shape[0], 0))
+        return self.out[:, self.first + 1:self.first + 1 + steps]
 
     def generate(self, ids, new_tokens):
         first = self.start(ids)
