@@ -1,7 +1,9 @@
 """minillm's Triton kernels. Every op has a plain-torch twin in `kernels.reference`.
 
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
-- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows
+- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows,
+  a CUDA-core path for one or two
+- decode_row_stats: new_row_stats for a decode step, or None where its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
@@ -16,10 +18,11 @@ from .attention import attention
 from .decode_attention import decode_attention
 from .decode_step import append_tokens
 from .embedding import embedding
+from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "embedding", "gelu",
-           "layernorm", "linear", "new_row_stats", "softmax"]
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "decode_row_stats",
+           "embedding", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ import triton.language as tl
 from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
+from .gemv_fma import fma_config, gemv_fma
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
@@ -264,11 +265,21 @@ def _gemv_kernel(
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
-    """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N).
-    config: a dict like decode_config's, in its place (tests, benchmarks)."""
+    """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
+    fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
+    statistics or argmax are asked for (it ignores ln_stats: it normalizes from whole rows).
+    config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
+    benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
+    plain = config is None and stats_out is None and argmax_out is None
+    fma = fma_config(M, N, K, weight.stride(0)) if plain else None
+    if fma is not None or (config is not None and "ROWS" in config):
+        if stats_out is not None or argmax_out is not None:
+            raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_out")
+        return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+                        prefetch_residual, fma or config)
     meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)

@@ -52,6 +52,10 @@ def new_row_stats(rows, cols, device):
     return torch.empty((rows, 2, -(-cols // STATS_GROUP)), dtype=torch.float32, device=device)
 
 
+def decode_row_stats(rows, cols, device):
+    return new_row_stats(rows, cols, device)
+
+
 def row_stats(y):
     """(rows, 2, groups) fp32: the sum and the sum of squares of every STATS_GROUP columns of
     each row of y (..., N): the partial statistics the kernels pass to a following layernorm."""

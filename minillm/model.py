@@ -42,17 +42,25 @@ class KVCache:
         return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
 
 
+def out_major(w):
+    """A Conv1D weight (in, out) as a view of out-major storage (nn.Linear's): each output's
+    weights contiguous, which the one-row CUDA-core GEMV streams in whole rows
+    (kernels/gemv_fma.py); the tensor-core kernels read either layout through strides. One copy
+    at load; the stored original goes when the caller drops the weights dict."""
+    return w.t().contiguous().t()
+
+
 class Block:
-    """One transformer layer's weights; Conv1D weights stay (in, out) as stored."""
+    """One transformer layer's weights; Conv1D weights (in, out), stored out-major."""
 
     def __init__(self, w, i):
         p = f"h.{i}."
         self.ln_1 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"])
         self.ln_2 = (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
-        self.attn = (w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"])      # (C, 3C)
-        self.attn_proj = (w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"])  # (C, C)
-        self.fc = (w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"])              # (C, 4C)
-        self.mlp_proj = (w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"])    # (4C, C)
+        self.attn = (out_major(w[p + "attn.c_attn.weight"]), w[p + "attn.c_attn.bias"])      # (C, 3C)
+        self.attn_proj = (out_major(w[p + "attn.c_proj.weight"]), w[p + "attn.c_proj.bias"])  # (C, C)
+        self.fc = (out_major(w[p + "mlp.c_fc.weight"]), w[p + "mlp.c_fc.bias"])              # (C, 4C)
+        self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
 
 
 class GPT:
@@ -134,7 +142,8 @@ class GPT:
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
-        st_a, st_b = ops.new_row_stats(B, C, tokens.device), ops.new_row_stats(B, C, tokens.device)
+        # None at one or two rows: the CUDA-core GEMV reads whole rows, writes no statistics
+        st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)

@@ -3,9 +3,11 @@ CUDA graphs with weights rotated past L2, with programmatic dependent launch on 
 cuBLAS and against the launch floor (a chain of 1-row embedding kernels). Shows what
 decode_config picks and what the best candidate reaches (GB/s and fraction of the copy
 bandwidth measured in the run). Layernorm shapes take their statistics from ln_stats, as in
-the model.
+the model. --fma instead times the CUDA-core GEMV (kernels/gemv_fma.py) against the tensor-core
+one at 1, 2, 4 and 8 rows, weights stored out-major as the model keeps them.
 
     python3 scripts/bench_gemv.py --out bench/results
+    python3 scripts/bench_gemv.py --fma --out bench/results
 """
 import argparse
 import json
@@ -13,11 +15,12 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 import kernels._tuning as tuning  # noqa: E402
-from kernels import gemv  # noqa: E402
+from kernels import gemv, gemv_fma  # noqa: E402
 from kernels import reference as ref  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
@@ -90,6 +93,46 @@ def run_or_inf(run, cfg):
         return float("inf")
 
 
+FMA_SHAPES = [  # (name, K, N, layernorm prologue, activation, residual)
+    ("gpt2 qkv", 768, 2304, True, None, False), ("gpt2 attn-out", 768, 768, False, None, True),
+    ("gpt2 fc", 768, 3072, True, "gelu_tanh", False), ("gpt2 mlp-out", 3072, 768, False, None, True),
+    ("xl qkv", 1600, 4800, True, None, False), ("xl attn-out", 1600, 1600, False, None, True),
+    ("xl fc", 1600, 6400, True, "gelu_tanh", False),
+]
+
+
+def fma_rows(shapes_filter):
+    """Per shape and row count: the tensor-core GEMV (decode_config's layout) and the CUDA-core
+    one (one row per program, 4 columns, 4 warps), both on out-major weights."""
+    h = dict(device="cuda", dtype=torch.float16)
+    rows = []
+    for name, K, N, ln, act, res in FMA_SHAPES:
+        for M in (1, 2, 4, 8):
+            if shapes_filter and not any(t in f"{name} M={M}" for t in shapes_filter):
+                continue
+
+            def make():
+                x = torch.randn(M, K, **h)
+                w = (torch.randn(N, K, **h) * K ** -0.5).t()  # out-major, as the model stores it
+                return x, w, torch.randn(N, **h), torch.randn(K, **h), torch.randn(K, **h), torch.randn(M, N, **h)
+
+            sets = rotating(make, K * N * 2)
+
+            def run(a, cfg):
+                kw = dict(ln_weight=a[3], ln_bias=a[4]) if ln else dict(residual=a[5])
+                return kernels.linear(a[0], a[1], a[2], activation=act, _config=cfg, **kw)
+
+            fma_cfg = dict(ROWS=1, BLOCK_N=gemv_fma.BLOCK_N, BLOCK_K=triton.next_power_of_2(K), num_warps=4)
+            r = {"shape": f"{name} M={M} {K}->{N}",
+                 "tensor_core_us": ms_graph([lambda a=a: run(a, gemv.decode_config(M, N, K, 2)) for a in sets]) * 1e3,
+                 "cuda_core_us": ms_graph([lambda a=a: run(a, fma_cfg) for a in sets]) * 1e3,
+                 "routed_to_cuda_cores": gemv_fma.fma_config(M, N, K, 1) is not None}
+            rows.append(r)
+            print(f"{r['shape']:<28} tensor cores {r['tensor_core_us']:6.2f} us  CUDA cores {r['cuda_core_us']:6.2f} us"
+                  f"  {'(routed there)' if r['routed_to_cuda_cores'] else ''}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results")
@@ -101,8 +144,17 @@ def main():
     ap.add_argument("--configs", default=None, metavar="JSON",
                     help="instead of the layout grid, time these layouts: a JSON list of dicts, each laid over "
                          "decode_config's own (e.g. '[{\"num_stages\": 4}, {\"BLOCK_N\": 32}]')")
+    ap.add_argument("--fma", action="store_true",
+                    help="time the CUDA-core GEMV against the tensor-core one at 1-8 rows instead of the layout grid")
     args = ap.parse_args()
     require_cuda("bench_gemv")
+    if args.fma:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = fma_rows(args.shapes)
+        (out / f"gemv-fma-{device_slug()}.json").write_text(json.dumps(
+            {"environment": environment(), "rows": rows}, indent=1))
+        return
     overrides = None
     if args.configs is not None:
         try:

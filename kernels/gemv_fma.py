@@ -1,0 +1,133 @@
+"""Decode-time linear for one or two rows on CUDA cores: y = act(layernorm?(x) @ W + bias) +
+residual, one launch, no split-K and no merge.
+
+At one row the tensor-core GEMV (gemv.py) spends more time on latency than on bytes: its
+K-chunks meet in a merge (partials stored, an arrival counter, the partials read back) after
+the products. Here a program owns BLOCK_N output columns over the whole of K and reduces over K
+itself:
+- BLOCK_N is 4, so N / 4 programs cover the GPU even for a 768-wide output, and a program's
+  weights (BLOCK_N x K, at most 16K elements) sit in registers. The weight must be stored
+  out-major (stride_wk == 1: each output's K weights contiguous, nn.Linear's layout), or a
+  program would read 8-byte pieces of K rows. The weights, the layernorm's gain and shift, the
+  bias (and a residual the caller vouches for) are requested before the programmatic-dependent-
+  launch wait, so they stream in behind the previous kernel;
+- after the wait: the row of x, its layernorm statistics computed from the row itself (every
+  program holds the whole row anyway; no partial statistics in or out), multiply-adds in fp32,
+  one reduction over K, the epilogue;
+- products and sums are plain fp32 on CUDA cores: free at one or two rows, which is where this
+  kernel runs (fma_config). A row's arithmetic depends on (N, K) only, so it gets the same bits
+  at either row count; it is not the tensor-core GEMV's arithmetic, so the same row at three or
+  more rows may differ in the last bits.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+from ._epilogue import _epilogue, _load_bias_residual, _mean_rstd, new_row_stats
+from ._tuning import INTERPRET, use_pdl
+
+# the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
+# (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
+MAX_ROWS = int(os.environ.get("MINILLM_FMA_ROWS", "1"))
+BLOCK_N = 4  # output columns per program
+INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
+MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
+# elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
+MAX_WEIGHT = 2_400_000
+VOCAB_N = 16384  # gemv.decode_config's vocabulary heads
+
+
+def fma_config(M, N, K, stride_wk):
+    """Launch parameters for M rows of a (K -> N) layer, or None where the tensor-core GEMV is
+    the faster one (H200 timings: bench/results/h200/fma-gemv-experiment.md): past MAX_ROWS
+    rows, weights not out-major (stride_wk == 1: a program then reads 8-byte pieces of many
+    rows), a weight slab too wide for registers, a large weight (more programs of wider slabs
+    than fit on the GPU at once: their weights no longer all stream in before the wait), or a
+    vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
+    block_k = triton.next_power_of_2(K)
+    if M > MAX_ROWS or stride_wk != 1 or BLOCK_N * block_k > MAX_TILE or N * K > MAX_WEIGHT or N >= VOCAB_N:
+        return None
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=block_k, num_warps=4)
+
+
+# M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions
+# may differ, and a row must get the same bits at one and at two rows
+@triton.jit(do_not_specialize=["M"])
+def _gemv_fma_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr,
+    M, N, ln_eps, negative_slope,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_LN: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # row blocks fastest: the programs that share a weight slab run side by side (L2 hits)
+    num_pid_m = tl.cdiv(M, ROWS)
+    pid = tl.program_id(0)
+    pid_m = pid % num_pid_m
+    pid_n = pid // num_pid_m
+    rm = pid_m * ROWS + tl.arange(0, ROWS)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask = rm < M
+    n_mask = rn < N
+    k_mask = rk < K
+    tile_mask = m_mask[:, None] & n_mask[None, :]
+
+    # everything that does not come from the previous kernel, before waiting on it
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    if HAS_LN:
+        lnw = tl.load(lnw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+        lnb = tl.load(lnb_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+    bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
+                                    HAS_RESIDUAL and PREFETCH_RESIDUAL)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
+        tl.extra.cuda.gdc_launch_dependents()
+
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+                mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (ROWS, BLOCK_K)
+    if HAS_LN:
+        xf = x.to(tl.float32)  # zero past K: the sums see K columns
+        mean, rstd = _mean_rstd(tl.sum(xf, axis=1), tl.sum(xf * xf, axis=1), K, ln_eps)
+        xn = (xf - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
+        x = tl.where(k_mask[None, :], xn, 0.0).to(x.dtype)  # rounded as the tensor-core path's input
+    # fp16 x fp16 products are exact in fp32; one reduction over K per output
+    acc = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (ROWS, BLOCK_N)
+    if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+
+
+def decode_row_stats(rows, cols, device):
+    """The partial-statistics buffer a decode step of `rows` rows and width `cols` passes from
+    the linears that write its residual stream to the layernorms that read it, or None where
+    those linears (attn-out cols -> cols, mlp-out 4 cols -> cols) run here: this kernel writes
+    no statistics, and reads whole rows instead."""
+    if fma_config(rows, cols, cols, 1) and fma_config(rows, cols, 4 * cols, 1):
+        return None
+    return new_row_stats(rows, cols, device)
+
+
+def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+             prefetch_residual=False, config=None):
+    """Launch for rows x2 (M, K) already checked by `linear`, where fma_config (or `config`, a
+    dict like it: tests, benchmarks) is not None; writes y2 (M, N)."""
+    M, K = x2.shape
+    N = weight.shape[1]
+    meta = dict(fma_config(M, N, K, weight.stride(0)) if config is None else config)
+    grid = (triton.cdiv(M, meta["ROWS"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    pdl = use_pdl(x2.device)
+    r2 = residual if residual is not None else y2
+    _gemv_fma_kernel[grid](
+        x2, weight, bias if bias is not None else y2, r2, y2,
+        ln_weight if ln_weight is not None else y2, ln_bias if ln_bias is not None else y2,
+        M, N, ln_eps, negative_slope,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
+        K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+        HAS_LN=ln_weight is not None, USE_PDL=pdl,
+        PREFETCH_RESIDUAL=bool(prefetch_residual), launch_pdl=pdl, **meta,
+    )
+    return y2

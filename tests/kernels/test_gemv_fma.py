@@ -1,0 +1,138 @@
+"""The CUDA-core decode path of `linear` (kernels/gemv_fma.py): one row (more through a forced
+layout), out-major weights, layernorm from whole rows, the epilogues; when `linear` routes
+there and when not."""
+import pytest
+import torch
+
+import kernels
+from kernels import gemv_fma
+from kernels import reference as ref
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+
+
+def _out_major(w):
+    return w.t().contiguous().t()
+
+
+def _route(M, K, N):
+    """linear's own choice at one row; a forced CUDA-core layout at more."""
+    cfg = gemv_fma.fma_config(1, N, K, 1)
+    assert cfg is not None
+    return None if M == 1 else cfg
+
+
+def _ref(x, w, **kw):
+    kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    return ref.linear(x.double(), w.double(), **kw)
+
+
+# K off a power of two (the tile is masked past K), N off the 4-column block, K past 2048
+SHAPES = [(72, 100), (300, 37), (1024, 64), (3000, 5)]
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fma_layernorm_bias_gelu(K, N, M, dtype, device):
+    x = randn(M, K, dtype=dtype, device=device, scale=3.0) + 1.5  # a mean to take out
+    w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
+    out = poisoned((M, N), dtype, device)
+    kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be, out=out, _config=_route(M, K, N))
+    assert_rel_close(out, _ref(x, w, bias=b, activation="gelu_tanh", ln_weight=g, ln_bias=be), dtype,
+                     f"fma ln K={K} N={N} M={M}")
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fma_residual_in_place(prefetch, dtype, device):
+    """x += act(y @ W + b), out=residual, with the residual read before or after the wait."""
+    M, K, N = 2, 300, 70
+    y = randn(M, K, dtype=dtype, device=device)
+    w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    expect = _ref(y, w, bias=b, activation="leaky_relu", residual=h)
+    kernels.linear(y, w, b, activation="leaky_relu", residual=h, out=h, prefetch_residual=prefetch,
+                   _config=_route(M, K, N))
+    assert_rel_close(h, expect, dtype, f"fma residual prefetch={prefetch}")
+
+
+def test_fma_no_bias_no_activation(device):
+    x = randn(1, 130, device=device)
+    w = _out_major(randn(130, 9, device=device))
+    assert_rel_close(kernels.linear(x, w), _ref(x, w), torch.float32, "fma plain")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fma_rows_alike_at_one_and_two(dtype, device):
+    """A row's bits do not depend on whether a second row shares the launch (one kernel for
+    every M: M is not specialized)."""
+    K, N = 200, 44
+    x = randn(2, K, dtype=dtype, device=device)
+    w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
+    both = kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be, _config=_route(2, K, N))
+    for i in range(2):
+        one = kernels.linear(x[i:i + 1], w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be)
+        assert torch.equal(one, both[i:i + 1])
+
+
+def test_fma_routing():
+    """linear takes the CUDA-core path only where fma_config allows it."""
+    cfg = gemv_fma.fma_config
+    assert cfg(1, 2304, 768, 1) is not None and cfg(1, 768, 3072, 1) is not None  # gpt2's layers
+    assert cfg(2, 768, 768, 1) is None  # two rows: tensor cores
+    assert cfg(1, 768, 768, 768) is None  # in-major (Conv1D) storage
+    assert cfg(1, 16, 6400, 1) is None  # a slab too wide for registers (4 x 8192)
+    assert cfg(1, 4800, 1600, 1) is None and cfg(1, 1600, 1600, 1) is None  # gpt2-xl's: lost end to end
+    assert cfg(1, 50257, 32, 1) is None  # a vocabulary head
+
+
+def test_fma_statistics_and_argmax_go_elsewhere(device):
+    """stats_out and argmax_out are the tensor-core path's: asked for, linear takes it (and
+    says so for a forced CUDA-core layout)."""
+    M, K, N = 1, 64, 48
+    x = randn(M, K, device=device)
+    w = _out_major(randn(K, N, device=device, scale=K ** -0.5))
+    stats = torch.full((M, 2, 3), float("nan"), device=device)
+    y = kernels.linear(x, w, stats_out=stats)
+    torch.testing.assert_close(stats.cpu(), ref.row_stats(y).cpu(), rtol=1e-5, atol=1e-5)
+    cfg = dict(ROWS=1, BLOCK_N=4, BLOCK_K=64, num_warps=4)
+    with pytest.raises(ValueError, match="_config: the CUDA-core layout"):
+        kernels.linear(x, w, stats_out=stats, _config=cfg)
+
+
+def test_decode_row_stats(device):
+    """No statistics buffer where the residual stream's linears run on CUDA cores."""
+    dev = torch.device(device)
+    assert kernels.decode_row_stats(1, 768, dev) is None
+    assert kernels.decode_row_stats(2, 768, dev).shape == (2, 2, 48)
+    assert kernels.decode_row_stats(1, 1600, dev).shape == (1, 2, 100)  # gpt2-xl: tensor cores
+    assert ref.decode_row_stats(1, 768, dev).shape == (1, 2, 48)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="interpreter time: a gpt2-sized layer at one row runs on the GPU only")
+@pytest.mark.parametrize("K,N", [(768, 2304), (3072, 768)])
+def test_fma_gpt2_shapes(K, N, device):
+    x = randn(1, K, dtype=torch.float16, device=device)
+    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
+    b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
+    y = kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be)
+    assert_rel_close(y, _ref(x, w, bias=b, activation="gelu_tanh", ln_weight=g, ln_bias=be), torch.float16,
+                     f"fma gpt2 K={K} N={N}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rows_alike_within_each_decode_path(dtype, device):
+    """Out-major weights: a row gets the same bits at any of 2..64 rows (tensor cores); alone
+    (CUDA cores) it differs from those only by rounding."""
+    K, N = 96, 200
+    x = randn(64, K, dtype=dtype, device=device)
+    w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    b = randn(N, dtype=dtype, device=device)
+    full = kernels.linear(x, w, b, activation="gelu_tanh")
+    for m in (2, 17, 64):
+        assert torch.equal(kernels.linear(x[:m], w, b, activation="gelu_tanh"), full[:m])
+    alone = kernels.linear(x[:1], w, b, activation="gelu_tanh")
+    assert_rel_close(alone, full[:1], dtype, "a CUDA-core row against the tensor-core row")
