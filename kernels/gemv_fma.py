@@ -1,5 +1,5 @@
-"""Decode-time linear for one or two rows on CUDA cores: y = act(layernorm?(x) @ W + bias) +
-residual, one launch, no split-K and no merge.
+"""Decode-time linear for one row on CUDA cores: y = act(layernorm?(x) @ W + bias) + residual,
+one launch, no split-K and no merge.
 
 At one row the tensor-core GEMV (gemv.py) spends more time on latency than on bytes: its
 K-chunks meet in a merge (partials stored, an arrival counter, the partials read back) after
@@ -14,10 +14,10 @@ itself:
 - after the wait: the row of x, its layernorm statistics computed from the row itself (every
   program holds the whole row anyway; no partial statistics in or out), multiply-adds in fp32,
   one reduction over K, the epilogue;
-- products and sums are plain fp32 on CUDA cores: free at one or two rows, which is where this
-  kernel runs (fma_config). A row's arithmetic depends on (N, K) only, so it gets the same bits
-  at either row count; it is not the tensor-core GEMV's arithmetic, so the same row at three or
-  more rows may differ in the last bits.
+- products and sums are plain fp32 on CUDA cores: free at one row, which is where `linear`
+  sends it (fma_config; tests and benchmarks may force more rows, one per program). A row's
+  arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
+  the same row among 2 to 64 rows may differ in the last bits.
 """
 import os
 
@@ -41,7 +41,7 @@ VOCAB_N = 16384  # gemv.decode_config's vocabulary heads
 def fma_config(M, N, K, stride_wk):
     """Launch parameters for M rows of a (K -> N) layer, or None where the tensor-core GEMV is
     the faster one (H200 timings: bench/results/h200/fma-gemv-experiment.md): past MAX_ROWS
-    rows, weights not out-major (stride_wk == 1: a program then reads 8-byte pieces of many
+    rows, weights not out-major (stride_wk != 1: a program would read 8-byte pieces of many
     rows), a weight slab too wide for registers, a large weight (more programs of wider slabs
     than fit on the GPU at once: their weights no longer all stream in before the wait), or a
     vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
@@ -52,7 +52,7 @@ def fma_config(M, N, K, stride_wk):
 
 
 # M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions
-# may differ, and a row must get the same bits at one and at two rows
+# may differ, and a row must get the same bits at any M
 @triton.jit(do_not_specialize=["M"])
 def _gemv_fma_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr,
