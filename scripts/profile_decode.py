@@ -51,7 +51,8 @@ def main():
     kernels_in_order = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                               key=lambda e: e.time_range.start)
     by_role = defaultdict(lambda: [0, 0.0])
-    linear_names = [e for e in kernels_in_order if e.name.startswith("_gemv_kernel")]
+    # both decode GEMVs: tensor cores (_gemv_kernel) and, at one row, CUDA cores (_gemv_fma_kernel)
+    linear_names = [e for e in kernels_in_order if e.name.startswith(("_gemv_kernel", "_gemv_fma_kernel"))]
     for i, e in enumerate(linear_names):
         r = by_role[roles[i % len(roles)]]
         r[0] += 1
