@@ -152,11 +152,13 @@ def default_layout(device, bh, L, block_d):
     block_n, warps = _base_layout(block_d)
     wanted = _programs_wanted(device)
     splits = _num_splits(wanted, bh, L, block_n)
-    if block_d <= 64 and splits > 1 and L <= 2 * block_n:
-        # a short cache and few rows: one program per (row, head) and one 128-row tile, read
-        # before the wait (2.1 against 3.3 us at batch 1, L = 128, on an H200). Not at batch
-        # 64, where the step got slower with them (a profile: 11.0 against 7.7 us at L = 128)
-        block_n = 128
+    if block_d <= 64 and splits > 1 and L <= 4 * block_n:
+        # a short cache and few rows: one program per (row, head) and one tile of the whole
+        # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
+        # H200; L = 256: see bench/results/README.md). Not at batch 64, where the step got
+        # slower with them (a profile: 11.0 against 7.7 us at L = 128)
+        block_n = triton.next_power_of_2(L)  # 128 or 256
+        warps = 4 if block_n <= 128 else 8
         splits = _num_splits(wanted, bh, L, block_n)
     elif block_d <= 64 and bh >= wanted:
         # many rows: (row, head) pairs fill the GPU alone; narrow tiles, two warps a program

@@ -3,13 +3,15 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels.decode_attention import default_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
 # (B, H, L, D) with per-sequence lengths drawn in [1, L]
-SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80)]
+SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80), (1, 2, 200, 64)]  # 200: one 256-row tile
 if ON_GPU:
-    SHAPES += [(1, 12, 1024, 64), (64, 12, 1024, 64), (8, 25, 1024, 64), (4, 16, 777, 128)]
+    SHAPES += [(1, 12, 1024, 64), (64, 12, 1024, 64), (8, 25, 1024, 64), (4, 16, 777, 128), (1, 12, 256, 64),
+               (8, 12, 256, 64)]
 
 
 def _lens(B, L, device):
@@ -55,6 +57,22 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
         assert torch.equal(kc.masked_fill(past, 0), expect_k.masked_fill(past, 0))
         assert torch.equal(vc.masked_fill(past, 0), expect_v.masked_fill(past, 0))
         assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
+
+
+@pytest.mark.parametrize("L", [128, 200] + ([256] if ON_GPU else []))
+def test_decode_attention_whole_cache_tile(L, device):
+    """Few rows and a short cache: default_layout gives one program per (row, head) with the
+    whole cache as one tile, read before the wait, the new key/value taken from registers."""
+    B, H, D = 1, 12 if ON_GPU else 2, 64
+    splits, block_n, _ = default_layout(torch.device(device), B * H, L, D)
+    assert splits == 1 and block_n >= L
+    q, k_new, v_new = (randn(B, H, D, device=device) for _ in range(3))
+    kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
+    lens = torch.tensor([L - 3], dtype=torch.int32, device=device)
+    expect_k, expect_v = kc.clone(), vc.clone()
+    expect_k[0, :, L - 4], expect_v[0, :, L - 4] = k_new[0], v_new[0]
+    o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, prefetch_cache=True)
+    assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"whole-cache tile L={L}")
 
 
 def test_decode_attention_matches_prefill_last_row(device):
