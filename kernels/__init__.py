@@ -2,7 +2,7 @@
 
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
 - linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows,
-  a CUDA-core path for one or two
+  a CUDA-core path for one row
 - decode_row_stats: new_row_stats for a decode step, or None where its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache

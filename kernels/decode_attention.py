@@ -155,8 +155,8 @@ def default_layout(device, bh, L, block_d):
     if block_d <= 64 and splits > 1 and L <= 4 * block_n:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
         # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
-        # H200; L = 256: see bench/results/README.md). Not at batch 64, where the step got
-        # slower with them (a profile: 11.0 against 7.7 us at L = 128)
+        # H200; L = 256: gpt2 batch 1 +4% and batch 8 +10% end to end). Not at batch 64, where the
+        # step got slower with them (a profile: 11.0 against 7.7 us at L = 128)
         block_n = triton.next_power_of_2(L)  # 128 or 256
         warps = 4 if block_n <= 128 else 8
         splits = _num_splits(wanted, bh, L, block_n)
