@@ -38,6 +38,13 @@ MAX_WEIGHT = 2_400_000
 VOCAB_N = 16384  # gemv.decode_config's vocabulary heads
 
 
+def layout(K):
+    """The launch layout for a K-wide layer: one row and BLOCK_N columns per program, all of K
+    in one tile (benchmarks and tests force it where fma_config would not route)."""
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=triton.next_power_of_2(K),
+                num_warps=4)
+
+
 def fma_config(M, N, K, stride_wk):
     """Launch parameters for M rows of a (K -> N) layer, or None where the tensor-core GEMV is
     the faster one (H200 timings: bench/results/h200/fma-gemv-experiment.md): past MAX_ROWS
@@ -45,10 +52,10 @@ def fma_config(M, N, K, stride_wk):
     rows), a weight slab too wide for registers, a large weight (more programs of wider slabs
     than fit on the GPU at once: their weights no longer all stream in before the wait), or a
     vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
-    block_k = triton.next_power_of_2(K)
-    if M > MAX_ROWS or stride_wk != 1 or BLOCK_N * block_k > MAX_TILE or N * K > MAX_WEIGHT or N >= VOCAB_N:
+    if M > MAX_ROWS or stride_wk != 1 or BLOCK_N * triton.next_power_of_2(K) > MAX_TILE or N * K > MAX_WEIGHT \
+            or N >= VOCAB_N:
         return None
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=block_k, num_warps=4)
+    return layout(K)
 
 
 # M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
@@ -122,7 +121,7 @@ def fma_rows(shapes_filter):
                 kw = dict(ln_weight=a[3], ln_bias=a[4]) if ln else dict(residual=a[5])
                 return kernels.linear(a[0], a[1], a[2], activation=act, _config=cfg, **kw)
 
-            fma_cfg = dict(ROWS=1, BLOCK_N=gemv_fma.BLOCK_N, BLOCK_K=triton.next_power_of_2(K), num_warps=4)
+            fma_cfg = gemv_fma.layout(K)
             r = {"shape": f"{name} M={M} {K}->{N}",
                  "tensor_core_us": ms_graph([lambda a=a: run(a, gemv.decode_config(M, N, K, 2)) for a in sets]) * 1e3,
                  "cuda_core_us": ms_graph([lambda a=a: run(a, fma_cfg) for a in sets]) * 1e3,

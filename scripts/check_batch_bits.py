@@ -18,7 +18,7 @@ from minillm.bench import build  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
-from minillm.model import GPT  # noqa: E402
+from minillm.model import GPT, out_major  # noqa: E402
 
 ROW = 20
 MAX_LEN = 256  # cache positions decode attention splits over (the benchmark's bucket)
@@ -56,7 +56,9 @@ def run(model, prompts, steps, feed, max_len, separate_prefill=False):
 
 
 def kernel_checks(cfg, dtype):
-    """Each decode kernel at the model's shapes: row 0 of a 64-row launch against a 1-row launch."""
+    """Each decode kernel at the model's shapes, as the model calls it (out-major weights,
+    statistics only where kernels.decode_row_stats gives a buffer): row 0 of a 64-row launch
+    against a 1-row launch."""
     import kernels
 
     C, H, D = cfg.n_embd, cfg.n_head, cfg.head_dim
@@ -70,15 +72,17 @@ def kernel_checks(cfg, dtype):
     for name, (K, N), kw in (("qkv", (C, 3 * C), dict(ln=True)), ("attn-out", (C, C), dict(res=True)),
                              ("fc", (C, 4 * C), dict(ln=True, act=True)), ("mlp-out", (4 * C, C), dict(res=True)),
                              ("lm_head", (C, cfg.vocab_size), dict(ln=True, head=True))):
-        w, bias = r(K, N) / K ** 0.5, None if kw.get("head") else r(N)
+        w = out_major(r(K, N) / K ** 0.5)  # as the model holds them (the lm_head: wte read transposed)
+        bias = None if kw.get("head") else r(N)
         inp = x if K == C else r(64, K)
         outs = {}
         for M in (1, 64):
-            so = kernels.new_row_stats(M, N, dev) if kw.get("res") else None
+            wanted = kernels.decode_row_stats(M, C, dev) is not None  # the model's choice at M rows
+            so = kernels.new_row_stats(M, N, dev) if kw.get("res") and wanted else None
             args = dict(activation="gelu_tanh" if kw.get("act") else None,
                         residual=res[:M, :N].contiguous() if kw.get("res") and N == C else None, stats_out=so)
             if kw.get("ln"):
-                args.update(ln_weight=g, ln_bias=b, ln_stats=stats[:M])
+                args.update(ln_weight=g, ln_bias=b, ln_stats=stats[:M] if wanted else None)
             y = kernels.linear(inp[:M].contiguous(), w, bias, **args)
             outs[M] = (y[0], so[0] if so is not None else None)
         same = torch.equal(outs[1][0], outs[64][0])
@@ -119,11 +123,10 @@ def main():
     prompts = [torch.randint(0, cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(1, 60, (64,), generator=gen)]
     feed = torch.randint(0, cfg.vocab_size, (args.steps,), generator=gen).tolist()
-    max_len = MAX_LEN
     with torch.inference_mode():
-        alone = run(model, [prompts[ROW]], args.steps, feed, max_len)
+        alone = run(model, [prompts[ROW]], args.steps, feed, MAX_LEN)
         for label, separate in (("batched prefill", False), ("each prompt prefilled alone", True)):
-            batch = run(model, prompts, args.steps, feed, max_len, separate)
+            batch = run(model, prompts, args.steps, feed, MAX_LEN, separate)
             diff = (alone - batch).abs().amax(dim=1)
             differ = [i for i, d in enumerate(diff.tolist()) if d > 0]
             argmax = (alone.argmax(1) != batch.argmax(1)).nonzero().flatten().tolist()

@@ -98,7 +98,7 @@ def test_fma_statistics_and_argmax_go_elsewhere(device):
     stats = torch.full((M, 2, 3), float("nan"), device=device)
     y = kernels.linear(x, w, stats_out=stats)
     torch.testing.assert_close(stats.cpu(), ref.row_stats(y).cpu(), rtol=1e-5, atol=1e-5)
-    cfg = dict(ROWS=1, BLOCK_N=4, BLOCK_K=64, num_warps=4)
+    cfg = gemv_fma.layout(K)
     with pytest.raises(ValueError, match="_config: the CUDA-core layout"):
         kernels.linear(x, w, stats_out=stats, _config=cfg)
 
