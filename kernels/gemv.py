@@ -41,16 +41,21 @@ def decode_config(M, N, K, itemsize=2):
       waits on the previous kernel: 128 x 256 tiles (64 KB) for K >= 1024, 128 x 128 below;
     - past 16 rows one program loops over the chunks: the split partials of many rows cost
       more than they save;
-    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; past 16
-      rows in one 64-row tl.dot (BLOCK_M), which the GPU tests show gives a row the same bits
-      as a 16-row one.
+    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; wide ones
+      (K >= 1024) past 16 rows in one 64-row tl.dot (BLOCK_M) of twice the BLOCK_K, which the GPU
+      tests show gives a row the same bits as 16-row tiles (one accumulator carried over K in
+      the same 16-wide steps).
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`."""
     shrink = 2 if itemsize > 2 else 1
-    if N >= 16384:  # 64-row tiles past 16 rows: W crosses L2 once, not once per 16 rows
-        # two stages at few rows: gpt2's lm_head 20.2 against 24.8 us with three (H200)
-        return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8,
-                    BLOCK_M=64 if M > BLOCK_M else BLOCK_M, num_stages=3 if M > BLOCK_M else 2)
+    if N >= 16384 and (M <= BLOCK_M or K < 1024):
+        # timed as the engine calls it (layernorm, fused argmax; bench/results/h200/lm-head-layouts.md):
+        # gpt2's lm_head 34.9 -> 26.1 us at one row, 59.4 -> 50.9 at 64 rows; gpt2-xl's 56.7 -> 44.2
+        # at one row. About 400 KB of weights per program either way
+        return dict(BLOCK_N=256 if K < 1024 else 128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4,
+                    BLOCK_M=BLOCK_M, num_stages=3)
+    if N >= 16384:  # wide vocabulary heads past 16 rows: 64-row tiles, W crosses L2 once (not timed since)
+        return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64, num_stages=3)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
     if M <= BLOCK_M:

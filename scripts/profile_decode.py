@@ -1,7 +1,14 @@
-"""Per-kernel GPU time of one minillm decode step (torch.profiler over eager steps, graphs off:
-the GPU work is the same kernels the graph replays). Writes profile-<model>-b<batch>.md.
+"""Per-kernel GPU time of one minillm decode step. Writes profile-<model>-b<batch>.md.
+
+Default: torch.profiler over eager steps (graphs off: the same kernels the graph replays). With
+programmatic dependent launch a kernel starts while the one before still runs, so its time
+there includes its wait: an upper bound. --graph profiles replays of the captured step instead
+and adds each kernel's critical-path share: how much later the step's last finished kernel ends
+because of it (end minus the latest end before it). Those shares add up to the step time, so
+they say which kernel costs what in the step as it really runs.
 
     python3 scripts/profile_decode.py --model gpt2 --batch 1 --out bench/results
+    python3 scripts/profile_decode.py --model gpt2 --batch 1 --graph --out bench/results
 """
 import argparse
 import sys
@@ -18,63 +25,114 @@ from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
 
 
+LINEARS = ("_gemv_kernel", "_gemv_fma_kernel")  # tensor cores; CUDA cores at one row
+
+
+def cuda_time(e):
+    return e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+
+
+def label(names, n_layer):
+    """A role for each kernel of one step, in launch order: the decode linears by position
+    (qkv, attn-out, fc, mlp-out per layer, then the lm_head), the rest by kernel name."""
+    roles = ["qkv", "attn-out", "fc", "mlp-out"] * n_layer + ["lm_head"]
+    out, i = [], 0
+    for name in names:
+        if name.startswith(LINEARS):
+            out.append(roles[i % len(roles)])
+            i += 1
+        else:
+            out.append(name.split("(")[0].strip("_").removesuffix("_kernel"))
+    return out
+
+
+def critical_shares(kernels, per_step):
+    """Per step, sorted by start: (role index, duration, share) with share = end minus the
+    latest end before it in the step (0 if it ended earlier) and the first kernel's share its
+    whole duration."""
+    rows = []
+    for s in range(len(kernels) // per_step):
+        step = sorted(kernels[s * per_step:(s + 1) * per_step], key=lambda e: e.time_range.start)
+        latest = None
+        for j, e in enumerate(step):
+            start, end = e.time_range.start, e.time_range.end
+            share = end - start if latest is None else max(0.0, end - latest)
+            latest = end if latest is None else max(latest, end)
+            rows.append((j, end - start, share, (start - step[j - 1].time_range.end) if j else 0.0))
+    return rows
+
+
+def table(title, per_role, steps):
+    lines = ["", title, "", "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
+    for role, (n, us) in per_role.items():
+        lines.append(f"| {role[:70]} | {n / steps:.0f} | {us / steps:.1f} | {us / n:.2f} |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays (critical-path shares)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     require_cuda("profile_decode")
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
-    engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=False)
+    engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph)
     params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)  # 32 + 8 positions: bucket 128
     prompts = [[1] * 32] * args.batch
-    engine.generate(prompts, params)  # warm-up: autotuning, compilation
+    engine.generate(prompts, params)  # warm-up: autotuning, compilation, graph capture
     st = engine._state(args.batch, params, None, max_len=128)  # the bucket generate() uses here
     cache = engine.cache_for(args.batch)
+    step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
+    for _ in range(3):
+        step()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
-            engine.decode_one_token(st, params, cache, None)
+            step()
         torch.cuda.synchronize()
-    per = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name][0] += 1
-            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    # the decode linears by role: each step launches qkv, attn-out, fc, mlp-out per layer, then the lm_head
-    roles = ["qkv", "attn-out", "fc", "mlp-out"] * cfg.n_layer + ["lm_head"]
-    kernels_in_order = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                              key=lambda e: e.time_range.start)
-    by_role = defaultdict(lambda: [0, 0.0])
-    # both decode GEMVs: tensor cores (_gemv_kernel) and, at one row, CUDA cores (_gemv_fma_kernel)
-    linear_names = [e for e in kernels_in_order if e.name.startswith(("_gemv_kernel", "_gemv_fma_kernel"))]
-    for i, e in enumerate(linear_names):
-        r = by_role[roles[i % len(roles)]]
-        r[0] += 1
-        r[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
-    total = sum(v[1] for v in per.values()) / args.steps
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and not e.name.startswith("Memcpy")), key=lambda e: e.time_range.start)
+    if len(kernels) % args.steps:
+        sys.exit(f"profile_decode: {len(kernels)} kernels over {args.steps} steps: not a whole number per step")
+    per_step = len(kernels) // args.steps
+    roles = label([e.name for e in kernels[:per_step]], cfg.n_layer)
+    per_kernel, per_role = defaultdict(lambda: [0, 0.0]), defaultdict(lambda: [0, 0.0])
+    for i, e in enumerate(kernels):
+        for d, key in ((per_kernel, e.name), (per_role, roles[i % per_step])):
+            d[key][0] += 1
+            d[key][1] += cuda_time(e)
+    total = sum(v[1] for v in per_kernel.values()) / args.steps
+    mode = "CUDA-graph replays" if args.graph else "eager steps, graphs off"
     lines = [f"# decode step profile: {args.model}, batch {args.batch}, fp16, {torch.cuda.get_device_name()}",
-             "", f"GPU kernel time per step: {total:.1f} us over {sum(v[0] for v in per.values()) / args.steps:.0f} "
-             "launches (graph replay adds the gaps between them)", "",
-             "| kernel | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
-    for name, (n, us) in rows:
-        lines.append(f"| {name[:70]} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} |")
-    lines += ["", "decode linears by role:", "",
-              "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
-    for role in ("qkv", "attn-out", "fc", "mlp-out", "lm_head"):
-        n, us = by_role[role]
-        if n:
-            lines.append(f"| {role} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} |")
+             "", f"torch.profiler over {args.steps} {mode}. Kernel time per step: {total:.1f} us over "
+             f"{per_step} launches (with dependent launch a kernel's time includes its wait for the one before)"]
+    lines += table("by kernel:", dict(sorted(per_kernel.items(), key=lambda kv: -kv[1][1])), args.steps)
+    lines += table("by role (decode linears by position):", per_role, args.steps)
+    if args.graph:
+        share, early = defaultdict(lambda: [0, 0.0]), defaultdict(float)
+        rows = critical_shares(kernels, per_step)
+        for j, _, sh, gap in rows:
+            share[roles[j]][0] += 1
+            share[roles[j]][1] += sh
+            early[roles[j]] += -gap
+        step_us = sum(r[2] for r in rows) / args.steps
+        lines += ["", f"critical path: {step_us:.1f} us a step (first kernel's start to the last end)", "",
+                  "| role | launches/step | share us/step | share us/launch | started before the previous ended, us |",
+                  "|---|---:|---:|---:|---:|"]
+        for role, (n, us) in share.items():
+            lines.append(f"| {role[:70]} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} | "
+                         f"{early[role] / n:.2f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile-{args.model}-b{args.batch}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:16] + lines[-8:]))
+    name = f"profile-{args.model}-b{args.batch}{'-graph' if args.graph else ''}.md"
+    (out / name).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

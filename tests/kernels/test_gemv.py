@@ -52,14 +52,16 @@ def test_gemv_layernorm_across_chunks(chunks, dtype, device):
     assert_rel_close(y, _ref(x, w, ln_weight=g, ln_bias=b), dtype, f"ln chunks {chunks}")
 
 
-@pytest.mark.parametrize("K,N", [(96, 200), (40, 16500)])  # N >= 2K: wide layers; N >= 16384: a vocabulary head
+# N >= 2K: wide layers; N >= 16384: vocabulary heads, narrow and wide (K >= 1024: another
+# BLOCK_K and 64-row tiles past 16 rows)
+@pytest.mark.parametrize("K,N", [(96, 200), (40, 16500), (1100, 16500)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     """A row's result does not depend on how many other rows share the launch (<= 64), nor on
     the layout decode_config picks for that M (split programs or one looping program, 16- or
-    64-row tiles)."""
+    64-row tiles, BLOCK_K)."""
     if N > 1000 and not ON_GPU:  # (and numpy cannot show whether two MMA heights round alike)
-        pytest.skip("interpreter time: the vocabulary-head case runs on the GPU only")
+        pytest.skip("interpreter time: the vocabulary-head cases run on the GPU only")
     w, bias = randn(K, N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
     x = randn(SMALL_M, K, dtype=dtype, device=device)
     for cfg in (None, _cfg(chunks=3)):
