@@ -102,7 +102,8 @@ FMA_SHAPES = [  # (name, K, N, layernorm prologue, activation, residual)
 
 def fma_rows(shapes_filter):
     """Per shape and row count: the tensor-core GEMV (decode_config's layout) and the CUDA-core
-    one (one row per program, 4 columns, 4 warps), both on out-major weights."""
+    one (one row per program, gemv_fma.layout's columns and warps), both on out-major weights;
+    at one row also every CUDA-core layout of 2-8 columns and 1-8 warps."""
     h = dict(device="cuda", dtype=torch.float16)
     rows = []
     for name, K, N, ln, act, res in FMA_SHAPES:
@@ -125,10 +126,18 @@ def fma_rows(shapes_filter):
             r = {"shape": f"{name} M={M} {K}->{N}",
                  "tensor_core_us": ms_graph([lambda a=a: run(a, gemv.decode_config(M, N, K, 2)) for a in sets]) * 1e3,
                  "cuda_core_us": ms_graph([lambda a=a: run(a, fma_cfg) for a in sets]) * 1e3,
+                 "cuda_core_layout": str(fma_cfg),
                  "routed_to_cuda_cores": gemv_fma.fma_config(M, N, K, 1) is not None}
+            if M == 1:  # the CUDA-core layouts: columns per program and warps
+                r["cuda_core_layouts_us"] = {
+                    f"{bn} columns, {w} warps": ms_graph([lambda a=a: run(a, fma_cfg | dict(BLOCK_N=bn, num_warps=w))
+                                                          for a in sets]) * 1e3
+                    for bn in (2, 4, 8) for w in (1, 2, 4, 8) if bn * K // (32 * w) <= 512}
             rows.append(r)
             print(f"{r['shape']:<28} tensor cores {r['tensor_core_us']:6.2f} us  CUDA cores {r['cuda_core_us']:6.2f} us"
                   f"  {'(routed there)' if r['routed_to_cuda_cores'] else ''}", flush=True)
+            if M == 1:
+                print("    " + "  ".join(f"{k}: {v:.2f}" for k, v in r["cuda_core_layouts_us"].items()), flush=True)
     return rows
 
 
