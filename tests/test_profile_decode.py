@@ -1,0 +1,35 @@
+"""scripts/profile_decode.py's bookkeeping on made-up kernel records (no GPU): roles in launch
+order and each kernel's share of a step's critical path."""
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("profile_decode", ROOT / "scripts" / "profile_decode.py")
+profile_decode = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(profile_decode)
+
+
+def kernel(name, start, end):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_roles_follow_launch_order():
+    names = ["_embedding_kernel", "_gemv_fma_kernel", "_decode_attention_kernel", "_gemv_fma_kernel",
+             "_gemv_kernel", "_gemv_kernel", "_gemv_kernel", "_append_tokens_kernel"]
+    assert profile_decode.label(names, n_layer=1) == [
+        "embedding", "qkv", "decode_attention", "attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
+
+
+def test_critical_shares_add_up_to_each_step():
+    # two steps of three kernels; the second starts early (dependent launch) and the third ends
+    # before the second: its share is zero, and the shares add up to first start -> last end
+    step = [kernel("a", 0.0, 2.0), kernel("b", 1.0, 5.0), kernel("c", 3.0, 4.5)]
+    later = [kernel(k.name, k.time_range.start + 10, k.time_range.end + 10) for k in step]
+    rows = profile_decode.critical_shares(step + later, per_step=3)
+    assert [r[0] for r in rows] == [0, 1, 2, 0, 1, 2]
+    assert [r[2] for r in rows[:3]] == pytest.approx([2.0, 3.0, 0.0])
+    assert sum(r[2] for r in rows[3:]) == pytest.approx(5.0)
+    assert rows[1][3] == pytest.approx(-1.0)  # started 1 us before the first one ended
