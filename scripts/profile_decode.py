@@ -47,9 +47,9 @@ def label(names, n_layer):
 
 
 def critical_shares(kernels, per_step):
-    """Per step, sorted by start: (role index, duration, share) with share = end minus the
-    latest end before it in the step (0 if it ended earlier) and the first kernel's share its
-    whole duration."""
+    """Per step, sorted by start: (index in the step, duration, share, gap). share: end minus
+    the latest end before it in the step (0 if it ended earlier; the first kernel's share is its
+    duration). gap: start minus the previous kernel's end (negative: it started early)."""
     rows = []
     for s in range(len(kernels) // per_step):
         step = sorted(kernels[s * per_step:(s + 1) * per_step], key=lambda e: e.time_range.start)
