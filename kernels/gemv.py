@@ -33,11 +33,12 @@ LN_BLOCK = 512  # columns per chunk of the row-statistics pass
 
 
 def decode_config(M, N, K, itemsize=2):
-    """Launch parameters for M rows of an (K -> N) layer. The arithmetic (CHUNKS, and BLOCK_K
-    where chunks are split) is a function of (N, K, dtype) alone, so a row's result is the same at
-    every M <= 64; only the layout (SPLIT, BLOCK_N, BLOCK_M, warps, and BLOCK_K of an unsplit
-    vocabulary head) follows M. Chosen from scripts/bench_gemv.py sweeps on an H200
-    (bench/results/h200/gemv-sweep-*.json):
+    """Launch parameters for M rows of an (K -> N) layer. The arithmetic is where K is cut into
+    chunks (CHUNKS of whole BLOCK_Ks, each summed afresh): a function of (N, K, dtype) alone, so
+    a row's result is the same at every M <= 64. The layout (SPLIT, BLOCK_N, BLOCK_M, warps)
+    follows M, and so may BLOCK_K where there is one chunk (vocabulary heads): inside a chunk one
+    accumulator is carried over K in the same 16-wide MMA steps. Chosen from
+    scripts/bench_gemv.py sweeps on an H200 (bench/results/h200/gemv-sweep-*.json):
     - a chunk is one weight tile, so a program requests all its weights at once, before it
       waits on the previous kernel: 128 x 256 tiles (64 KB) for K >= 1024, 128 x 128 below;
     - past 16 rows one program loops over the chunks: the split partials of many rows cost
