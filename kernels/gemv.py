@@ -25,7 +25,7 @@ import triton.language as tl
 from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
-from .gemv_fma import fma_config, gemv_fma
+from .gemv_fma import VOCAB_N, fma_config, gemv_fma
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
@@ -50,14 +50,15 @@ def decode_config(M, N, K, itemsize=2):
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`."""
     shrink = 2 if itemsize > 2 else 1
-    if N >= 16384 and (M <= BLOCK_M or K < 1024):
+    if N >= VOCAB_N:
+        if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once (not timed since)
+            return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64,
+                        num_stages=3)
         # timed as the engine calls it (layernorm, fused argmax; bench/results/h200/lm-head-layouts.md):
         # gpt2's lm_head 34.9 -> 26.1 us at one row, 59.4 -> 50.9 at 64 rows; gpt2-xl's 56.7 -> 44.2
         # at one row. About 400 KB of weights per program either way
         return dict(BLOCK_N=256 if K < 1024 else 128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4,
                     BLOCK_M=BLOCK_M, num_stages=3)
-    if N >= 16384:  # wide vocabulary heads past 16 rows: 64-row tiles, W crosses L2 once (not timed since)
-        return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64, num_stages=3)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
     if M <= BLOCK_M:

@@ -35,7 +35,7 @@ INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, w
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
 # elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
 MAX_WEIGHT = 2_400_000
-VOCAB_N = 16384  # gemv.decode_config's vocabulary heads
+VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv.decode_config has its layouts)
 
 
 def layout(K):
@@ -123,12 +123,12 @@ def decode_row_stats(rows, cols, device):
 
 
 def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-             prefetch_residual=False, config=None):
-    """Launch for rows x2 (M, K) already checked by `linear`, where fma_config (or `config`, a
-    dict like it: tests, benchmarks) is not None; writes y2 (M, N)."""
+             prefetch_residual, config):
+    """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
+    (or one like it: tests, benchmarks); writes y2 (M, N)."""
     M, K = x2.shape
     N = weight.shape[1]
-    meta = dict(fma_config(M, N, K, weight.stride(0)) if config is None else config)
+    meta = dict(config)
     grid = (triton.cdiv(M, meta["ROWS"]) * triton.cdiv(N, meta["BLOCK_N"]),)
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
