@@ -88,3 +88,28 @@ def _mean_rstd(row_sum, row_sq, K, ln_eps):
     # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
     var = tl.maximum(row_sq / K - mean * mean, 0.0)
     return mean, 1.0 / tl.sqrt(var + ln_eps)
+
+
+@triton.jit
+def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
+               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr):
+    """Mean and 1/std of rows rm over all K columns; the chunks are independent loads, issued
+    together (static unroll), so the pass costs about one L2 round trip."""
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, LN_BLOCK):
+        kk = k0 + tl.arange(0, LN_BLOCK)
+        xk = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                     mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
+        row_sum += tl.sum(xk, axis=1)
+        row_sq += tl.sum(xk * xk, axis=1)
+    return _mean_rstd(row_sum, row_sq, K, ln_eps)
+
+
+@triton.jit
+def _normalize(a, k_mask, lnw, lnb, mean, rstd):
+    """Rows of a (rows, cols) layernormed with their mean and 1/std and the gain and shift of
+    its columns, zero past k_mask, rounded to a's dtype: the one formula of every layernorm
+    prologue (and of layernorm_rows), so each gives a row the same bits."""
+    an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
+    return tl.where(k_mask[None, :], an, 0.0).to(a.dtype)

@@ -22,17 +22,22 @@ import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _mean_rstd, _store_row_stats
+from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
+                        _store_row_stats)
 from ._tuning import use_pdl
+from .layernorm import layernorm_rows
 from ._workspace import arrival_counters
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
 LN_BLOCK = 512  # columns per chunk of the row-statistics pass
+# rows x K from which a layernorm linear past 16 rows (K >= 1024) normalizes apart: gpt2-xl
+# (K = 1600) gains from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lose at 32 and gain at 64
+LN_APART_MIN = 48 * 1024
 
 
-def decode_config(M, N, K, itemsize=2):
+def decode_config(M, N, K, itemsize=2, ln=False):
     """Launch parameters for M rows of an (K -> N) layer. The arithmetic is where K is cut into
     chunks (CHUNKS of whole BLOCK_Ks, each summed afresh): a function of (N, K, dtype) alone, so
     a row's result is the same at every M <= 64. The layout (SPLIT, BLOCK_N, BLOCK_M, warps)
@@ -47,6 +52,10 @@ def decode_config(M, N, K, itemsize=2):
       (K >= 1024) past 16 rows in one 64-row tl.dot (BLOCK_M) of twice the BLOCK_K, which the GPU
       tests show gives a row the same bits as 16-row tiles (one accumulator carried over K in
       the same 16-wide steps).
+    - a layernorm linear (ln) at K >= 1024 and LN_APART_MIN rows x K normalizes apart (LN_APART:
+      layernorm_rows, one launch more), then runs 64-row tiles: normalizing in every K step of
+      the loop made gpt2-xl's qkv 24.1 us at 64 rows, against 12.9 apart and 6.9 for cuBLAS
+      (bench/results/h200/batch-decode-linears.md).
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`."""
     shrink = 2 if itemsize > 2 else 1
@@ -67,6 +76,9 @@ def decode_config(M, N, K, itemsize=2):
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
+    if ln and M * K >= LN_APART_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
+        return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64,
+                    LN_APART=True)
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4)
 
 
@@ -80,22 +92,6 @@ def chunk_count(K, block_k, chunks):
 # CHUNKS, SPLIT, warps); CHUNKS 64 means one weight tile per chunk at every GPT-2 width
 CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, True, 4), (64, 128, 8, True, 4),
               (64, 256, 64, False, 4), (128, 128, 64, False, 8), (128, 128, 1, False, 8)]
-
-
-@triton.jit
-def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
-               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr):
-    """Mean and 1/std of rows rm over all K columns; the chunks are independent loads, issued
-    together (static unroll), so the pass costs about one L2 round trip."""
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, LN_BLOCK):
-        kk = k0 + tl.arange(0, LN_BLOCK)
-        xk = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                     mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-        row_sum += tl.sum(xk, axis=1)
-        row_sq += tl.sum(xk * xk, axis=1)
-    return _mean_rstd(row_sum, row_sq, K, ln_eps)
 
 
 @triton.jit
@@ -116,8 +112,7 @@ def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN:
     x's dtype for tl.dot."""
     a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     if HAS_LN:
-        an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-        a = tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+        a = _normalize(a, k_mask, lnw, lnb, mean, rstd)
     return a
 
 
@@ -288,7 +283,10 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_out")
         return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
                         prefetch_residual, fma or config)
-    meta = decode_config(M, N, K, x2.element_size()) if config is None else dict(config)
+    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None) if config is None else dict(config)
+    if meta.pop("LN_APART", False) and ln_weight is not None:
+        x2 = layernorm_rows(x2, ln_weight, ln_bias, ln_eps, ln_stats)
+        ln_weight = ln_bias = ln_stats = None
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
     split = meta["SPLIT"] and meta["CHUNKS"] > 1

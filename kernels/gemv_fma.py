@@ -24,7 +24,7 @@ import os
 import triton
 import triton.language as tl
 
-from ._epilogue import _epilogue, _load_bias_residual, _mean_rstd, new_row_stats
+from ._epilogue import _epilogue, _load_bias_residual, _mean_rstd, _normalize, new_row_stats
 from ._tuning import INTERPRET, use_pdl
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -103,8 +103,7 @@ def _gemv_fma_kernel(
     if HAS_LN:
         xf = x.to(tl.float32)  # zero past K: the sums see K columns
         mean, rstd = _mean_rstd(tl.sum(xf, axis=1), tl.sum(xf * xf, axis=1), K, ln_eps)
-        xn = (xf - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-        x = tl.where(k_mask[None, :], xn, 0.0).to(x.dtype)  # rounded as the tensor-core path's input
+        x = _normalize(x, k_mask, lnw, lnb, mean, rstd)  # rounded as the tensor-core path's input
     # fp16 x fp16 products are exact in fp32; one reduction over K per output
     acc = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (ROWS, BLOCK_N)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:

@@ -30,6 +30,8 @@ SHAPES = [  # (name, M, K, N, layernorm prologue)
     ("gpt2 mlp-out", 64, 3072, 768, False), ("gpt2 lm_head", 64, 768, 50257, True),
     ("xl qkv", 1, 1600, 4800, True), ("xl attn-out", 1, 1600, 1600, False), ("xl fc", 1, 1600, 6400, True),
     ("xl mlp-out", 1, 6400, 1600, False),
+    ("xl qkv", 64, 1600, 4800, True), ("xl attn-out", 64, 1600, 1600, False), ("xl fc", 64, 1600, 6400, True),
+    ("xl mlp-out", 64, 6400, 1600, False), ("xl lm_head", 64, 1600, 50257, True),
 ]
 
 
@@ -123,8 +125,9 @@ def fma_rows(shapes_filter):
                 return kernels.linear(a[0], a[1], a[2], activation=act, _config=cfg, **kw)
 
             fma_cfg = gemv_fma.layout(K)
+            tensor_cfg = gemv.decode_config(M, N, K, 2, ln)
             r = {"shape": f"{name} M={M} {K}->{N}",
-                 "tensor_core_us": ms_graph([lambda a=a: run(a, gemv.decode_config(M, N, K, 2)) for a in sets]) * 1e3,
+                 "tensor_core_us": ms_graph([lambda a=a: run(a, tensor_cfg) for a in sets]) * 1e3,
                  "cuda_core_us": ms_graph([lambda a=a: run(a, fma_cfg) for a in sets]) * 1e3,
                  "cuda_core_layout": str(fma_cfg),
                  "routed_to_cuda_cores": gemv_fma.fma_config(M, N, K, 1) is not None}
@@ -205,9 +208,10 @@ def main():
 
         set_pdl(True)
         if overrides is not None:  # decode_config's own first; a layout listed twice is timed once
-            cfgs = list({str(c): c for c in (gemv.decode_config(M, N, K, 2) | o for o in [{}] + overrides)}.values())
+            own = gemv.decode_config(M, N, K, 2, ln)
+            cfgs = list({str(c): c for c in (own | o for o in [{}] + overrides)}.values())
         elif args.stages:
-            cfgs = [gemv.decode_config(M, N, K, 2) | {"num_stages": n} for n in args.stages]
+            cfgs = [gemv.decode_config(M, N, K, 2, ln) | {"num_stages": n} for n in args.stages]
         else:
             cfgs = sweep_configs(M, N, K)
         times = [run_or_inf(run, c) for c in cfgs]
@@ -219,7 +223,7 @@ def main():
         cublas = ms_graph([lambda a=a: a[0] @ a[1] for a in sets]) * 1e3
         gbs = K * N * 2 / per[best] / 1e3
         r = {"shape": f"{name} M={M} {K}->{N}", "best_config": best, "best_us": per[best], "best_gbs": gbs,
-             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K, 2)),
+             "floor_fraction": gbs / copy_gbs, "decode_config": str(gemv.decode_config(M, N, K, 2, ln)),
              "decode_config_us": tuned_us, "best_no_pdl_us": best_nopdl,
              "cublas_us": cublas, "all_us": per}
         rows.append(r)

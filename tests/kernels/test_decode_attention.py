@@ -3,7 +3,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.decode_attention import default_layout
+from kernels.decode_attention import _programs_wanted, default_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -63,7 +63,7 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
 def test_decode_attention_whole_cache_tile(L, device):
     """Few rows and a short cache: default_layout gives one program per (row, head) with the
     whole cache as one tile, read before the wait, the new key/value taken from registers."""
-    B, H, D = 1, 12 if ON_GPU else 2, 64
+    B, H, D = 1, 12 if ON_GPU else 1, 64  # (the interpreter stands for 2 SMs: 2 pairs are many there)
     splits, block_n, _ = default_layout(torch.device(device), B * H, L, D)
     assert splits == 1 and block_n >= L
     q, k_new, v_new = (randn(B, H, D, device=device) for _ in range(3))
@@ -73,6 +73,16 @@ def test_decode_attention_whole_cache_tile(L, device):
     expect_k[0, :, L - 4], expect_v[0, :, L - 4] = k_new[0], v_new[0]
     o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, prefetch_cache=True)
     assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"whole-cache tile L={L}")
+
+
+def test_default_layout_by_rows(device):
+    """A short cache: one whole-cache tile per (row, head) for few pairs; from a third of the
+    programs wanted, the narrow unsplit tiles of many rows (as at batch 64)."""
+    dev = torch.device(device)
+    many = _programs_wanted(dev) // 3
+    assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
+    assert default_layout(dev, many, 256, 64) == (1, 32, 2)
+    assert default_layout(dev, 8 * many, 256, 64) == (1, 32, 2)
 
 
 def test_decode_attention_matches_prefill_last_row(device):

@@ -6,6 +6,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels import gemv
 from kernels.gemv import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, poisoned, randn
@@ -72,6 +73,29 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     looped = kernels.linear(x, w, bias, _config=_cfg(block_n=128, chunks=3, split=False))
     tall = kernels.linear(x, w, bias, _config={**_cfg(block_n=128, chunks=3, split=False), "BLOCK_M": 64})
     assert torch.equal(split, looped) and torch.equal(split, tall)
+
+
+@pytest.mark.parametrize("with_stats", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_layernorm_same_rows_at_any_batch(with_stats, dtype, device):
+    """At K >= 1024 and enough rows (LN_APART_MIN) the layernorm runs apart (layernorm_rows)
+    before 64-row tiles in half-chunk K steps; below, it is the prologue of the split programs
+    (up to 16 rows) or of the 16-row loop. A row gets the same bits every way on the GPU (the
+    interpreter's numpy matmul sums a K step in its own order)."""
+    K, N = 1100, 40
+    x = randn(SMALL_M, K, dtype=dtype, device=device, scale=2.0) + 0.5
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
+    stats = ref.row_stats(x) if with_stats else None
+    assert gemv.decode_config(SMALL_M, N, K, x.element_size(), ln=True).get("LN_APART")
+    full = kernels.linear(x, w, bias, ln_weight=g, ln_bias=b, ln_stats=stats)
+    assert_rel_close(full, _ref(x, w, bias=bias, ln_weight=g, ln_bias=b), dtype, f"ln apart stats {with_stats}")
+    for m in (1, 16, 17, 40, 48):  # 40 rows: the 16-row loop with the prologue inside; 48: apart
+        part = kernels.linear(x[:m], w, bias, ln_weight=g, ln_bias=b, ln_stats=stats[:m] if with_stats else None)
+        if ON_GPU:
+            assert torch.equal(part, full[:m]), f"rows differ at M = {m}"
+        else:
+            assert_rel_close(part, full[:m], dtype, f"M = {m}")
 
 
 @pytest.mark.parametrize("M", [1, 20, 70])  # 70: the prefill tile path writes statistics too

@@ -3,6 +3,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels.layernorm import layernorm_rows
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -52,3 +53,17 @@ def test_layernorm_errors(device):
         kernels.layernorm(randn(8, 4, device=device).t(), w, w)
     with pytest.raises(ValueError, match="residual: expected shape"):
         kernels.add_layernorm(x, randn(4, 7, device=device), w, w)
+
+
+@pytest.mark.parametrize("M,K", [(1, 768), (20, 1100), (64, 1600)])
+@pytest.mark.parametrize("with_stats", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_rows(M, K, with_stats, dtype, device):
+    """The decode linears' layernorm prologue as a kernel of its own: statistics from the
+    producer's partial sums or from the rows (K past one 512-column program, strided rows)."""
+    x = (randn(K, M, dtype=dtype, device=device, scale=3.0) + 0.5).t()  # stride_xk = M
+    w, b = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    stats = ref.row_stats(x) if with_stats else None
+    y = layernorm_rows(x, w, b, 1e-5, stats)
+    assert y.shape == (M, K) and y.dtype == dtype
+    assert_rel_close(y, _ln64(x, w, b, 1e-5), dtype, f"layernorm_rows {M}x{K} stats {with_stats}")
