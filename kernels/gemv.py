@@ -25,9 +25,9 @@ import triton.language as tl
 from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
                         _store_row_stats)
 from ._tuning import use_pdl
-from .layernorm import layernorm_rows
 from ._workspace import arrival_counters
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
+from .layernorm import layernorm_rows
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64

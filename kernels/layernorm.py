@@ -74,9 +74,9 @@ def _layernorm_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, eps, stride
 
 
 def layernorm_rows(x2, weight, bias, eps, stats=None):
-    """LayerNorm of the rows of x2 (M, K) as the decode linears' prologue
-    computes it: statistics from `stats` (a new_row_stats buffer the producer of x2 filled) or
-    from the rows. Inputs already checked by `linear`; returns a new (M, K) tensor."""
+    """LayerNorm of the rows of x2 (M, K) as the decode linears' prologue computes it, with
+    statistics from `stats` (a new_row_stats buffer the producer of x2 filled) or from the rows.
+    Inputs already checked by `linear`; returns a new (M, K) tensor."""
     M, K = x2.shape
     y = torch.empty((M, K), dtype=x2.dtype, device=x2.device)
     pdl = use_pdl(x2.device)
