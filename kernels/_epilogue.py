@@ -16,6 +16,7 @@ from ._checks import check_shape, check_tensor
 from .activations import _apply_activation
 
 STATS_GROUP = 16
+LN_BLOCK = 512  # columns per chunk of the row-statistics pass (_row_stats)
 
 
 def new_row_stats(rows, cols, device):
@@ -88,6 +89,12 @@ def _mean_rstd(row_sum, row_sq, K, ln_eps):
     # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
     var = tl.maximum(row_sq / K - mean * mean, 0.0)
     return mean, 1.0 / tl.sqrt(var + ln_eps)
+
+
+def row_stats_block(K):
+    """The chunk width of _row_stats for K columns: every kernel that takes a row's statistics
+    from the row uses it, so they add the row up alike."""
+    return min(LN_BLOCK, triton.next_power_of_2(K))
 
 
 @triton.jit

@@ -152,13 +152,15 @@ def default_layout(device, bh, L, block_d):
     block_n, warps = _base_layout(block_d)
     wanted = _programs_wanted(device)
     splits = _num_splits(wanted, bh, L, block_n)
-    if block_d <= 64 and splits > 1 and L <= 4 * block_n and bh >= wanted // 3:
-        # a short cache and (row, head) pairs for a third of the programs wanted: the narrow
-        # tiles of many rows, unsplit (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
-        # 73.1k, gpt2-xl batch 8 +3% on an H200; at batch 4 and 8 of gpt2 slower: 15.9k to 14.7k,
-        # 29.4k to 27.7k). The one-tile programs below held the SMs the next linear starts on
+    short = splits > 1 and L <= 4 * block_n  # (splits > 1: fewer pairs than programs wanted)
+    if block_d <= 64 and (bh >= wanted or (short and bh >= wanted // 3)):
+        # many rows: narrow tiles, two warps a program, unsplit. (Row, head) pairs that fill
+        # the GPU alone (batch 64, L = 256: 13.0 against 15.4 us on an H200), or a short cache and
+        # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
+        # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
+        # 27.7k): the one-tile programs below held the SMs the next linear starts on
         return 1, 32, 2
-    if block_d <= 64 and splits > 1 and L <= 4 * block_n:
+    if block_d <= 64 and short:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
         # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
         # H200; L = 256: gpt2 batch 1 +4% and batch 8 +10% end to end). Not at batch 64, where the
@@ -166,10 +168,6 @@ def default_layout(device, bh, L, block_d):
         block_n = triton.next_power_of_2(L)  # 128 or 256
         warps = 4 if block_n <= 128 else 8
         splits = _num_splits(wanted, bh, L, block_n)
-    elif block_d <= 64 and bh >= wanted:
-        # many rows: (row, head) pairs fill the GPU alone; narrow tiles, two warps a program
-        # (batch 64, L = 256: 13.0 against 15.4 us on an H200)
-        block_n, warps = 32, 2
     return splits, block_n, warps
 
 

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
-                        _store_row_stats)
+                        _store_row_stats, row_stats_block)
 from ._tuning import use_pdl
 from ._workspace import arrival_counters
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
@@ -31,7 +31,6 @@ from .layernorm import layernorm_rows
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
-LN_BLOCK = 512  # columns per chunk of the row-statistics pass
 # rows x K from which a layernorm linear past 16 rows (K >= 1024) normalizes apart: gpt2-xl
 # (K = 1600) gains from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lose at 32 and gain at 64
 LN_APART_MIN = 48 * 1024
@@ -60,7 +59,8 @@ def decode_config(M, N, K, itemsize=2, ln=False):
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`."""
     shrink = 2 if itemsize > 2 else 1
     if N >= VOCAB_N:
-        if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once (not timed since)
+        if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once
+            # (gpt2-xl at 64 rows: 71 us, the best of 9 layouts; bench/results/h200/batch-decode-linears.md)
             return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64,
                         num_stages=3)
         # timed as the engine calls it (layernorm, fused argmax; bench/results/h200/lm-head-layouts.md):
@@ -316,7 +316,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=min(LN_BLOCK, triton.next_power_of_2(K)),
+        LN_BLOCK=row_stats_block(K),
         launch_pdl=pdl, **meta,
     )
     return y2

@@ -13,11 +13,10 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import STATS_GROUP, _load_row_stats, _normalize, _row_stats
+from ._epilogue import STATS_GROUP, _load_row_stats, _normalize, _row_stats, row_stats_block
 from ._tuning import use_pdl
 
 ROWS_BLOCK_M = 16  # rows per layernorm_rows program, as the decode linears' row blocks
-ROWS_BLOCK_K = 512  # columns per layernorm_rows program
 
 
 @triton.jit
@@ -80,11 +79,12 @@ def layernorm_rows(x2, weight, bias, eps, stats=None):
     M, K = x2.shape
     y = torch.empty((M, K), dtype=x2.dtype, device=x2.device)
     pdl = use_pdl(x2.device)
-    _layernorm_rows_kernel[(triton.cdiv(M, ROWS_BLOCK_M), triton.cdiv(K, ROWS_BLOCK_K))](
+    block_k = row_stats_block(K)  # a program's columns: the statistics pass reads the row in these chunks
+    _layernorm_rows_kernel[(triton.cdiv(M, ROWS_BLOCK_M), triton.cdiv(K, block_k))](
         x2, weight, bias, y, stats if stats is not None else y, M, eps, x2.stride(0), x2.stride(1), y.stride(0),
         stats.stride(0) if stats is not None else 0, K=K, LN_STATS=stats is not None,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), USE_PDL=pdl, BLOCK_M=ROWS_BLOCK_M,
-        BLOCK_K=min(ROWS_BLOCK_K, triton.next_power_of_2(K)), launch_pdl=pdl, num_warps=4,
+        BLOCK_K=block_k, launch_pdl=pdl, num_warps=4,
     )
     return y
 
