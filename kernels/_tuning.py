@@ -6,6 +6,8 @@ import inspect
 import os
 
 import triton
+from triton.runtime.errors import OutOfResources
+from triton.runtime.autotuner import Autotuner
 
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
 # Triton's CPU interpreter runs every program in Python: kernels give it one small config
@@ -19,7 +21,9 @@ def autotune(configs, key, **kw):
 
 
 def pick(tuned, configs):
-    """(kernel, extra launch kwargs): the autotuner, or its JIT function with configs[0]."""
+    """(kernel, extra launch kwargs): the autotuner, or its JIT function with configs[0] (launch
+    it through `launch`, which fits its stages to the GPU; the autotuner skips configs that do
+    not fit by itself)."""
     if AUTOTUNE:
         return tuned, {}
     c = configs[0]
@@ -41,3 +45,44 @@ def use_pdl(device):
 
         _pdl_devices[device] = torch.cuda.get_device_capability(device)[0] >= 9
     return _pdl_devices[device]
+
+
+# The fixed layouts (decode GEMV, first configs) were tuned on Hopper, up to 227 KB of shared
+# memory a block; an A100 has 163 KB, consumer cards 99 KB. There a layout falls back to fewer
+# software-pipelining stages: fewer loads in flight, the same K steps in the same order, so the
+# same bits. Remembered per layout, so later launches (and graph captures) go straight to it.
+DEFAULT_STAGES = 3  # Triton's default num_stages on CUDA
+_fitted_stages = {}  # (kernel name, device index, launch kwargs) -> stages that fit
+
+
+def _layout_key(kernel, kwargs):
+    import torch
+
+    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return _name(kernel), device, tuple(sorted(kwargs.items()))
+
+
+def _name(kernel):
+    return getattr(kernel, "__name__", None) or kernel.fn.__name__
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs) for a JIT function with a fixed layout, relaunched with
+    fewer num_stages where the layout needs more shared memory than this GPU has. kwargs must
+    be hashable (constexprs and launch options; tensors go in args). Autotuners pass through."""
+    if isinstance(kernel, Autotuner):
+        return kernel[grid](*args, **kwargs)
+    stages = kwargs.pop("num_stages", DEFAULT_STAGES)
+    if _fitted_stages:  # hashing only once some layout has failed to fit
+        stages = min(stages, _fitted_stages.get(_layout_key(kernel, kwargs), stages))
+    while True:
+        try:
+            return kernel[grid](*args, num_stages=stages, **kwargs)
+        except OutOfResources as err:
+            if err.name != "shared memory":
+                raise
+            if stages <= 1:
+                raise RuntimeError(f"{_name(kernel)}: its layout needs {err.required} bytes of shared memory even "
+                                   f"at one pipeline stage; this GPU has {err.limit}") from err
+            stages -= 1
+            _fitted_stages[_layout_key(kernel, kwargs)] = stages

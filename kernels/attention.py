@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import INTERPRET, autotune, pick
+from ._tuning import INTERPRET, autotune, launch, pick
 
 LOG2E = 1.4426950408889634
 
@@ -136,8 +136,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), B * H)
     kernel, meta = pick(_attention_tuned, _CONFIGS)
-    kernel[grid](
-        q, k, v, o, seq_lens if seq_lens is not None else o,
+    launch(
+        kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o,
         H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
                         _store_row_stats, row_stats_block)
-from ._tuning import use_pdl
+from ._tuning import launch, use_pdl
 from ._workspace import arrival_counters
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
 from .layernorm import layernorm_rows
@@ -302,7 +302,8 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     pdl = use_pdl(x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_weight is not None else None
-    _gemv_kernel[grid](
+    launch(
+        _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,

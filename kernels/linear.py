@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
-from ._tuning import INTERPRET, autotune, pick
+from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
 from .gemv import SMALL_M, gemv
 from .layernorm import layernorm
@@ -152,8 +152,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         kernel, meta = _linear_kernel, dict(_config)
     r2 = r2 if r2 is not None else y2
     grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
-    kernel[grid](
-        x2, weight, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
+    launch(
+        kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
         M, N, K, triton.next_power_of_2(M), negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,

@@ -1,0 +1,120 @@
+"""kernels/_tuning.py: fixed layouts fall back to fewer pipeline stages on GPUs with less shared
+memory than the Hopper parts they were tuned on, with the same bits."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+from kernels import _tuning
+from tests.conftest import ON_GPU
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeKernel:
+    """Stands in for a JIT function: records each launch's stages, and is out of shared memory
+    above `fits` stages (or of registers, with `resource`)."""
+    __name__ = "_fake_kernel"
+
+    def __init__(self, fits, resource="shared memory"):
+        self.fits, self.resource, self.tried = fits, resource, []
+
+    def __getitem__(self, grid):
+        def run(*args, num_stages, **kwargs):
+            self.tried.append(num_stages)
+            if num_stages > self.fits:
+                raise OutOfResources(1000 * num_stages, 1000 * self.fits, self.resource)
+            return args, kwargs
+        return run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo(monkeypatch):
+    monkeypatch.setattr(_tuning, "_fitted_stages", {})
+
+
+def test_launch_keeps_a_layout_that_fits():
+    k = FakeKernel(fits=4)
+    assert _tuning.launch(k, (1,), "x", BLOCK_K=64, num_stages=4) == (("x",), {"BLOCK_K": 64})
+    assert k.tried == [4] and _tuning._fitted_stages == {}
+
+
+def test_launch_falls_back_to_fewer_stages_and_remembers():
+    k = FakeKernel(fits=2)
+    _tuning.launch(k, (1,), BLOCK_K=64, num_stages=4)
+    assert k.tried == [4, 3, 2]
+    _tuning.launch(k, (1,), BLOCK_K=64, num_stages=4)  # the same layout: straight to what fits
+    assert k.tried == [4, 3, 2, 2]
+    _tuning.launch(k, (1,), BLOCK_K=32)  # another layout (Triton's default 3 stages) is tried afresh
+    assert k.tried == [4, 3, 2, 2, 3, 2]
+
+
+def test_launch_reports_a_layout_that_never_fits():
+    k = FakeKernel(fits=0)
+    with pytest.raises(RuntimeError, match=r"_fake_kernel: .* 1000 bytes of shared memory even at one pipeline "
+                                           r"stage; this GPU has 0"):
+        _tuning.launch(k, (1,), num_stages=2)
+    assert k.tried == [2, 1]
+
+
+def test_launch_leaves_other_resources_alone():
+    k = FakeKernel(fits=1, resource="threads")
+    with pytest.raises(OutOfResources, match="threads"):
+        _tuning.launch(k, (1,), num_stages=3)
+    assert k.tried == [3]
+
+
+# The GPU check runs each side in a fresh process: Triton checks a kernel's shared memory once,
+# when it first loads it, so the smaller limit must be in place before any launch.
+_SCRIPT = r"""
+import json, sys
+import torch
+import triton.compiler.compiler as compiler
+limit = int(sys.argv[1])
+if limit:
+    compiler.max_shared_mem = lambda device: limit  # a smaller GPU, as Triton sees it
+import kernels
+from kernels import _tuning
+torch.manual_seed(0)
+dev, outs = "cuda", []
+for dtype in (torch.float16, torch.float32):
+    def r(*s):
+        return torch.randn(*s, device=dev, dtype=dtype)
+    for M, K, N, ln in ((64, 3072, 768, False), (40, 1024, 4096, False), (64, 1600, 4800, True),
+                        (64, 1024, 16384, True), (48, 1024, 16384, True), (200, 1024, 512, True)):
+        x, w, b = r(M, K), r(K, N) / K ** 0.5, r(N)
+        kw = dict(ln_weight=r(K), ln_bias=r(K)) if ln else {}
+        outs.append(kernels.linear(x, w, b, **kw))
+    q, k, v = (r(2, 3, 100, 64) for _ in range(3))
+    outs.append(kernels.attention(q, k, v, causal=True))
+torch.save(outs, sys.argv[2])
+print(json.dumps({"fallbacks": len(_tuning._fitted_stages)}))
+"""
+
+
+def _run(limit, path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MINILLM_AUTOTUNE": "0"}
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, str(limit), str(path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: the interpreter has no shared-memory limit")
+def test_small_shared_memory_gives_the_same_bits(tmp_path):
+    """With a 99 KB limit (consumer cards: RTX 4090, L4) the decode GEMV's 4-stage and 64-row
+    layouts and the first prefill configs fall back to fewer stages and give the same bits."""
+    hopper = _run(0, tmp_path / "hopper.pt")
+    small = _run(99 * 1024, tmp_path / "small.pt")
+    assert hopper["fallbacks"] == 0
+    assert small["fallbacks"] > 0, "no layout exceeded 99 KB: the test checks nothing"
+    a, b = torch.load(tmp_path / "hopper.pt"), torch.load(tmp_path / "small.pt")
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert torch.isfinite(x).all(), f"output {i}: non-finite"
+        assert torch.equal(x, y), f"output {i}: bits differ with fewer stages"
