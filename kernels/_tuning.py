@@ -47,6 +47,20 @@ def use_pdl(device):
     return _pdl_devices[device]
 
 
+_sm_counts = {}
+
+
+def sm_count(device):
+    """Multiprocessors of `device` (the interpreter stands for 2)."""
+    if device.type != "cuda":
+        return 2
+    if device not in _sm_counts:
+        import torch
+
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device]
+
+
 # The fixed layouts (decode GEMV, first configs) were tuned on Hopper, up to 227 KB of shared
 # memory a block; an A100 has 163 KB, consumer cards 99 KB. There a layout falls back to fewer
 # software-pipelining stages: fewer loads in flight, the same K steps in the same order, so the

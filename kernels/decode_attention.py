@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import use_pdl
+from ._tuning import sm_count, use_pdl
 from ._workspace import arrival_counters
 
 LOG2E = 1.4426950408889634
@@ -127,9 +127,7 @@ def _decode_attention_kernel(
 
 def _programs_wanted(device):
     """Programs that cover the SMs a few times over (the interpreter stands for 2 SMs)."""
-    if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 8
+    return 4 * sm_count(device)
 
 
 def _num_splits(wanted, bh, L, block_n):

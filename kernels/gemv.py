@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
                         _store_row_stats, row_stats_block)
-from ._tuning import launch, use_pdl
+from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
 from .layernorm import layernorm_rows
@@ -36,7 +36,7 @@ SMALL_M = 64
 LN_APART_MIN = 48 * 1024
 
 
-def decode_config(M, N, K, itemsize=2, ln=False):
+def decode_config(M, N, K, itemsize=2, ln=False, sms=132):
     """Launch parameters for M rows of an (K -> N) layer. The arithmetic is where K is cut into
     chunks (CHUNKS of whole BLOCK_Ks, each summed afresh): a function of (N, K, dtype) alone, so
     a row's result is the same at every M <= 64. The layout (SPLIT, BLOCK_N, BLOCK_M, warps)
@@ -56,7 +56,8 @@ def decode_config(M, N, K, itemsize=2, ln=False):
       the loop made gpt2-xl's qkv 24.1 us at 64 rows, against 12.9 apart and 6.9 for cuBLAS
       (bench/results/h200/batch-decode-linears.md).
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
-    of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`."""
+    of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`. sms:
+    the GPU's multiprocessors (an H100's or H200's 132 by default)."""
     shrink = 2 if itemsize > 2 else 1
     if N >= VOCAB_N:
         if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once
@@ -71,7 +72,14 @@ def decode_config(M, N, K, itemsize=2, ln=False):
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
     if M <= BLOCK_M:
-        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
+        block_n = 128
+        # from K = 1024 narrower column blocks until there is a program per SM: gpt2-medium's
+        # attn-out (4 chunks) ran 32 programs. H100, alternated in one call: gpt2-medium batch 1
+        # 1,547 -> 1,798 tok/s, gpt2-large 929 -> 955, gpt2-xl 583 -> 598. Below 1024 (gpt2 at
+        # batch 4 and 8) it gained under 1% and the first token came later
+        while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
+            block_n //= 2
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
     if K < 1024 and N >= 2 * K:
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
@@ -285,7 +293,8 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_out")
         return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
                         prefetch_residual, fma or config)
-    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None) if config is None else dict(config)
+    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sm_count(x2.device)) if config is None \
+        else dict(config)
     if meta.pop("LN_APART", False) and ln_weight is not None:
         x2 = layernorm_rows(x2, ln_weight, ln_bias, ln_eps, ln_stats)
         ln_weight = ln_bias = ln_stats = None

@@ -75,6 +75,21 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     assert torch.equal(split, looped) and torch.equal(split, tall)
 
 
+def test_decode_config_programs_per_sm():
+    """Up to 16 rows and from K = 1024, column blocks narrow (128, 64, 32) until the split
+    layout has a program per SM; the chunks (the arithmetic) stay; gpt2's K = 768 keeps 128."""
+    def layout(M, N, K, sms=132):
+        c = gemv.decode_config(M, N, K, 2, sms=sms)
+        return c["BLOCK_N"], c["BLOCK_K"], c["CHUNKS"]
+    assert layout(1, 1024, 1024) == (32, 256, 4)  # gpt2-medium attn-out: 32 -> 128 programs
+    assert layout(1, 3072, 1024) == (64, 256, 4)  # medium qkv: 96 -> 192
+    assert layout(16, 1600, 1600) == (64, 256, 7)  # gpt2-xl attn-out: 91 -> 175
+    assert layout(1, 4800, 1600) == (128, 256, 7)  # xl qkv: 266 already
+    assert layout(1, 768, 768) == (128, 128, 6)  # gpt2 attn-out: unchanged below K = 1024
+    assert layout(1, 1024, 1024, sms=16) == (128, 256, 4)  # a small GPU: 32 programs suffice
+    assert layout(17, 1024, 1024)[0] == 64  # past 16 rows: the looping layout, as before
+
+
 @pytest.mark.parametrize("with_stats", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_layernorm_same_rows_at_any_batch(with_stats, dtype, device):
