@@ -6,8 +6,8 @@ import inspect
 import os
 
 import triton
-from triton.runtime.errors import OutOfResources
 from triton.runtime.autotuner import Autotuner
+from triton.runtime.errors import OutOfResources
 
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
 # Triton's CPU interpreter runs every program in Python: kernels give it one small config
