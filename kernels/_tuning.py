@@ -1,7 +1,11 @@
-"""Autotuning switch. MINILLM_AUTOTUNE=0 launches each kernel with its first (default) config
-instead of benchmarking all of them: the GPU tests use it to keep compile time sane, and one
-test per kernel turns tuning back on. Tuned choices are cached on disk where Triton supports it
-(a second process starts warm)."""
+"""How kernels are launched on this GPU: the autotuning switch, programmatic dependent launch,
+the SM count layouts size their grids by, and `launch`, which fits a fixed layout's pipeline
+stages to the GPU's shared memory.
+
+MINILLM_AUTOTUNE=0 launches each kernel with its first (default) config instead of
+benchmarking all of them: the GPU tests use it to keep compile time sane, and one test per
+kernel turns tuning back on. Tuned choices are cached on disk where Triton supports it (a
+second process starts warm)."""
 import inspect
 import os
 
@@ -73,11 +77,7 @@ def _layout_key(kernel, kwargs):
     import torch
 
     device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    return _name(kernel), device, tuple(sorted(kwargs.items()))
-
-
-def _name(kernel):
-    return getattr(kernel, "__name__", None) or kernel.fn.__name__
+    return kernel.__name__, device, tuple(sorted(kwargs.items()))
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -96,7 +96,7 @@ def launch(kernel, grid, *args, **kwargs):
             if err.name != "shared memory":
                 raise
             if stages <= 1:
-                raise RuntimeError(f"{_name(kernel)}: its layout needs {err.required} bytes of shared memory even "
+                raise RuntimeError(f"{kernel.__name__}: its layout needs {err.required} bytes of shared memory even "
                                    f"at one pipeline stage; this GPU has {err.limit}") from err
             stages -= 1
             _fitted_stages[_layout_key(kernel, kwargs)] = stages
