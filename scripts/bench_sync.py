@@ -1,8 +1,9 @@
 """What one dependency between decode phases costs on this GPU: a grid-wide barrier inside one
 persistent launch, against a kernel boundary (a chain of launches in a CUDA graph, with and
-without programmatic dependent launch): what a persistent decode megakernel would pay per phase
-where minillm pays a launch. Each variant also carries one value per program across
-the boundary, as a decode phase carries its activations.
+without programmatic dependent launch, whose trigger comes after the wait or at the start):
+what a persistent decode megakernel would pay per phase where minillm pays a launch. Each
+variant also carries one value per program across the boundary, as a decode phase carries its
+activations.
 
     python3 scripts/bench_sync.py [--steps 2000] [--out DIR]
 """
@@ -17,6 +18,10 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from minillm.benchutil import ms_graph, require_cuda  # noqa: E402
+
+# PDL: 0 off; 1 the next kernel may launch once this one has waited (minillm's kernels); 2 as
+# soon as this one starts ("early trigger": launches run several kernels ahead)
+PDL_NAMES = {0: "", 1: " + PDL", 2: " + PDL, early trigger"}
 
 
 # A grid-wide barrier: every program arrives, then waits until all have. Sound only when every
@@ -54,10 +59,13 @@ def _barrier_chain_kernel(bar_ptr, val_ptr, STEPS: tl.constexpr):
 
 
 @triton.jit
-def _hop_kernel(val_ptr, out_ptr, G, USE_PDL: tl.constexpr):
+def _hop_kernel(val_ptr, out_ptr, G, PDL: tl.constexpr):
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    if USE_PDL:
+    if PDL != 0:
         tl.extra.cuda.gdc_wait()
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
     v = tl.load(val_ptr + (pid + 1) % G) + 1.0
     tl.store(out_ptr + pid, v)
@@ -83,14 +91,14 @@ def main():
         t = ms_graph([barrier]) * 1e3  # us per launch of STEPS barriers
         rows.append({"variant": "grid barrier (one launch)", "programs": G, "us_per_dep": t / args.steps})
         a, b = torch.randn(G, device=dev), torch.empty(G, device=dev)
-        for pdl in (False, True):
+        for pdl in (0, 1, 2):
             def chain():
                 for i in range(args.steps // 10):
                     src, dst = (a, b) if i % 2 == 0 else (b, a)
-                    _hop_kernel[(G,)](src, dst, G, USE_PDL=pdl, launch_pdl=pdl)
+                    _hop_kernel[(G,)](src, dst, G, PDL=pdl, launch_pdl=bool(pdl))
 
             t = ms_graph([chain]) * 1e3
-            rows.append({"variant": f"kernel boundary, graph{' + PDL' if pdl else ''}", "programs": G,
+            rows.append({"variant": "kernel boundary, graph" + PDL_NAMES[pdl], "programs": G,
                          "us_per_dep": t / (args.steps // 10)})
     name = torch.cuda.get_device_name(dev)
     print(f"# one dependency between phases, {name}, triton {triton.__version__}")
