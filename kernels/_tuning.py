@@ -6,6 +6,7 @@ MINILLM_AUTOTUNE=0 launches each kernel with its first (default) config instead 
 benchmarking all of them: the GPU tests use it to keep compile time sane, and one test per
 kernel turns tuning back on. Tuned choices are cached on disk where Triton supports it (a
 second process starts warm)."""
+import functools
 import inspect
 import os
 
@@ -51,18 +52,14 @@ def use_pdl(device):
     return _pdl_devices[device]
 
 
-_sm_counts = {}
-
-
+@functools.cache
 def sm_count(device):
     """Multiprocessors of `device` (the interpreter stands for 2)."""
     if device.type != "cuda":
         return 2
-    if device not in _sm_counts:
-        import torch
+    import torch
 
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device]
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # The fixed layouts (decode GEMV, first configs) were tuned on Hopper, up to 227 KB of shared

@@ -36,7 +36,7 @@ SMALL_M = 64
 LN_APART_MIN = 48 * 1024
 
 
-def decode_config(M, N, K, itemsize=2, ln=False, sms=132):
+def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     """Launch parameters for M rows of an (K -> N) layer. The arithmetic is where K is cut into
     chunks (CHUNKS of whole BLOCK_Ks, each summed afresh): a function of (N, K, dtype) alone, so
     a row's result is the same at every M <= 64. The layout (SPLIT, BLOCK_N, BLOCK_M, warps)
@@ -57,7 +57,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, sms=132):
       (bench/results/h200/batch-decode-linears.md).
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`. sms:
-    the GPU's multiprocessors (an H100's or H200's 132 by default)."""
+    the GPU's multiprocessors (`_tuning.sm_count`; 132 on an H100 SXM or an H200)."""
     shrink = 2 if itemsize > 2 else 1
     if N >= VOCAB_N:
         if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once
@@ -293,7 +293,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_out")
         return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
                         prefetch_residual, fma or config)
-    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sm_count(x2.device)) if config is None \
+    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sms=sm_count(x2.device)) if config is None \
         else dict(config)
     if meta.pop("LN_APART", False) and ln_weight is not None:
         x2 = layernorm_rows(x2, ln_weight, ln_bias, ln_eps, ln_stats)

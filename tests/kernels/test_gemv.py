@@ -7,6 +7,7 @@ import torch
 import kernels
 from kernels import reference as ref
 from kernels import gemv
+from kernels._tuning import sm_count
 from kernels.gemv import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, poisoned, randn
@@ -102,7 +103,7 @@ def test_gemv_layernorm_same_rows_at_any_batch(with_stats, dtype, device):
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
     stats = ref.row_stats(x) if with_stats else None
-    assert gemv.decode_config(SMALL_M, N, K, x.element_size(), ln=True).get("LN_APART")
+    assert gemv.decode_config(SMALL_M, N, K, x.element_size(), ln=True, sms=sm_count(x.device)).get("LN_APART")
     full = kernels.linear(x, w, bias, ln_weight=g, ln_bias=b, ln_stats=stats)
     assert_rel_close(full, _ref(x, w, bias=bias, ln_weight=g, ln_bias=b), dtype, f"ln apart stats {with_stats}")
     for m in (1, 16, 17, 40, 48):  # 40 rows: the 16-row loop with the prologue inside; 48: apart
