@@ -8,11 +8,13 @@
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - embedding: token + position embedding gather
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
+- argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
   decode layernorm skip reading whole rows
 - softmax, gelu: row softmax and elementwise GELU
 """
 from ._epilogue import new_row_stats
+from . import argmax_key
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
@@ -23,6 +25,6 @@ from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "attention", "decode_attention", "decode_row_stats",
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention", "decode_row_stats",
            "embedding", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

@@ -10,11 +10,13 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
 from ._tuning import use_pdl
+from .argmax_key import _empty_keys, _key_index
 
 
 @triton.jit
 def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, B, eos, stride_ob,
-                          HAS_EOS: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
+                          HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr, BLOCK_B: tl.constexpr,
+                          USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -22,6 +24,9 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     mask = rows < B
     step = tl.load(step_ptr)
     nxt = tl.load(next_ptr + rows, mask=mask)
+    if FROM_KEYS:  # the lm_head's argmax keys: read the index, leave EMPTY for the next step
+        tl.store(next_ptr + rows, _empty_keys(BLOCK_B), mask=mask)
+        nxt = _key_index(nxt)
     tl.store(out_ptr + rows * stride_ob + step, nxt.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
     pos = tl.load(pos_ptr + rows, mask=mask)
@@ -32,12 +37,14 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     tl.store(step_ptr, step + 1)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False):
     """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
     finished[b] |= next_ids[b] == eos; then step += 1. All on the device, no sync.
 
     next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
     finished: (B,) bool (with eos, an int token id).
+    from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
+    and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
     """
     check_tensor("next_ids", next_ids, ndim=1, dtypes=(torch.int64,))
     check_device_usable("next_ids", next_ids)
@@ -59,5 +66,6 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None):
         pdl = use_pdl(dev)
         _append_tokens_kernel[(1,)](next_ids, out, step, tokens, pos, finished if finished is not None else pos,
                                     B, -1 if eos is None else int(eos), out.stride(0), HAS_EOS=eos is not None,
-                                    BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
+                                    FROM_KEYS=bool(from_keys), BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl,
+                                    num_warps=1, launch_pdl=pdl)
     return out

@@ -16,7 +16,8 @@ weight read plus fixed latency, and the kernel is built around that:
 - the layernorm prologue takes each row's statistics from the partial sums the producing
   kernel left (ln_stats), or else computes them from the whole row in every program;
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
-  greedy decoding's argmax (argmax_out).
+  greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
+  the row's word with a relaxed atomic: nothing waits for the other column blocks.
 """
 import torch
 import triton
@@ -26,6 +27,7 @@ from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_s
                         _store_row_stats, row_stats_block)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
+from .argmax_key import _argmax_key
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
 from .layernorm import layernorm_rows
 
@@ -127,37 +129,6 @@ def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN:
 
 
 @triton.jit
-def _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, val_ptr, idx_ptr, counter_ptr, tok_ptr,
-                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
-    """Greedy decoding's argmax over each row of y, fused: every column block writes its rows'
-    (max, first index of the max); the last block of a row block to arrive reduces them in
-    column order. Ties go to the lowest index, as torch.argmax does."""
-    BIG: tl.constexpr = 2147483647
-    v = tl.where(tile_mask, y, float("-inf"))
-    vmax = tl.max(v, axis=1)
-    vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], BIG), axis=1)
-    tl.store(val_ptr + rm * num_pid_n + pid_n, vmax, mask=m_mask)
-    tl.store(idx_ptr + rm * num_pid_n + pid_n, vidx, mask=m_mask)
-    done = tl.atomic_add(counter_ptr + pid_m, 1, sem="acq_rel")
-    if done == num_pid_n - 1:
-        best = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        best_i = tl.zeros((BLOCK_M,), dtype=tl.int32)
-        for c0 in range(0, num_pid_n, CHUNK):
-            cc = c0 + tl.arange(0, CHUNK)
-            mask = m_mask[:, None] & (cc < num_pid_n)[None, :]
-            offs = rm[:, None] * num_pid_n + cc[None, :]
-            cv = tl.load(val_ptr + offs, mask=mask, other=float("-inf"), cache_modifier=".cg")
-            ci = tl.load(idx_ptr + offs, mask=mask, other=BIG, cache_modifier=".cg")
-            cmax = tl.max(cv, axis=1)
-            cidx = tl.min(tl.where(cv == cmax[:, None], ci, BIG), axis=1)
-            take = cmax > best  # strictly: an equal max in a later chunk has a higher index
-            best = tl.where(take, cmax, best)
-            best_i = tl.where(take, cidx, best_i)
-        tl.store(tok_ptr + rm, best_i.to(tl.int64), mask=m_mask)
-        tl.atomic_xchg(counter_ptr + pid_m, 0, sem="relaxed")  # see the split counter below
-
-
-@triton.jit
 def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd, rn, n_mask, m_mask,
                k0, zero, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
                FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -188,7 +159,7 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
-    amax_val_ptr, amax_idx_ptr, tok_ptr,
+    key_ptr,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -271,13 +242,15 @@ def _gemv_kernel(
         if STATS_OUT:
             _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                              BLOCK_M, BLOCK_N)
-        if ARGMAX:  # its counters sit after the split ones
-            _argmax_rows(y, tile_mask, rm, rn, m_mask, pid_m, pid_n, num_pid_n, amax_val_ptr, amax_idx_ptr,
-                         count_ptr + num_pid_m * num_pid_n, tok_ptr, BLOCK_M, 256)
+        if ARGMAX:  # the tile's (max, its lowest column) per row, into the row's key
+            v = tl.where(tile_mask, y, float("-inf"))
+            vmax = tl.max(v, axis=1)
+            vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], N), axis=1)
+            tl.atomic_max(key_ptr + rm, _argmax_key(vmax, vidx), mask=m_mask, sem="relaxed")
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_out=None, prefetch_residual=False, config=None):
+         ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
     statistics or argmax are asked for (it ignores ln_stats: it normalizes from whole rows).
@@ -286,11 +259,11 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
-    plain = config is None and stats_out is None and argmax_out is None
+    plain = config is None and stats_out is None and argmax_keys is None
     fma = fma_config(M, N, K, weight.stride(0)) if plain else None
     if fma is not None or (config is not None and "ROWS" in config):
-        if stats_out is not None or argmax_out is not None:
-            raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_out")
+        if stats_out is not None or argmax_keys is not None:
+            raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")
         return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
                         prefetch_residual, fma or config)
     meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sms=sm_count(x2.device)) if config is None \
@@ -303,10 +276,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
     part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
-    argmax = argmax_out is not None
-    counts = arrival_counters(x2.device, tiles + triton.cdiv(M, BLOCK_M)) if split or argmax else part
-    amax_val = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.float32)
-    amax_idx = x2.new_empty((tiles * BLOCK_M,) if argmax else (1,), dtype=torch.int32)
+    counts = arrival_counters(x2.device, tiles) if split else part
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
     dummy = y2
@@ -316,14 +286,14 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
-        amax_val, amax_idx, argmax_out if argmax else amax_idx,
+        argmax_keys if argmax_keys is not None else part,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
-        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax,
+        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax_keys is not None,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         LN_BLOCK=row_stats_block(K),

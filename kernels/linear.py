@@ -18,6 +18,7 @@ from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
+from .argmax_key import row_keys
 from .gemv import SMALL_M, gemv
 from .layernorm import layernorm
 
@@ -80,7 +81,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
            prefetch_residual=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
@@ -89,9 +90,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     stats_out: a `new_row_stats(rows, N)` buffer that receives the output rows' partial
     statistics; ln_stats: the same for x, written by the kernel that produced x, so the
     layernorm prologue need not read whole rows (decode rows; prefill rows normalize from x).
-    argmax_out: an int64 tensor of x's leading shape that receives each output row's argmax
-    (lowest index among ties, as torch.argmax): greedy decoding's token, fused into the
-    lm_head for decode rows.
+    argmax_keys: an int64 tensor of x's leading shape, holding argmax_key.EMPTY (or earlier keys):
+    each output row's argmax (lowest index among ties, as torch.argmax) is max-ed into it as a
+    key, which argmax_key.argmax_index (or append_tokens) turns into the index. Greedy
+    decoding's token, fused into the lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
@@ -130,18 +132,18 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     check_row_stats("stats_out", stats_out, M, N, x.device)
     if ln_stats is not None and ln_weight is None:
         raise ValueError("ln_stats: given without ln_weight/ln_bias")
-    if argmax_out is not None:
-        check_tensor("argmax_out", argmax_out, dtypes=(torch.int64,), device=x.device)
-        check_shape("argmax_out", argmax_out, x.shape[:-1])
-        if not argmax_out.is_contiguous():
-            raise ValueError("argmax_out: expected a contiguous tensor")
+    if argmax_keys is not None:
+        check_tensor("argmax_keys", argmax_keys, dtypes=(torch.int64,), device=x.device)
+        check_shape("argmax_keys", argmax_keys, x.shape[:-1])
+        if not argmax_keys.is_contiguous():
+            raise ValueError("argmax_keys: expected a contiguous tensor")
     r2 = residual.reshape(-1, N) if residual is not None else None
     y2 = y.view(-1, N)
     if M == 0:
         return y
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-             ln_stats, stats_out, argmax_out.view(-1) if argmax_out is not None else None, prefetch_residual,
+             ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
              _config)
         return y
 
@@ -161,6 +163,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         STATS_OUT=stats_out is not None,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=8, **meta,
     )
-    if argmax_out is not None:  # prefill rows: a separate reduction
-        torch.argmax(y2, dim=-1, out=argmax_out.view(-1))
+    if argmax_keys is not None:  # prefill rows: a separate reduction
+        keys = argmax_keys.view(-1)
+        torch.maximum(keys, row_keys(y2), out=keys)
     return y

@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .argmax_key import EMPTY, argmax_index, row_keys  # the key format (plain torch)
+
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
 
@@ -75,11 +77,12 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_out=None,
+           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
            prefetch_residual=False):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
-    stats_out receives row_stats of the output, argmax_out each output row's argmax."""
+    stats_out receives row_stats of the output; argmax_keys the max of its keys and each output
+    row's argmax key (kernels.argmax_key)."""
     xf = x.float()
     if ln_weight is not None and ln_stats is not None:
         xf = _layernorm_from_stats(xf, ln_stats.to(xf.dtype), ln_weight.float(), ln_bias.float(), ln_eps)
@@ -94,8 +97,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     y = _into(y.to(x.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))
-    if argmax_out is not None:
-        argmax_out.copy_(y.argmax(dim=-1))
+    if argmax_keys is not None:
+        torch.maximum(argmax_keys, row_keys(y), out=argmax_keys)
     return y
 
 
@@ -150,7 +153,10 @@ def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False):
+    if from_keys:
+        keys, next_ids = next_ids, argmax_index(next_ids)
+        keys.fill_(EMPTY)
     out.index_copy_(1, step, next_ids[:, None])
     if eos is not None:
         finished |= next_ids == eos

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.argmax_key import EMPTY
+
 from .sampling import SamplingParams, sample
 
 SYNC_EVERY = 16
@@ -53,7 +55,8 @@ class _DecodeState:
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
-        self.next = torch.zeros(batch, dtype=torch.int64, device=device)  # the fused argmax's output
+        # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
+        self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
         self.graph = None
         self.max_len = None  # cache positions decode attention covers (None: all)
 
@@ -120,18 +123,18 @@ class Engine:
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
         if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
-            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_out=st.next)
-            nxt = st.next
+            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
+            self._advance(st, st.keys, eos, from_keys=True)
         else:
             nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
-        self._advance(st, nxt, eos)
+            self._advance(st, nxt, eos)
 
-    def _advance(self, st, nxt, eos):
+    def _advance(self, st, nxt, eos, from_keys=False):
         if st.seen is not None:
             st.seen.scatter_(1, nxt[:, None], True)
         # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
-                                     st.finished if eos is not None else None, eos)
+                                     st.finished if eos is not None else None, eos, from_keys=from_keys)
 
     def _state(self, batch, params, eos, max_len=None):
         key = (batch, params.graph_key(), eos, max_len)

@@ -106,9 +106,9 @@ class GPT:
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=True)  # x += mlp(ln_2(x)); x written before fc
 
-    def _logits(self, x, stats=None, argmax_out=None):
+    def _logits(self, x, stats=None, argmax_keys=None):
         return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],
-                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, argmax_out=argmax_out)
+                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, argmax_keys=argmax_keys)
 
     def prefill(self, ids, seq_lens, cache, all_logits=False):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
@@ -133,11 +133,12 @@ class GPT:
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
         return self._logits(last)
 
-    def decode(self, tokens, pos, cache, max_len=None, argmax_out=None):
+    def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
         token's key/value at pos[b] and returns logits (B, V). max_len (> every pos) narrows the
         cache the attention kernel splits over, so short contexts launch fewer idle programs.
-        argmax_out (B,) int64 receives each row's argmax, fused into the lm_head (greedy)."""
+        argmax_keys (B,) int64, holding kernels.argmax_key.EMPTY: each row's argmax is max-ed in as a
+        key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it)."""
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
@@ -152,4 +153,4 @@ class GPT:
                                      k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
             x = self._attention_out(blk, y.view(B, C), x, st_b)
             x = self._mlp(blk, x, st_b, st_a)
-        return self._logits(x, st_a, argmax_out)
+        return self._logits(x, st_a, argmax_keys)

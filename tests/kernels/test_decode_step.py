@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import kernels
+from kernels import argmax_key
 from kernels import reference as ref
 
 
@@ -29,6 +30,20 @@ def test_append_tokens_matches_reference(B, with_eos, device):
             assert torch.equal(a, b)
     if with_eos:
         assert ours[4][0]  # row 0 drew the end-of-sequence id
+
+
+@pytest.mark.parametrize("B", [1, 5])
+def test_append_tokens_from_argmax_keys(B, device):
+    """Keys from the lm_head: the ids are their indices, and the keys are left EMPTY."""
+    logits = torch.randn(B, 300, device=device)
+    logits[0, [17, 40]] = 9.0  # a tie: the lower index
+    ids = logits.argmax(dim=-1)
+    for ops in (kernels, ref):
+        state = _state(B, 12, device)
+        keys = argmax_key.row_keys(logits)
+        ops.append_tokens(keys, *state[:4], state[4], 17, from_keys=True)
+        assert torch.equal(state[0][:, 3], ids) and torch.equal(state[2].long(), ids)
+        assert state[4][0] and (keys == argmax_key.EMPTY).all()
 
 
 def test_append_tokens_errors(device):

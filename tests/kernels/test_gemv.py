@@ -6,7 +6,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels import gemv
+from kernels import argmax_key, gemv
 from kernels._tuning import sm_count
 from kernels.gemv import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
@@ -145,12 +145,13 @@ def test_linear_row_stats_errors(device):
 
 @pytest.mark.parametrize("M,N,cfg", [
     (1, 300, None), (5, 300, _cfg(chunks=2)),
-    (20, 4200, _cfg(block_n=16)),  # > 256 column blocks: the final reduction loops
+    (20, 4200, _cfg(block_n=16)),  # 263 column blocks, each max-ing its keys in
     (70, 300, None),  # prefill rows: torch's argmax after the tile kernel
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_fused_argmax(M, N, cfg, dtype, device):
-    """argmax_out equals torch.argmax of the stored logits, ties included (lowest index)."""
+    """argmax_keys holds torch.argmax of the stored logits, ties included (lowest index), and
+    combines with keys already there (a second launch on the same keys changes nothing)."""
     if N > 1000 and dtype == torch.float16 and not ON_GPU:
         pytest.skip("interpreter time: the wide case runs in fp32 only")
     K = 16 if N > 1000 else 40  # (the interpreter runs every program)
@@ -160,10 +161,14 @@ def test_linear_fused_argmax(M, N, cfg, dtype, device):
     tied = [3, 4, N // 2, N - 7]  # across column blocks and reduction chunks
     w[:, tied] = w[:, 3:4]
     bias[tied] = 100.0  # row maxima, equal after rounding: the lowest index must win
-    tok = torch.full((M,), -1, dtype=torch.int64, device=device)
-    y = kernels.linear(x, w, bias, argmax_out=tok, _config=cfg)
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    tok = argmax_key.argmax_index(keys)
     assert torch.equal(tok, y.argmax(dim=-1))
     assert (y[0] == y[0].max()).sum() >= 2 and tok[0] == 3
+    first = keys.clone()
+    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    assert torch.equal(keys, first)
 
 
 @pytest.mark.parametrize("split", [True, False])

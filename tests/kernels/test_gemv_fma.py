@@ -90,7 +90,7 @@ def test_fma_routing():
 
 
 def test_fma_statistics_and_argmax_go_elsewhere(device):
-    """stats_out and argmax_out are the tensor-core path's: asked for, linear takes it (and
+    """stats_out and argmax_keys are the tensor-core path's: asked for, linear takes it (and
     says so for a forced CUDA-core layout)."""
     M, K, N = 1, 64, 48
     x = randn(M, K, device=device)

@@ -1,0 +1,59 @@
+"""Greedy decoding's argmax as one int64 key per row, so that programs holding different columns
+of a row combine their maxima with a single relaxed atomic max, in any order, with nobody
+waiting: no partials, no arrival counter, no last program reducing them.
+
+A key orders by value first, then by the lower column index (ties go to the lowest index, as
+torch.argmax):
+
+    key = ordered(value) << 32 | (2**31 - 1 - index)
+
+ordered() maps an fp32 value to an int32 with the same order: the bits of a positive float
+already order as integers; a negative float's lower 31 bits count the wrong way, so they are
+flipped. -0.0 is taken as +0.0 (the two tie in torch), and NaN ranks above everything (torch's
+argmax returns a NaN's index). EMPTY is below every key: a key buffer holds it before the
+lm_head's launch, and whoever reads the keys (append_tokens) resets it.
+"""
+import torch
+import triton
+import triton.language as tl
+
+EMPTY = -(2 ** 63)
+INDEX_BITS = 2 ** 31 - 1  # indices 0 .. 2**31 - 1; the low word stores INDEX_BITS - index
+
+
+@triton.jit
+def _argmax_key(value, index):
+    """Keys of fp32 values at int32 column indices (elementwise)."""
+    bits = value.to(tl.int32, bitcast=True)
+    bits = tl.where(value == 0.0, 0, bits)
+    bits = tl.where(value != value, 2147483647, bits)  # NaN
+    ordered = tl.where(bits < 0, bits ^ 2147483647, bits)
+    return (ordered.to(tl.int64) << 32) | (2147483647 - index).to(tl.int64)
+
+
+@triton.jit
+def _empty_keys(BLOCK: tl.constexpr):
+    """BLOCK keys of EMPTY (-2**63: -1 shifted into the sign bit)."""
+    return tl.full((BLOCK,), -1, tl.int64) << 63
+
+
+@triton.jit
+def _key_index(key):
+    """The column index a key holds."""
+    return 2147483647 - (key & 2147483647)
+
+
+def row_keys(y):
+    """Keys of the argmax of each row of y (..., N), in torch: for rows no fused kernel covers."""
+    index = y.argmax(dim=-1)  # the first index among equal maxima
+    value = y.gather(-1, index[..., None])[..., 0].float()
+    value = torch.where(value == 0, torch.zeros_like(value), value)
+    bits = value.view(torch.int32)
+    bits = torch.where(torch.isnan(value), torch.full_like(bits, INDEX_BITS), bits)
+    ordered = torch.where(bits < 0, bits ^ INDEX_BITS, bits)
+    return (ordered.long() << 32) | (INDEX_BITS - index)
+
+
+def argmax_index(keys):
+    """Column indices (int64) from keys (no EMPTY among them)."""
+    return INDEX_BITS - (keys & INDEX_BITS)
