@@ -68,9 +68,11 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
                         num_stages=3)
         # timed as the engine calls it (layernorm, fused argmax; bench/results/h200/lm-head-layouts.md):
         # gpt2's lm_head 34.9 -> 26.1 us at one row, 59.4 -> 50.9 at 64 rows; gpt2-xl's 56.7 -> 44.2
-        # at one row. About 400 KB of weights per program either way
-        return dict(BLOCK_N=256 if K < 1024 else 128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4,
-                    BLOCK_M=BLOCK_M, num_stages=3)
+        # at one row. gpt2's took 256 columns while the argmax ended in a last-arriver reduction;
+        # with argmax keys 128 columns gained end to end (H100, batch 1: +1.2%; batch 64 even;
+        # bench/results/h100/argmax-keys.md)
+        return dict(BLOCK_N=128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
+                    num_stages=3)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
     if M <= BLOCK_M:
