@@ -25,6 +25,6 @@ from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .softmax import softmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention", "decode_row_stats",
-           "embedding", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
+           "decode_row_stats", "embedding", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

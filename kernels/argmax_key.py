@@ -9,9 +9,10 @@ torch.argmax):
 
 ordered() maps an fp32 value to an int32 with the same order: the bits of a positive float
 already order as integers; a negative float's lower 31 bits count the wrong way, so they are
-flipped. -0.0 is taken as +0.0 (the two tie in torch), and NaN ranks above everything (torch's
-argmax returns a NaN's index). EMPTY is below every key: a key buffer holds it before the
-lm_head's launch, and whoever reads the keys (append_tokens) resets it.
+flipped. -0.0 is taken as +0.0 (the two tie in torch), and a NaN's key ranks above every
+other (torch's argmax returns a NaN's index; the fused lm_head's per-tile maximum does not
+promise to pick a NaN, as the reduction before keys did not). EMPTY is below every key: a key
+buffer holds it before the lm_head's launch, and whoever reads the keys (append_tokens) resets it.
 """
 import torch
 import triton

@@ -43,6 +43,7 @@ def test_triton_keys_order_like_value_then_lower_index(device):
     greater = keys[:, None] > keys[None, :]
     expect = (v[:, None] > v[None, :]) | ((v[:, None] == v[None, :]) & (i[:, None] < i[None, :]))
     assert torch.equal(greater, expect)  # -0.0 == 0.0, so the lower index wins between them
+    assert torch.equal(keys >> 32, row_keys(v.float()[:, None]) >> 32)  # the torch packing's value word
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
