@@ -178,7 +178,6 @@ def _gemv_kernel(
     ITERS: tl.constexpr = K_CHUNK // BLOCK_K
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     pid_m = pid % num_pid_m
     pid_n = pid // num_pid_m

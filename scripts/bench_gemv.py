@@ -28,6 +28,7 @@ def engine_config(M, N, K, ln):
     """The layout the engine launches for fp16 rows on this GPU (it follows the SM count)."""
     return gemv.decode_config(M, N, K, 2, ln, sms=tuning.sm_count(torch.device("cuda")))
 
+
 SHAPES = [  # (name, M, K, N, layernorm prologue)
     ("gpt2 qkv", 1, 768, 2304, True), ("gpt2 attn-out", 1, 768, 768, False), ("gpt2 fc", 1, 768, 3072, True),
     ("gpt2 mlp-out", 1, 3072, 768, False), ("gpt2 lm_head", 1, 768, 50257, True),
