@@ -251,10 +251,12 @@ def _gemv_kernel(
 
 
 def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-         ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None):
+         ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
+         early_launch=False):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
     statistics or argmax are asked for (it ignores ln_stats: it normalizes from whole rows).
+    early_launch (see `linear`) is honoured there only.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -266,7 +268,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         if stats_out is not None or argmax_keys is not None:
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")
         return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-                        prefetch_residual, fma or config)
+                        prefetch_residual, fma or config, early_launch)
     meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sms=sm_count(x2.device)) if config is None \
         else dict(config)
     if meta.pop("LN_APART", False) and ln_weight is not None:

@@ -71,8 +71,10 @@ def _gemv_fma_kernel(
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_LN: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
+    if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
+        tl.extra.cuda.gdc_launch_dependents()
     # row blocks fastest: the programs that share a weight slab run side by side (L2 hits)
     num_pid_m = tl.cdiv(M, ROWS)
     pid = tl.program_id(0)
@@ -96,7 +98,8 @@ def _gemv_fma_kernel(
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
-        tl.extra.cuda.gdc_launch_dependents()
+        if not EARLY_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
 
     x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
                 mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (ROWS, BLOCK_K)
@@ -122,9 +125,9 @@ def decode_row_stats(rows, cols, device):
 
 
 def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
-             prefetch_residual, config):
+             prefetch_residual, config, early_launch=False):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
-    (or one like it: tests, benchmarks); writes y2 (M, N)."""
+    (or one like it: tests, benchmarks); writes y2 (M, N). early_launch: see `linear`."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
@@ -138,6 +141,6 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activat
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         HAS_LN=ln_weight is not None, USE_PDL=pdl,
-        PREFETCH_RESIDUAL=bool(prefetch_residual), launch_pdl=pdl, **meta,
+        PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch), launch_pdl=pdl, **meta,
     )
     return y2

@@ -82,7 +82,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, _config=None):
+           prefetch_residual=False, early_launch=False, _config=None):
     """act(layernorm?(x) @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -96,6 +96,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     decoding's token, fused into the lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
+    early_launch: decode rows on the one-row CUDA-core kernel let the next kernel launch at this
+    one's start rather than after its wait, so the next one's weights stream in behind all of
+    this one (elsewhere ignored: it lost end to end). The caller vouches that the next kernel
+    reads nothing before its wait that the kernel before this one writes (no prefetch_residual).
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
@@ -144,7 +148,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config)
+             _config, early_launch)
         return y
 
     if ln_weight is not None:

@@ -78,7 +78,7 @@ def _layernorm_from_stats(x, stats, weight, bias, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False):
+           prefetch_residual=False, early_launch=False):
     """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
     With ln_stats the layernorm takes its mean and variance from those partial statistics;
     stats_out receives row_stats of the output; argmax_keys the max of its keys and each output

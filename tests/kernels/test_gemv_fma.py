@@ -58,6 +58,30 @@ def test_fma_residual_in_place(prefetch, dtype, device):
     assert_rel_close(h, expect, dtype, f"fma residual prefetch={prefetch}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fma_early_launch_same_bits(dtype, device):
+    """early_launch moves the dependent-launch trigger to the kernel's start (on the GPU): a
+    chain of three linears, the middle one triggering early, gives the bits of the plain chain
+    (and the third, launched early, reads its residual after its wait)."""
+    K, N = 300, 1200
+    x = randn(1, K, dtype=dtype, device=device, scale=2.0) + 0.5
+    w1 = _out_major(randn(K, K, dtype=dtype, device=device, scale=K ** -0.5))
+    w2 = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    w3 = _out_major(randn(N, K, dtype=dtype, device=device, scale=N ** -0.5))
+    g, be = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+
+    def chain(early):
+        h = x.clone()
+        kernels.linear(x, w1, residual=h, out=h)  # h = x + x @ w1: written just before the early kernel
+        f = kernels.linear(h, w2, activation="gelu_tanh", ln_weight=g, ln_bias=be, early_launch=early)
+        return kernels.linear(f, w3, residual=h, out=h, prefetch_residual=not early), f
+
+    (y0, f0), (y1, f1) = chain(False), chain(True)
+    torch.testing.assert_close(f1, f0, rtol=0, atol=0)
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    assert_rel_close(y1, _ref(f0, w3, residual=x + _ref(x, w1)), dtype, "fma early launch chain")
+
+
 def test_fma_no_bias_no_activation(device):
     x = randn(1, 130, device=device)
     w = _out_major(randn(130, 9, device=device))
