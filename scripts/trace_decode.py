@@ -1,0 +1,235 @@
+"""Per-program timeline of one replayed decode step (CUDA, Hopper): when every program of every
+decode linear and decode-attention launch starts, passes its dependent-launch wait, has its
+prefetched weights, ends, and on which SM. torch.profiler sees whole kernels; this sees how a
+kernel's programs share the SMs with the next kernel's early starters.
+
+How: the three decode kernel files are copied with four `%globaltimer` reads and a record store
+added (text patches at fixed anchors, checked by tests/test_trace_decode.py), loaded as
+`kernels._traced_*`, and the engine's launchers are pointed at them. The weights' arrival is
+forced by a sum after the wait, so the trigger stays where the engine has it. The clock ticks in
+0.256 us steps on an H100, and instrumentation slows a step (gpt2-xl 2,084 against 1,736 us):
+read the timeline for its shape, and time the step with --untraced.
+
+    python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
+    python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
+"""
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HELPERS = '''
+
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _now_after(v):  # the clock once v (fp32) is computed
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [v], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _record(trace_ptr, idx, t0, t1, t2):
+    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    t3 = _now()
+    rec = trace_ptr + idx * 5
+    tl.store(rec, smid.to(tl.int64))
+    tl.store(rec + 1, t0)
+    tl.store(rec + 2, t1)
+    tl.store(rec + 3, t2)
+    tl.store(rec + 4, t3)
+
+'''
+FIELDS = 5  # sm, start, weights in, wait passed, end
+SUM_W = "    t1 = _now_after(tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))\n"
+
+# (file, [(anchor, replacement)]): every anchor must occur in the kernel file
+PATCHES = {
+    "gemv": [
+        ("from .layernorm import layernorm_rows\n", "from .layernorm import layernorm_rows\n" + HELPERS),
+        ("SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,\n):", "SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, trace_ptr,\n):"),
+        ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
+         "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
+        ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
+        ("\n\ndef gemv(", "    _record(trace_ptr, pid + pid_k * tl.num_programs(0), t0, t1, t2)\n\n\ndef gemv("),
+    ],
+    "gemv_fma": [
+        ("from ._tuning import INTERPRET, use_pdl\n", "from ._tuning import INTERPRET, use_pdl\n" + HELPERS),
+        ("EARLY_LAUNCH: tl.constexpr,\n):", "EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
+        ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
+        ("    x = tl.load(x_ptr + rm[:, None]", "    t2 = _now()\n" + SUM_W + "    x = tl.load(x_ptr + rm[:, None]"),
+        ("    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)\n",
+         "    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)\n"
+         "    _record(trace_ptr, pid, t0, t1, t2)\n"),
+    ],
+    "decode_attention": [
+        ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
+        ("    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,\n):", "    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, trace_ptr,\n):"),
+        ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
+        ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
+        ("\n\ndef _programs_wanted", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef _programs_wanted"),
+    ],
+}
+
+
+def patched_source(name):
+    src = (ROOT / "kernels" / f"{name}.py").read_text()
+    for anchor, new in PATCHES[name]:
+        if src.count(anchor) != 1:
+            raise RuntimeError(f"trace_decode: kernels/{name}.py has {src.count(anchor)} copies of the anchor "
+                               f"{anchor.strip()[:60]!r}, expected 1: update PATCHES")
+        src = src.replace(anchor, new)
+    return src
+
+
+def load_traced(name, tmp):
+    """kernels/<name>.py with the timers in, as the module kernels._traced_<name> (Triton needs
+    the source in a file)."""
+    import kernels  # noqa: F401  (the package the copy's relative imports resolve in)
+
+    path = Path(tmp) / f"_traced_{name}.py"
+    path.write_text(patched_source(name))
+    spec = importlib.util.spec_from_file_location(f"kernels._traced_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+RECORDS = []  # per launch in order: (kind, N, K, buffer, programs)
+
+
+class _Traced:
+    """Stands in for a JIT kernel that launchers index with a grid: adds a record buffer."""
+
+    def __init__(self, fn, kind, shape):
+        self.fn, self.kind, self.shape = fn, kind, shape
+        self.__name__ = fn.__name__  # _tuning.launch names layouts by it
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            n = grid[0] * (grid[1] if len(grid) > 1 else 1)
+            buf = torch.empty(n * FIELDS, dtype=torch.int64, device="cuda")
+            RECORDS.append((self.kind, *self.shape(args, kw), buf, n))
+            return self.fn[grid](*args, trace_ptr=buf, **kw)
+        return run
+
+
+def install(tmp):
+    """Point the decode launchers at traced copies of their kernels (this process only)."""
+    import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
+    from kernels._tuning import launch
+
+    da, gv, gf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "gemv", "gemv_fma"))
+    # the shapes of a launch, from its arguments: (N, K) of a linear, (H, D) of attention
+    traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", lambda a, kw: (a[13], kw["K"]))
+    gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
+    gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", lambda a, kw: (a[8], kw["K"]))
+    da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
+                                          lambda a, kw: (a[10], a[11]))
+
+
+def summarize(launches, n_embd):
+    """Per launch: times in us from the step's first program start, by program quantiles."""
+    C = n_embd
+    roles = {(3 * C, C): "qkv", (C, C): "attn-out", (4 * C, C): "fc", (C, 4 * C): "mlp-out"}
+    recs = [(kind, N, K, buf.view(n, FIELDS).cpu()) for kind, N, K, buf, n in launches]
+    t0 = min(int(r[:, 1].min()) for *_, r in recs)
+    out = []
+    for kind, N, K, r in recs:
+        t = (r[:, 1:].double() - t0) / 1000.0  # (programs, 4): start, weights in, wait passed, end
+        ev = sorted([(float(a), 1) for a in t[:, 0]] + [(float(b), -1) for b in t[:, 3]])
+        alive = peak = 0
+        for _, step in ev:
+            alive += step
+            peak = max(peak, alive)
+        q = lambda col, f: float(t[:, col].quantile(f))  # noqa: E731
+        out.append(dict(role="attention" if kind == "attn" else roles.get((N, K), "lm_head"), programs=r.shape[0],
+                        sms=int(r[:, 0].unique().numel()), peak_alive=peak, start_first=q(0, 0), start_p70=q(0, 0.7),
+                        start_last=q(0, 1), wait_first=q(2, 0), wait_last=q(2, 1), weights_med=q(1, 0.5),
+                        weights_last=q(1, 1), end_med=q(3, 0.5), end_last=q(3, 1),
+                        programs_raw=[[int(r[i, 0])] + [round(float(x), 3) for x in t[i]] for i in range(r.shape[0])]))
+    return out
+
+
+def report(launches):
+    lines = ["per role, means over layers, us after the previous launch's last end:",
+             f"{'role':10s} {'n':>3s} {'start':>7s} {'70% in':>7s} {'wait':>7s} {'weights':>8s} {'end':>7s}"]
+    agg = defaultdict(list)
+    for prev, d in zip(launches, launches[1:]):
+        e = prev["end_last"]
+        agg[d["role"]].append([d["start_first"] - e, d["start_p70"] - e, d["wait_first"] - e,
+                               d["weights_last"] - e, d["end_last"] - e])
+    for role, v in agg.items():
+        m = torch.tensor(v).mean(0).tolist()
+        lines.append(f"{role:10s} {len(v):3d} " + " ".join(f"{x:7.2f}" for x in m))
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2-xl", help="a config preset (random weights); default gpt2-xl")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
+    ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
+    ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
+    args = ap.parse_args()
+    from minillm.benchutil import require_cuda
+
+    require_cuda("trace_decode")
+    if not args.untraced:
+        install(tempfile.mkdtemp())
+    from minillm.bench import build
+    from minillm.generate import Engine
+    from minillm.model import GPT
+    from minillm.sampling import SamplingParams
+
+    cfg, hf, weights = build(args.model, "cuda", torch.float16)
+    del hf
+    model = GPT(cfg, weights, "triton")
+    params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    Engine(model).generate([[1] * 32] * args.batch, params)  # compile and tune outside the trace
+    RECORDS.clear()
+    st = Engine(model)._state(args.batch, params, None, max_len=128)  # two warm-up steps, then the capture
+    captured = RECORDS[-len(RECORDS) // 3:] if RECORDS else []
+    st.pos.fill_(40)
+    for _ in range(5):
+        st.graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.replays):
+        st.graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    step_us = start.elapsed_time(end) * 1000 / args.replays
+    res = dict(model=args.model, batch=args.batch, device=torch.cuda.get_device_name(), traced=not args.untraced,
+               step_us=step_us, fields=["sm", "start", "weights in", "wait passed", "end"])
+    print(f"{args.model} b{args.batch} {'untraced' if args.untraced else 'traced'}: {step_us:.1f} us a step")
+    if captured:
+        launches = summarize(captured, cfg.n_embd)
+        print("\n".join(report(launches)))
+        mid = 5 * (cfg.n_layer // 2)  # keep every program of the middle two layers only
+        for i, d in enumerate(launches):
+            if not mid <= i < mid + 10:
+                d.pop("programs_raw")
+        res["launches"] = launches
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"trace-{args.model}-b{args.batch}{'-untraced' if args.untraced else ''}.json"
+    path.write_text(json.dumps(res))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

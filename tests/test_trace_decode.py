@@ -1,0 +1,52 @@
+"""scripts/trace_decode.py without a GPU: its text patches still apply to the kernel files
+(each anchor once) and the traced copies import; its per-launch bookkeeping on made-up records."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("trace_decode", ROOT / "scripts" / "trace_decode.py")
+trace_decode = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(trace_decode)
+
+
+@pytest.mark.parametrize("name", sorted(trace_decode.PATCHES))
+def test_patches_apply_and_import(name, tmp_path):
+    src = trace_decode.patched_source(name)
+    assert src.count("\n    _record(trace_ptr") == 1 and src.count("t0 = _now()") == 1
+    mod = trace_decode.load_traced(name, tmp_path)
+    kernel = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel"}
+    assert "trace_ptr" in getattr(mod, kernel[name]).arg_names
+
+
+def test_a_moved_anchor_is_named(monkeypatch):
+    monkeypatch.setitem(trace_decode.PATCHES, "gemv", [("no such line\n", "")])
+    with pytest.raises(RuntimeError, match="kernels/gemv.py has 0 copies of the anchor 'no such line'"):
+        trace_decode.patched_source("gemv")
+
+
+def _launch(kind, N, K, programs):
+    """programs: (sm, start, weights, wait, end) in us, stored as the kernels do (ns)."""
+    buf = torch.tensor([[p[0]] + [int(x * 1000) + 10**9 for x in p[1:]] for p in programs], dtype=torch.int64)
+    return kind, N, K, buf.view(-1), len(programs)
+
+
+def test_summarize_roles_times_and_overlap():
+    C = 8
+    launches = [
+        _launch("fma", 3 * C, C, [(0, 0.0, 1.0, 1.0, 2.0), (1, 0.5, 1.5, 1.5, 2.5)]),
+        _launch("attn", 2, 4, [(2, 1.0, 2.6, 2.6, 3.0)]),
+        _launch("gemv", 100, C, [(0, 2.5, 3.5, 3.2, 4.0), (1, 2.6, 3.6, 3.3, 5.0), (2, 4.1, 4.5, 4.2, 4.8)]),
+    ]
+    out = trace_decode.summarize(launches, n_embd=C)
+    assert [d["role"] for d in out] == ["qkv", "attention", "lm_head"]
+    qkv, attn, head = out
+    assert qkv["start_first"] == pytest.approx(0.0) and qkv["end_last"] == pytest.approx(2.5)
+    assert qkv["peak_alive"] == 2 and head["peak_alive"] == 2  # the third started after the first ended
+    assert head["sms"] == 3 and head["wait_first"] == pytest.approx(3.2)
+    assert head["programs_raw"][1] == [1, 2.6, 3.6, 3.3, 5.0]
+    lines = trace_decode.report(out)
+    row = next(line for line in lines if line.startswith("lm_head"))
+    assert row.split()[1:3] == ["1", "-0.50"]  # started 0.5 us before attention's last end
