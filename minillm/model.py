@@ -147,8 +147,8 @@ class GPT:
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
         # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics.
-        # There fc lets mlp-out launch at fc's start (gpt2 b1 +2.9% on an H100; attn-out early
-        # too: +1.4%; on the tensor-core layouts it lost: b8 -1.1%, gpt2-xl -1.8%)
+        # There fc lets mlp-out launch at fc's start (gpt2 b1 +2.9% on an H100, even on an H200;
+        # attn-out early too: +1.4%; on the tensor-core layouts it lost: b8 -1.1%, gpt2-xl -1.8%)
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         early = st_a is None
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
