@@ -111,11 +111,16 @@ RECORDS = []  # per launch in order: (kind, N, K, buffer, programs)
 
 
 class _Traced:
-    """Stands in for a JIT kernel that launchers index with a grid: adds a record buffer."""
+    """Stands in for a JIT kernel that launchers index with a grid: adds a record buffer, and
+    notes the launch's shape (`names`: (N, K) of a linear, (H, D) of attention)."""
 
-    def __init__(self, fn, kind, shape):
-        self.fn, self.kind, self.shape = fn, kind, shape
+    def __init__(self, fn, kind, names):
+        self.fn, self.kind, self.names = fn, kind, names
         self.__name__ = fn.__name__  # _tuning.launch names layouts by it
+
+    def shape(self, args, kw):
+        """The named arguments' values, passed by keyword or by position."""
+        return tuple(kw[n] if n in kw else args[self.fn.arg_names.index(n)] for n in self.names)
 
     def __getitem__(self, grid):
         def run(*args, **kw):
@@ -132,12 +137,11 @@ def install(tmp):
     from kernels._tuning import launch
 
     da, gv, gf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "gemv", "gemv_fma"))
-    # the shapes of a launch, from its arguments: (N, K) of a linear, (H, D) of attention
-    traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", lambda a, kw: (a[13], kw["K"]))
+    traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
-    gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", lambda a, kw: (a[8], kw["K"]))
+    gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
     da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
-                                          lambda a, kw: (a[10], a[11]))
+                                          ("H", "D"))
 
 
 def summarize(launches, n_embd):

@@ -21,6 +21,14 @@ def test_patches_apply_and_import(name, tmp_path):
     assert "trace_ptr" in getattr(mod, kernel[name]).arg_names
 
 
+def test_launch_shape_by_name(tmp_path):
+    """A traced launch finds N and K by the kernel's argument names, positional or keyword."""
+    fn = trace_decode.load_traced("gemv_fma", tmp_path)._gemv_fma_kernel
+    traced = trace_decode._Traced(fn, "fma", ("N", "K"))
+    args = list(range(len(fn.arg_names)))  # each positional argument's value is its index
+    assert traced.shape(args, {"K": 768}) == (fn.arg_names.index("N"), 768)
+
+
 def test_a_moved_anchor_is_named(monkeypatch):
     monkeypatch.setitem(trace_decode.PATCHES, "gemv", [("no such line\n", "")])
     with pytest.raises(RuntimeError, match="kernels/gemv.py has 0 copies of the anchor 'no such line'"):
