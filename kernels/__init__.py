@@ -1,8 +1,9 @@
 """minillm's Triton kernels. Every op has a plain-torch twin in `kernels.reference`.
 
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
-- linear: act(layernorm?(x) @ W + bias) + residual in one kernel; split-K path for decode rows,
-  a CUDA-core path for one row
+- linear: act(x @ W + bias) + residual in one kernel, with a layernorm folded in (fold_layernorm:
+  the gain and shift go into W and bias, the normalization into the epilogue); split-K path for
+  decode rows, a CUDA-core path for one row
 - decode_row_stats: new_row_stats for a decode step, or None where its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
@@ -10,7 +11,7 @@
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
-  decode layernorm skip reading whole rows
+  folded layernorm skip reading whole rows
 - softmax, gelu: row softmax and elementwise GELU
 """
 from ._epilogue import new_row_stats
@@ -23,8 +24,9 @@ from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
+from .reference import fold_layernorm
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
-           "decode_row_stats", "embedding", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
+           "decode_row_stats", "embedding", "fold_layernorm", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
 __version__ = "0.1.0"

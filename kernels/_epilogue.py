@@ -3,8 +3,8 @@ the row statistics a following layernorm needs.
 
 Row statistics travel as partial sums: for every row, the sum and the sum of squares of each
 group of STATS_GROUP columns, in an fp32 (rows, 2, groups) buffer. The kernel that writes a
-tensor knows its values anyway and adds them up per tile for free; the kernel that normalizes
-it (linear's layernorm prologue) then reads a few dozen numbers per row instead of the whole
+tensor knows its values anyway and adds them up per tile for free; the linear that normalizes
+it (a folded layernorm, `_fold_ln`) then reads a few dozen numbers per row instead of the whole
 row, in every one of its programs. Group boundaries depend on the column count only, so the
 statistics are the same whatever the tiling or the batch.
 """
@@ -71,9 +71,9 @@ def _store_row_stats(vals, rm, m_mask, n0, N, stats_ptr, stride_sm,
 
 
 @triton.jit
-def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K: tl.constexpr, GROUPS_POW2: tl.constexpr):
+def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr):
     """Mean and 1/std of rows rm (over K columns) from their partial statistics."""
-    n_groups: tl.constexpr = (K + 15) // 16
+    n_groups = (K + 15) // 16
     g = tl.arange(0, GROUPS_POW2)
     mask = m_mask[:, None] & (g < n_groups)[None, :]
     ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
@@ -114,9 +114,7 @@ def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
 
 
 @triton.jit
-def _normalize(a, k_mask, lnw, lnb, mean, rstd):
-    """Rows of a (rows, cols) layernormed with their mean and 1/std and the gain and shift of
-    its columns, zero past k_mask, rounded to a's dtype: the one formula of every layernorm
-    prologue (and of layernorm_rows), so each gives a row the same bits."""
-    an = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * lnw[None, :] + lnb[None, :]
-    return tl.where(k_mask[None, :], an, 0.0).to(a.dtype)
+def _fold_ln(acc, colsum, mean, rstd):
+    """A folded layernorm applied to x @ (g * W) (kernels.reference.fold_layernorm): each row's
+    rstd * (acc - mean * colsum), the shift left to the epilogue's bias. colsum (1, N) fp32."""
+    return (acc - mean[:, None] * colsum) * rstd[:, None]

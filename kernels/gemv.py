@@ -1,4 +1,5 @@
-"""Decode-time linear (M <= 64 rows): y = act(layernorm?(x) @ W + bias) + residual, one launch.
+"""Decode-time linear (M <= 64 rows): y = act(x @ W + bias) + residual, one launch, with an
+optional folded layernorm (linear's ln_fold).
 
 Few rows make this a matrix-vector product: every weight byte is read once, so the time is the
 weight read plus fixed latency, and the kernel is built around that:
@@ -13,8 +14,11 @@ weight read plus fixed latency, and the kernel is built around that:
   makes a chunk one tile, so that is a split program's whole slab. With programmatic dependent
   launch (Hopper) the kernel starts while the previous one still runs, so this load and the
   launch hide behind it; gdc_wait then waits for x;
-- the layernorm prologue takes each row's statistics from the partial sums the producing
-  kernel left (ln_stats), or else computes them from the whole row in every program;
+- a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
+  product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
+  each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
+  from the whole row. Normalizing x in every K step instead made gpt2's qkv and fc 1.1-1.2 us
+  slower at 64 rows, gpt2-xl's twice as slow (bench/results/h200/batch-decode-linears.md);
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
   the row's word with a relaxed atomic: nothing waits for the other column blocks.
@@ -23,19 +27,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import (STATS_GROUP, _epilogue, _load_bias_residual, _load_row_stats, _normalize, _row_stats,
+from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
                         _store_row_stats, row_stats_block)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
-from .layernorm import layernorm_rows
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
-# rows x K from which a layernorm linear past 16 rows (K >= 1024) normalizes apart: gpt2-xl
-# (K = 1600) gains from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lose at 32 and gain at 64
-LN_APART_MIN = 48 * 1024
+# rows x K from which a layernorm linear past 16 rows (K >= 1024) runs 64-row tiles: gpt2-xl
+# (K = 1600) gained from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lost at 32 and gained
+# at 64 (timed when these layers normalized apart, before the layernorm was folded)
+TALL_MIN = 48 * 1024
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -53,10 +57,10 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
       (K >= 1024) past 16 rows in one 64-row tl.dot (BLOCK_M) of twice the BLOCK_K, which the GPU
       tests show gives a row the same bits as 16-row tiles (one accumulator carried over K in
       the same 16-wide steps).
-    - a layernorm linear (ln) at K >= 1024 and LN_APART_MIN rows x K normalizes apart (LN_APART:
-      layernorm_rows, one launch more), then runs 64-row tiles: normalizing in every K step of
-      the loop made gpt2-xl's qkv 24.1 us at 64 rows, against 12.9 apart and 6.9 for cuBLAS
-      (bench/results/h200/batch-decode-linears.md).
+    - a (folded) layernorm linear (ln: gpt2-xl's qkv and fc, wide) at K >= 1024 and TALL_MIN
+      rows x K runs 64-row tiles, which its column blocks fill the GPU with: without the
+      layernorm gpt2-xl's qkv took 10.0 us on them at 64 rows against 16.3 on 16-row tiles
+      (bench/results/h200/batch-decode-linears-probe-6c89ea8.json).
     fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
     of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`. sms:
     the GPU's multiprocessors (`_tuning.sm_count`; 132 on an H100 SXM or an H200)."""
@@ -88,9 +92,8 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
-    if ln and M * K >= LN_APART_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
-        return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64,
-                    LN_APART=True)
+    if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
+        return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64)
     # four stages (160 KB of shared memory): gpt2-xl batch 64 16.9k -> 20.3k tok/s, batch 32 10.0k
     # -> 11.7k, gpt2 batch 64 +1% end to end on an H200
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
@@ -109,41 +112,21 @@ CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, Tr
 
 
 @triton.jit
-def _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN: tl.constexpr):
-    """W[kk, rn] and, with a layernorm, its gain and shift at kk (fp32; 0.0 without)."""
-    w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-    lnw, lnb = 0.0, 0.0
-    if HAS_LN:
-        lnw = tl.load(lnw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        lnb = tl.load(lnb_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-    return w, lnw, lnb
+def _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn):
+    return tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                   mask=k_mask[:, None] & n_mask[None, :], other=0.0)
 
 
 @triton.jit
-def _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN: tl.constexpr):
-    """x[rows, kk], layernormed with HAS_LN ((x - mean) * rstd * lnw + lnb, zero past K), in
-    x's dtype for tl.dot."""
-    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    if HAS_LN:
-        a = _normalize(a, k_mask, lnw, lnb, mean, rstd)
-    return a
-
-
-@triton.jit
-def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, mean, rstd, rn, n_mask, m_mask,
-               k0, zero, stride_xk, stride_wk, stride_wn, K: tl.constexpr, HAS_LN: tl.constexpr,
-               FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """(layernormed) x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator;
-    the first weight tile may already be loaded (w_first, lnw_first, lnb_first)."""
+def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, zero, stride_xk, stride_wk, stride_wn,
+               K: tl.constexpr, FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator; the first
+    weight tile may already be loaded (w_first)."""
     kk = k0 + tl.arange(0, BLOCK_K)
     k_mask = kk < K
-    if FIRST_LOADED:
-        w, lnw, lnb = w_first, lnw_first, lnb_first
-    else:
-        w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
-    a = _x_tile(x_rows, kk, k_mask, m_mask, stride_xk, lnw, lnb, mean, rstd, HAS_LN)
+    w = w_first if FIRST_LOADED else _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn)
+    a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     # the fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
     # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
     acc = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
@@ -151,21 +134,20 @@ def _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w_first, lnw_first, lnb_first, m
     for i in range(1, ITERS):  # fresh names in the loop: only acc is carried
         kk_i = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask_i = kk_i < K
-        w_i, lnw_i, lnb_i = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk_i, k_mask_i, rn, n_mask, stride_wk, stride_wn,
-                                         HAS_LN)
-        a_i = _x_tile(x_rows, kk_i, k_mask_i, m_mask, stride_xk, lnw_i, lnb_i, mean, rstd, HAS_LN)
+        w_i = _weight_tile(w_ptr, kk_i, k_mask_i, rn, n_mask, stride_wk, stride_wn)
+        a_i = tl.load(x_rows + kk_i[None, :] * stride_xk, mask=m_mask[:, None] & k_mask_i[None, :], other=0.0)
         acc = tl.dot(a_i, w_i, acc, input_precision=INPUT_PRECISION)
     return acc
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
     key_ptr,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_LN: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
+    LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
     SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
@@ -189,34 +171,34 @@ def _gemv_kernel(
     tile_mask = m_mask[:, None] & n_mask[None, :]
     k0 = pid_k * K_CHUNK
     kk = k0 + tl.arange(0, BLOCK_K)
-    k_mask = kk < K
 
-    # weights and layernorm parameters never change between launches: fetch the first tile
-    # before waiting on the kernel that writes x
-    w, lnw, lnb = _weight_tile(w_ptr, lnw_ptr, lnb_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn, HAS_LN)
-    # the epilogue's bias too, and the residual where the caller vouches that the kernel just
-    # before does not write it: the finishing program then has no loads left to wait for
+    # weights never change between launches: fetch the first tile before waiting on the kernel
+    # that writes x
+    w = _weight_tile(w_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn)
+    # the epilogue's bias (and column sums) too, and the residual where the caller vouches that
+    # the kernel just before does not write it: the finishing program then has no loads left
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
+    colsum = 0.0
+    if LN_FOLD:
+        colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         tl.extra.cuda.gdc_launch_dependents()
 
     x_rows = x_ptr + rm[:, None] * stride_xm
     mean, rstd = 0.0, 0.0
-    if HAS_LN:
+    if LN_FOLD:  # only the epilogue needs them: these loads overlap the products
         if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    acc = _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask, k0, zero,
-                     stride_xk, stride_wk, stride_wn, K, HAS_LN, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
-                     INPUT_PRECISION)
+    acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, zero, stride_xk, stride_wk, stride_wn, K, True,
+                     ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
     if not SPLIT:
         for c in range(1, CHUNKS):
-            acc += _chunk_dot(x_rows, w_ptr, lnw_ptr, lnb_ptr, w, lnw, lnb, mean, rstd, rn, n_mask, m_mask,
-                              c * K_CHUNK, zero, stride_xk, stride_wk, stride_wn, K, HAS_LN, False, ITERS, BLOCK_M,
-                              BLOCK_N, BLOCK_K, INPUT_PRECISION)
+            acc += _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, c * K_CHUNK, zero, stride_xk, stride_wk,
+                              stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
     finish = True
     if SPLIT and CHUNKS > 1:
@@ -233,6 +215,8 @@ def _gemv_kernel(
             # this one: relaxed, so the epilogue's stores need not wait for its round trip
             tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
     if finish:
+        if LN_FOLD:
+            acc = _fold_ln(acc, colsum, mean, rstd)
         # res is the constant 0.0 here: loading into it inside a runtime if would change its type
         if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
             late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
@@ -250,13 +234,13 @@ def _gemv_kernel(
             tl.atomic_max(key_ptr + rm, _argmax_key(vmax, vidx), mask=m_mask, sem="relaxed")
 
 
-def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
          early_launch=False):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
-    statistics or argmax are asked for (it ignores ln_stats: it normalizes from whole rows).
-    early_launch (see `linear`) is honoured there only.
+    statistics or argmax are asked for (it ignores ln_stats: it takes statistics from whole
+    rows). early_launch (see `linear`) is honoured there only.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -267,13 +251,10 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     if fma is not None or (config is not None and "ROWS" in config):
         if stats_out is not None or argmax_keys is not None:
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")
-        return gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+        return gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
                         prefetch_residual, fma or config, early_launch)
-    meta = decode_config(M, N, K, x2.element_size(), ln_weight is not None, sms=sm_count(x2.device)) if config is None \
+    meta = decode_config(M, N, K, x2.element_size(), ln_fold is not None, sms=sm_count(x2.device)) if config is None \
         else dict(config)
-    if meta.pop("LN_APART", False) and ln_weight is not None:
-        x2 = layernorm_rows(x2, ln_weight, ln_bias, ln_eps, ln_stats)
-        ln_weight = ln_bias = ln_stats = None
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
     split = meta["SPLIT"] and meta["CHUNKS"] > 1
@@ -283,11 +264,11 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
     pdl = use_pdl(x2.device)
     dummy = y2
-    ln_stats = ln_stats if ln_weight is not None else None
+    ln_stats = ln_stats if ln_fold is not None else None
     launch(
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
-        ln_weight if ln_weight is not None else dummy, ln_bias if ln_bias is not None else dummy,
+        ln_fold if ln_fold is not None else part,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
         argmax_keys if argmax_keys is not None else part,
         M, N, ln_eps, negative_slope, 0.0,
@@ -295,7 +276,7 @@ def gemv(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation,
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        HAS_LN=ln_weight is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
+        LN_FOLD=ln_fold is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax_keys is not None,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),

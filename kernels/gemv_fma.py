@@ -1,5 +1,5 @@
-"""Decode-time linear for one row on CUDA cores: y = act(layernorm?(x) @ W + bias) + residual,
-one launch, no split-K and no merge.
+"""Decode-time linear for one row on CUDA cores: y = act(x @ W + bias) + residual with an
+optional folded layernorm (linear's ln_fold), one launch, no split-K and no merge.
 
 At one row the tensor-core GEMV (gemv.py) spends more time on latency than on bytes: its
 K-chunks meet in a merge (partials stored, an arrival counter, the partials read back) after
@@ -8,12 +8,12 @@ itself:
 - BLOCK_N is 4, so N / 4 programs cover the GPU even for a 768-wide output, and a program's
   weights (BLOCK_N x K, at most 16K elements) sit in registers. The weight must be stored
   out-major (stride_wk == 1: each output's K weights contiguous, nn.Linear's layout), or a
-  program would read 8-byte pieces of K rows. The weights, the layernorm's gain and shift, the
-  bias (and a residual the caller vouches for) are requested before the programmatic-dependent-
-  launch wait, so they stream in behind the previous kernel;
-- after the wait: the row of x, its layernorm statistics computed from the row itself (every
-  program holds the whole row anyway; no partial statistics in or out), multiply-adds in fp32,
-  one reduction over K, the epilogue;
+  program would read 8-byte pieces of K rows. The weights, the folded layernorm's column sums,
+  the bias (and a residual the caller vouches for) are requested before the programmatic-
+  dependent-launch wait, so they stream in behind the previous kernel;
+- after the wait: the row of x, multiply-adds in fp32 and one reduction over K, beside them the
+  row's statistics for a folded layernorm (every program holds the whole row anyway; no
+  partial statistics in or out), the epilogue;
 - products and sums are plain fp32 on CUDA cores: free at one row, which is where `linear`
   sends it (fma_config; tests and benchmarks may force more rows, one per program). A row's
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
@@ -24,7 +24,7 @@ import os
 import triton
 import triton.language as tl
 
-from ._epilogue import _epilogue, _load_bias_residual, _mean_rstd, _normalize, new_row_stats
+from ._epilogue import _epilogue, _fold_ln, _load_bias_residual, _mean_rstd, new_row_stats
 from ._tuning import INTERPRET, use_pdl
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -66,11 +66,11 @@ def fma_config(M, N, K, stride_wk):
 # may differ, and a row must get the same bits at any M
 @triton.jit(do_not_specialize=["M"])
 def _gemv_fma_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, lnw_ptr, lnb_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr,
     M, N, ln_eps, negative_slope,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_LN: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
+    LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -91,9 +91,8 @@ def _gemv_fma_kernel(
     # everything that does not come from the previous kernel, before waiting on it
     w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
-    if HAS_LN:
-        lnw = tl.load(lnw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-        lnb = tl.load(lnb_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+    if LN_FOLD:
+        colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
     if USE_PDL:
@@ -103,12 +102,12 @@ def _gemv_fma_kernel(
 
     x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
                 mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (ROWS, BLOCK_K)
-    if HAS_LN:
-        xf = x.to(tl.float32)  # zero past K: the sums see K columns
-        mean, rstd = _mean_rstd(tl.sum(xf, axis=1), tl.sum(xf * xf, axis=1), K, ln_eps)
-        x = _normalize(x, k_mask, lnw, lnb, mean, rstd)  # rounded as the tensor-core path's input
+    xf = x.to(tl.float32)  # zero past K: the sums see K columns
     # fp16 x fp16 products are exact in fp32; one reduction over K per output
-    acc = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (ROWS, BLOCK_N)
+    acc = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (ROWS, BLOCK_N)
+    if LN_FOLD:
+        mean, rstd = _mean_rstd(tl.sum(xf, axis=1), tl.sum(xf * xf, axis=1), K, ln_eps)
+        acc = _fold_ln(acc, colsum, mean, rstd)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
         res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
     _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
@@ -124,7 +123,7 @@ def decode_row_stats(rows, cols, device):
     return new_row_stats(rows, cols, device)
 
 
-def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activation, negative_slope,
+def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
              prefetch_residual, config, early_launch=False):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch: see `linear`."""
@@ -136,11 +135,11 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_weight, ln_bias, ln_eps, activat
     r2 = residual if residual is not None else y2
     _gemv_fma_kernel[grid](
         x2, weight, bias if bias is not None else y2, r2, y2,
-        ln_weight if ln_weight is not None else y2, ln_bias if ln_bias is not None else y2,
+        ln_fold if ln_fold is not None else y2,
         M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        HAS_LN=ln_weight is not None, USE_PDL=pdl,
+        LN_FOLD=ln_fold is not None, USE_PDL=pdl,
         PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch), launch_pdl=pdl, **meta,
     )
     return y2

@@ -68,32 +68,53 @@ def row_stats(y):
     return torch.stack([g.sum(-1), (g * g).sum(-1)], dim=1)
 
 
-def _layernorm_from_stats(x, stats, weight, bias, eps):
+def fold_layernorm(weight, bias, ln_weight, ln_bias):
+    """A layernorm's gain and shift folded into the linear after it, for `linear(ln_fold=...)`:
+    layernorm(x) @ W + c = rstd * (x @ (g * W) - mean * colsum(g * W)) + (b @ W + c), with W
+    (K, N), c (N,) or None, g and b (K,). Returns (g * W in W's dtype and memory layout,
+    b @ W + c in fp32, colsum in fp32). The column sums are of the rounded g * W the kernels
+    multiply, so the mean's share cancels exactly."""
+    w32 = weight.float()
+    folded = torch.empty_like(weight).copy_(ln_weight.float()[:, None] * w32)  # W's strides
+    shift = ln_bias.float() @ w32
+    if bias is not None:
+        shift = shift + bias.float()
+    colsum = folded.double().sum(0).float()
+    return folded, shift, colsum
+
+
+def _mean_rstd(x, stats, eps):
+    """Each row's mean and 1/std (..., 1), from its partial statistics or from the row."""
     K = x.shape[-1]
-    total = stats.sum(-1).view(*x.shape[:-1], 2)
-    mean = total[..., 0:1] / K
-    var = (total[..., 1:2] / K - mean * mean).clamp_min(0)
-    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+    if stats is None:
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, unbiased=False, keepdim=True)
+    else:
+        total = stats.to(x.dtype).sum(-1).view(*x.shape[:-1], 2)
+        mean = total[..., 0:1] / K
+        var = (total[..., 1:2] / K - mean * mean).clamp_min(0)
+    return mean, torch.rsqrt(var + eps)
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
-           ln_weight=None, ln_bias=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
+           ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
            prefetch_residual=False, early_launch=False):
-    """act(layernorm?(x) @ weight + bias) + residual, computed in fp32, returned in x's dtype.
-    With ln_stats the layernorm takes its mean and variance from those partial statistics;
-    stats_out receives row_stats of the output; argmax_keys the max of its keys and each output
-    row's argmax key (kernels.argmax_key)."""
-    xf = x.float()
-    if ln_weight is not None and ln_stats is not None:
-        xf = _layernorm_from_stats(xf, ln_stats.to(xf.dtype), ln_weight.float(), ln_bias.float(), ln_eps)
-    elif ln_weight is not None:
-        xf = F.layer_norm(xf, (x.shape[-1],), ln_weight.float(), ln_bias.float(), ln_eps)
-    y = xf @ weight.float()
+    """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
+    (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
+    product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance
+    from ln_stats' partial statistics or from x. stats_out receives row_stats of the output;
+    argmax_keys the max of its keys and each output row's argmax key (kernels.argmax_key).
+    float64 inputs are computed in float64 (the tests' references)."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    y = xf @ weight.to(xf.dtype)
+    if ln_fold is not None:
+        mean, rstd = _mean_rstd(xf, ln_stats, ln_eps)
+        y = (y - mean * ln_fold.to(xf.dtype)) * rstd
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(xf.dtype)
     y = apply_activation(y, activation, negative_slope)
     if residual is not None:
-        y = y + residual.float()
+        y = y + residual.to(xf.dtype)
     y = _into(y.to(x.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))

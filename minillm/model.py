@@ -7,6 +7,7 @@ import torch
 
 import kernels
 import kernels.reference
+from kernels.reference import fold_layernorm
 
 BACKENDS = {"triton": kernels, "torch": kernels.reference}
 
@@ -50,16 +51,23 @@ def out_major(w):
     return w.t().contiguous().t()
 
 
+def folded(weight, bias, ln_weight, ln_bias):
+    """(weight, bias, column sums) of a linear with the layernorm before it folded in, the
+    weight out-major: linear(x, w, b, ln_fold=colsum) is then linear(layernorm(x), ...)."""
+    w, b, colsum = fold_layernorm(weight, bias, ln_weight, ln_bias)
+    return out_major(w), b, colsum
+
+
 class Block:
-    """One transformer layer's weights; Conv1D weights (in, out), stored out-major."""
+    """One transformer layer's weights; Conv1D weights (in, out), stored out-major. ln_1 and
+    ln_2 live folded into the linears after them (qkv and fc)."""
 
     def __init__(self, w, i):
         p = f"h.{i}."
-        self.ln_1 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"])
-        self.ln_2 = (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
-        self.attn = (out_major(w[p + "attn.c_attn.weight"]), w[p + "attn.c_attn.bias"])      # (C, 3C)
+        ln_1, ln_2 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"]), (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
+        self.attn = folded(w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"], *ln_1)    # (C, 3C)
         self.attn_proj = (out_major(w[p + "attn.c_proj.weight"]), w[p + "attn.c_proj.bias"])  # (C, C)
-        self.fc = (out_major(w[p + "mlp.c_fc.weight"]), w[p + "mlp.c_fc.bias"])              # (C, 4C)
+        self.fc = folded(w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"], *ln_2)             # (C, 4C)
         self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
 
 
@@ -71,10 +79,9 @@ class GPT:
         self.backend = backend
         self.ops = BACKENDS[backend]
         self.wte, self.wpe = weights["wte.weight"], weights["wpe.weight"]
-        self.ln_f = (weights["ln_f.weight"], weights["ln_f.bias"])
-        # tied: the lm_head is wte read as (C, V) through a transposed view, no copy
+        # ln_f folded into the lm_head (C, V); a tied head (wte) becomes a copy of its own
         head = weights.get("lm_head.weight", self.wte)
-        self.lm_head = head.t()
+        self.lm_head = folded(head.t(), None, weights["ln_f.weight"], weights["ln_f.bias"])
         self.blocks = [Block(weights, i) for i in range(config.n_layer)]
 
     @property
@@ -90,10 +97,13 @@ class GPT:
         return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device)
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
-    # (stats_out); the next layernorm-fused linear reads those (ln_stats) instead of whole rows.
+    # (stats_out); the next layernorm-folded linear reads those (ln_stats) instead of whole rows.
+    def _ln_linear(self, x, weights, stats, **kw):
+        w, b, colsum = weights
+        return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
+
     def _attention_in(self, blk, x, stats):
-        return self.ops.linear(x, *blk.attn, ln_weight=blk.ln_1[0], ln_bias=blk.ln_1[1],
-                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats)
+        return self._ln_linear(x, blk.attn, stats)  # qkv = ln_1(x) @ W + b
 
     def _attention_out(self, blk, y, x, stats_out):
         # x was last written three launches back (mlp-out; then qkv, attention): safe to read early
@@ -103,15 +113,12 @@ class GPT:
     def _mlp(self, blk, x, stats, stats_out, early=False):
         # early: fc lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
-        f = self.ops.linear(x, *blk.fc, activation=self.config.activation, ln_weight=blk.ln_2[0],
-                            ln_bias=blk.ln_2[1], ln_eps=self.config.layer_norm_epsilon, ln_stats=stats,
-                            early_launch=early)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not early)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
-        return self.ops.linear(x, self.lm_head, ln_weight=self.ln_f[0], ln_bias=self.ln_f[1],
-                               ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, argmax_keys=argmax_keys)
+        return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
 
     def prefill(self, ids, seq_lens, cache, all_logits=False):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,

@@ -74,6 +74,9 @@ def kernel_checks(cfg, dtype):
                              ("lm_head", (C, cfg.vocab_size), dict(ln=True, head=True))):
         w = out_major(r(K, N) / K ** 0.5)  # as the model holds them (the lm_head: wte read transposed)
         bias = None if kw.get("head") else r(N)
+        colsum = None
+        if kw.get("ln"):  # the layernorm folded in, as the model holds it
+            w, bias, colsum = kernels.fold_layernorm(w, bias, g, b)
         inp = x if K == C else r(64, K)
         outs = {}
         for M in (1, 64):
@@ -82,7 +85,7 @@ def kernel_checks(cfg, dtype):
             args = dict(activation="gelu_tanh" if kw.get("act") else None,
                         residual=res[:M, :N].contiguous() if kw.get("res") and N == C else None, stats_out=so)
             if kw.get("ln"):
-                args.update(ln_weight=g, ln_bias=b, ln_stats=stats[:M] if wanted else None)
+                args.update(ln_fold=colsum, ln_stats=stats[:M] if wanted else None)
             y = kernels.linear(inp[:M].contiguous(), w, bias, **args)
             outs[M] = (y[0], so[0] if so is not None else None)
         same = torch.equal(outs[1][0], outs[64][0])

@@ -57,7 +57,8 @@ SUM_W = "    t1 = _now_after(tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))\n
 # (file, [(anchor, replacement)]): every anchor must occur in the kernel file
 PATCHES = {
     "gemv": [
-        ("from .layernorm import layernorm_rows\n", "from .layernorm import layernorm_rows\n" + HELPERS),
+        ("from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n",
+         "from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n" + HELPERS),
         ("SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,\n):", "SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),

@@ -24,3 +24,22 @@ def assert_rel_close(out, ref, dtype, what=""):
     assert torch.isfinite(out64).all(), f"{what}: non-finite output (unwritten or overflowed elements)"
     err = (out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)
     assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3e} > {TOLERANCE[dtype]:.0e} ({dtype})"
+
+
+def ln_linear(x, w, bias, g, b, eps=1e-5, **kw):
+    """kernels.linear of layernorm(x; g, b) as the model calls it: the layernorm folded in."""
+    import kernels
+
+    wf, bf, colsum = kernels.fold_layernorm(w, bias, g, b)
+    return kernels.linear(x, wf, bf, ln_fold=colsum, ln_eps=eps, **kw)
+
+
+def ln_linear_ref(x, w, bias, g, b, eps=1e-5, **kw):
+    """The unfolded math in float64: act(layer_norm(x; g, b) @ w + bias) + residual."""
+    import torch.nn.functional as F
+
+    from kernels import reference as ref
+
+    xn = F.layer_norm(x.double(), (x.shape[-1],), g.double(), b.double(), eps)
+    kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    return ref.linear(xn, w.double(), bias.double() if bias is not None else None, **kw)

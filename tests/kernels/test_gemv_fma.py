@@ -1,5 +1,5 @@
 """The CUDA-core decode path of `linear` (kernels/gemv_fma.py): one row (more through a forced
-layout), out-major weights, layernorm from whole rows, the epilogues; when `linear` routes
+layout), out-major weights, a folded layernorm with statistics from whole rows, the epilogues; when `linear` routes
 there and when not."""
 import pytest
 import torch
@@ -8,7 +8,7 @@ import kernels
 from kernels import gemv_fma
 from kernels import reference as ref
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
 
 
 def _out_major(w):
@@ -39,9 +39,8 @@ def test_fma_layernorm_bias_gelu(K, N, M, dtype, device):
     w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
     b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
     out = poisoned((M, N), dtype, device)
-    kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be, out=out, _config=_route(M, K, N))
-    assert_rel_close(out, _ref(x, w, bias=b, activation="gelu_tanh", ln_weight=g, ln_bias=be), dtype,
-                     f"fma ln K={K} N={N} M={M}")
+    ln_linear(x, w, b, g, be, activation="gelu_tanh", out=out, _config=_route(M, K, N))
+    assert_rel_close(out, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), dtype, f"fma ln K={K} N={N} M={M}")
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -73,7 +72,7 @@ def test_fma_early_launch_same_bits(dtype, device):
     def chain(early):
         h = x.clone()
         kernels.linear(x, w1, residual=h, out=h)  # h = x + x @ w1: written just before the early kernel
-        f = kernels.linear(h, w2, activation="gelu_tanh", ln_weight=g, ln_bias=be, early_launch=early)
+        f = ln_linear(h, w2, None, g, be, activation="gelu_tanh", early_launch=early)
         return kernels.linear(f, w3, residual=h, out=h, prefetch_residual=not early), f
 
     (y0, f0), (y1, f1) = chain(False), chain(True)
@@ -96,9 +95,9 @@ def test_fma_rows_alike_at_one_and_two(dtype, device):
     x = randn(2, K, dtype=dtype, device=device)
     w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
     b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
-    both = kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be, _config=_route(2, K, N))
+    both = ln_linear(x, w, b, g, be, activation="gelu_tanh", _config=_route(2, K, N))
     for i in range(2):
-        one = kernels.linear(x[i:i + 1], w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be)
+        one = ln_linear(x[i:i + 1], w, b, g, be, activation="gelu_tanh")
         assert torch.equal(one, both[i:i + 1])
 
 
@@ -142,8 +141,8 @@ def test_fma_gpt2_shapes(K, N, device):
     x = randn(1, K, dtype=torch.float16, device=device)
     w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
     b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
-    y = kernels.linear(x, w, b, activation="gelu_tanh", ln_weight=g, ln_bias=be)
-    assert_rel_close(y, _ref(x, w, bias=b, activation="gelu_tanh", ln_weight=g, ln_bias=be), torch.float16,
+    y = ln_linear(x, w, b, g, be, activation="gelu_tanh")
+    assert_rel_close(y, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), torch.float16,
                      f"fma gpt2 K={K} N={N}")
 
 

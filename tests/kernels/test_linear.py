@@ -4,7 +4,7 @@ import torch
 import kernels
 from kernels import reference as ref
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
 
 # (M, K, N): decode rows (split-K path) and prefill rows (tile path), N and K off the blocks
 SHAPES = [(1, 50, 37), (3, 96, 100), (17, 200, 48), (130, 64, 70)]
@@ -54,14 +54,29 @@ def test_linear_layouts_and_plain(M, K, N, layout, dtype, device):
 
 @pytest.mark.parametrize("M,K,N", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_layernorm_prologue(M, K, N, dtype, device):
-    x = randn(M, K, dtype=dtype, device=device, scale=4.0) + 2.0
+@pytest.mark.parametrize("with_stats", [False, True])
+def test_linear_folded_layernorm(M, K, N, dtype, with_stats, device):
+    """linear(layernorm(x)) with the layernorm folded in, its statistics from x's rows (prefill
+    rows: a loop over K in every tile) or from partial statistics, the mean large."""
+    x = randn(M, K, dtype=dtype, device=device, scale=4.0) + 9.0
     w = _weight(K, N, "conv1d", dtype, device)
     g, b = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
     bias = randn(N, dtype=dtype, device=device)
-    y = kernels.linear(x, w, bias, activation="gelu_tanh", ln_weight=g, ln_bias=b, ln_eps=1e-5)
-    expect = _ref(x, w, bias=bias, activation="gelu_tanh", ln_weight=g, ln_bias=b, ln_eps=1e-5)
+    stats = ref.row_stats(x) if with_stats else None
+    y = ln_linear(x, w, bias, g, b, eps=1e-5, activation="gelu_tanh", ln_stats=stats)
+    expect = ln_linear_ref(x, w, bias, g, b, eps=1e-5, activation="gelu_tanh")
     assert_rel_close(y, expect, dtype, f"ln+linear {M}x{K}x{N}")
+
+
+def test_fold_layernorm_keeps_the_weight_layout(device):
+    """The folded weight has W's dtype and strides (out-major stays out-major); the shift and
+    the column sums are fp32."""
+    K, N = 24, 10
+    w = randn(N, K, dtype=torch.float16, device=device).t()  # (K, N), out-major
+    wf, bf, colsum = kernels.fold_layernorm(w, None, randn(K, device=device), randn(K, device=device))
+    assert wf.dtype == torch.float16 and wf.stride() == w.stride()
+    assert bf.dtype == colsum.dtype == torch.float32 and bf.shape == colsum.shape == (N,)
+    torch.testing.assert_close(colsum, wf.double().sum(0).float())
 
 
 @pytest.mark.parametrize("M,K,N", [(130, 64, 70)] + ([(512, 768, 3072)] if ON_GPU else []))
@@ -96,5 +111,5 @@ def test_linear_errors(device):
         kernels.linear(x, w, residual=randn(2, 5, device=device))
     with pytest.raises(ValueError, match="weight: expected dtype"):
         kernels.linear(x, w.half())
-    with pytest.raises(ValueError, match="ln_weight/ln_bias"):
-        kernels.linear(x, w, ln_weight=randn(8, device=device))
+    with pytest.raises(ValueError, match="ln_fold: expected shape"):
+        kernels.linear(x, w, ln_fold=randn(8, device=device))

@@ -29,7 +29,9 @@ def test_layouts_load_and_match(tmp_path, prefix, tie):
     hf = build_checkpoint(tmp_path, prefix=prefix, tie=tie, **SMALL)
     with pytest.warns(UserWarning, match="no tokenizer"):
         llm = LLM(str(tmp_path), device="cpu", backend="torch")
-    assert (llm.model.lm_head.data_ptr() == llm.model.wte.data_ptr()) == tie  # tied: a view of wte, no copy
+    head = llm.model.lm_head[0]  # ln_f folded in: a copy of its own even when tied, out-major (C, V)
+    assert head.shape == llm.model.wte.t().shape and head.stride(0) == 1
+    assert head.data_ptr() != llm.model.wte.data_ptr()
     ids = [3, 9, 27, 81, 5]
     torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
 
