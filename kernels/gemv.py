@@ -53,10 +53,9 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
       waits on the previous kernel: 128 x 256 tiles (64 KB) for K >= 1024, 128 x 128 below;
     - past 16 rows one program loops over the chunks: the split partials of many rows cost
       more than they save;
-    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; wide ones
-      (K >= 1024) past 16 rows in one 64-row tl.dot (BLOCK_M) of twice the BLOCK_K, which the GPU
-      tests show gives a row the same bits as 16-row tiles (one accumulator carried over K in
-      the same 16-wide steps).
+    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; past 16
+      rows in one 64-row tl.dot (BLOCK_M), which the GPU tests show gives a row the same bits as
+      16-row tiles (one accumulator carried over K in the same 16-wide steps, whatever BLOCK_K).
     - a (folded) layernorm linear (ln: gpt2-xl's qkv and fc, wide) at K >= 1024 and TALL_MIN
       rows x K runs 64-row tiles, which its column blocks fill the GPU with: without the
       layernorm gpt2-xl's qkv took 10.0 us on them at 64 rows against 16.3 on 16-row tiles
@@ -66,15 +65,19 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     the GPU's multiprocessors (`_tuning.sm_count`; 132 on an H100 SXM or an H200)."""
     shrink = 2 if itemsize > 2 else 1
     if N >= VOCAB_N:
-        if M > BLOCK_M and K >= 1024:  # wide heads past 16 rows: 64-row tiles, W crosses L2 once
-            # (gpt2-xl at 64 rows: 71 us, the best of 9 layouts; bench/results/h200/batch-decode-linears.md)
+        # timed with the layernorm folded in (bench/results/h100/folded-layernorm.md, H100):
+        # past 16 rows 64-row tiles, so W crosses L2 once (gpt2 at 64 rows 46.7 -> 36.5 us; they
+        # lost while every K step normalized x); gpt2 at one row 64 x 128 tiles, 31.3 -> 28.5 us
+        if M > BLOCK_M and K >= 1024:  # (gpt2-xl at 64 rows: 71 us, the best of 9 layouts on an H200)
             return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64,
                         num_stages=3)
-        # timed as the engine calls it (layernorm, fused argmax; bench/results/h200/lm-head-layouts.md):
-        # gpt2's lm_head 34.9 -> 26.1 us at one row, 59.4 -> 50.9 at 64 rows; gpt2-xl's 56.7 -> 44.2
-        # at one row. gpt2's took 256 columns while the argmax ended in a last-arriver reduction;
-        # with argmax keys 128 columns gained end to end (H100, batch 1: +1.2%; batch 64 even;
-        # bench/results/h100/argmax-keys.md)
+        if M > BLOCK_M:
+            return dict(BLOCK_N=64, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=64,
+                        num_stages=3)
+        if K < 1024:
+            return dict(BLOCK_N=64, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
+                        num_stages=3)
+        # gpt2-xl at one row: 56.7 -> 44.2 us on an H200 (bench/results/h200/lm-head-layouts.md)
         return dict(BLOCK_N=128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
                     num_stages=3)
     block_k = (256 if K >= 1024 else 128) // shrink

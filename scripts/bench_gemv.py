@@ -37,7 +37,7 @@ SHAPES = [  # (name, M, K, N, folded layernorm)
     ("xl qkv", 1, 1600, 4800, True), ("xl attn-out", 1, 1600, 1600, False), ("xl fc", 1, 1600, 6400, True),
     ("xl mlp-out", 1, 6400, 1600, False),
     ("xl qkv", 64, 1600, 4800, True), ("xl attn-out", 64, 1600, 1600, False), ("xl fc", 64, 1600, 6400, True),
-    ("xl mlp-out", 64, 6400, 1600, False), ("xl lm_head", 64, 1600, 50257, True),
+    ("xl mlp-out", 64, 6400, 1600, False), ("xl lm_head", 64, 1600, 50257, True), ("xl lm_head", 1, 1600, 50257, True),
 ]
 
 
