@@ -44,14 +44,13 @@ def _layernorm_kernel(
     tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x, residual, weight, bias, eps, out, sum_out):
+def _launch(x, residual, weight, bias, eps, out, sum_out, affine=True):
     check_tensor("x", x, min_ndim=1, last_contiguous=True)
     check_device_usable("x", x)
     N = x.shape[-1]
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None or weight is not None:  # standardize passes neither
-            check_tensor(name, t, ndim=1, device=x.device)
-            check_shape(name, t, (N,))
+    for name, t in (("weight", weight), ("bias", bias)) if affine else ():
+        check_tensor(name, t, ndim=1, device=x.device)
+        check_shape(name, t, (N,))
     if N > 8192:
         raise ValueError(f"x: expected a last dim of at most 8192, got {N}")
     x2 = x.reshape(-1, N)
@@ -75,9 +74,9 @@ def _launch(x, residual, weight, bias, eps, out, sum_out):
     num_warps = 4 if BLOCK_N <= 1024 else 8
     grid = (triton.cdiv(M, rows),)
     _layernorm_kernel[grid](
-        x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, y2, s2, M, N, eps,
+        x2, r2, weight if affine else x2, bias if affine else x2, y2, s2, M, N, eps,
         x2.stride(0), r2.stride(0), y2.stride(0), s2.stride(0),
-        HAS_RESIDUAL=residual is not None, AFFINE=weight is not None, ROWS_PER_PROG=rows, BLOCK_N=BLOCK_N, num_warps=num_warps,
+        HAS_RESIDUAL=residual is not None, AFFINE=affine, ROWS_PER_PROG=rows, BLOCK_N=BLOCK_N, num_warps=num_warps,
     )
     return y, s
 
@@ -90,7 +89,7 @@ def layernorm(x, weight, bias, eps=1e-5, out=None):
 def standardize(x, eps=1e-5):
     """(x - mean) / sqrt(var + eps) over the last dim: a layernorm without gain and shift, the
     half of a folded layernorm that prefill rows run apart (linear's ln_fold)."""
-    return _launch(x, None, None, None, eps, None, None)[0]
+    return _launch(x, None, None, None, eps, None, None, affine=False)[0]
 
 
 def add_layernorm(x, residual, weight, bias, eps=1e-5, out=None, sum_out=None):

@@ -1,5 +1,9 @@
 """Shared checks for the kernel tests: fresh random inputs, poisoned outputs, relative error."""
 import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import reference
 
 from tests.conftest import ON_GPU
 
@@ -28,18 +32,12 @@ def assert_rel_close(out, ref, dtype, what=""):
 
 def ln_linear(x, w, bias, g, b, eps=1e-5, **kw):
     """kernels.linear of layernorm(x; g, b) as the model calls it: the layernorm folded in."""
-    import kernels
-
     wf, bf, colsum = kernels.fold_layernorm(w, bias, g, b)
     return kernels.linear(x, wf, bf, ln_fold=colsum, ln_eps=eps, **kw)
 
 
 def ln_linear_ref(x, w, bias, g, b, eps=1e-5, **kw):
     """The unfolded math in float64: act(layer_norm(x; g, b) @ w + bias) + residual."""
-    import torch.nn.functional as F
-
-    from kernels import reference as ref
-
     xn = F.layer_norm(x.double(), (x.shape[-1],), g.double(), b.double(), eps)
     kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    return ref.linear(xn, w.double(), bias.double() if bias is not None else None, **kw)
+    return reference.linear(xn, w.double(), bias.double() if bias is not None else None, **kw)

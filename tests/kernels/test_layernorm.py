@@ -47,6 +47,8 @@ def test_layernorm_errors(device):
     w = randn(8, device=device)
     with pytest.raises(ValueError, match="weight: expected shape"):
         kernels.layernorm(x, randn(7, device=device), w)
+    with pytest.raises(ValueError, match="weight: expected a torch.Tensor"):  # not a silent standardize
+        kernels.layernorm(x, None, w)
     with pytest.raises(ValueError, match="x: expected dtype"):
         kernels.layernorm(x.to(torch.int32), w, w)
     with pytest.raises(ValueError, match="x: expected a contiguous last dim"):
