@@ -153,8 +153,10 @@ def _gemv_kernel(
     LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
+    if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
+        tl.extra.cuda.gdc_launch_dependents()
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
     # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
     # programs in flight) and lets the last to arrive add them; otherwise one program loops over
@@ -187,7 +189,8 @@ def _gemv_kernel(
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
-        tl.extra.cuda.gdc_launch_dependents()
+        if not EARLY_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
 
     x_rows = x_ptr + rm[:, None] * stride_xm
     mean, rstd = 0.0, 0.0
@@ -243,7 +246,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
     statistics or argmax are asked for (it ignores ln_stats: it takes statistics from whole
-    rows). early_launch (see `linear`) is honoured there only.
+    rows). early_launch: see `linear`.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -283,7 +286,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax_keys is not None,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=row_stats_block(K),
+        LN_BLOCK=row_stats_block(K), EARLY_LAUNCH=bool(early_launch),
         launch_pdl=pdl, **meta,
     )
     return y2

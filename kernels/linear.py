@@ -106,10 +106,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     decoding's token, fused into the lm_head for decode rows.
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
-    early_launch: decode rows on the one-row CUDA-core kernel let the next kernel launch at this
-    one's start rather than after its wait, so the next one's weights stream in behind all of
-    this one (elsewhere ignored: it lost end to end). The caller vouches that the next kernel
-    reads nothing before its wait that the kernel before this one writes (no prefetch_residual).
+    early_launch: decode rows let the next kernel launch at this one's start rather than after
+    its wait, so the next one's weights stream in behind all of this one (where that pays is the
+    caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
+    nothing before its wait that the kernel before this one writes (no prefetch_residual).
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).

@@ -43,6 +43,29 @@ class KVCache:
         return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
 
 
+def early_roles(rows, cuda_core):
+    """The decode linears that let the next kernel launch at their start rather than after
+    their wait (linear's early_launch), so its weights stream in behind all of this one. Every
+    role is safe in the step's order: a kernel launched early reads only constants before its
+    wait (weights, the cache's older rows), or a residual whose writer precedes a late trigger
+    (mlp-out prefetches it only when fc is late; decode attention is always late). Where it
+    pays was timed end to end (same-call A/B on an H100, bench/results/h100/early-roles.md):
+    - one row on the CUDA-core GEMV (gpt2's size): fc alone (+2.9%; attn-out too -1.5%,
+      mlp-out too -3%);
+    - up to 4 rows on the split tensor-core layouts: attn-out, so fc's large weights start
+      during it, and mlp-out: gpt2-xl b1 +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6%,
+      gpt2-medium b1 even;
+    - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
+    - more rows (looping layouts): none (b16 even, b64 lost 8% when tried)."""
+    if cuda_core:
+        return frozenset({"fc"})
+    if rows <= 4:
+        return frozenset({"attn-out", "mlp-out"})
+    if rows <= 8:
+        return frozenset({"qkv", "mlp-out"})
+    return frozenset()
+
+
 def out_major(w):
     """A Conv1D weight (in, out) as a view of out-major storage (nn.Linear's): each output's
     weights contiguous, which the one-row CUDA-core GEMV streams in whole rows
@@ -102,20 +125,23 @@ class GPT:
         w, b, colsum = weights
         return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
 
-    def _attention_in(self, blk, x, stats):
-        return self._ln_linear(x, blk.attn, stats)  # qkv = ln_1(x) @ W + b
+    def _attention_in(self, blk, x, stats, early=False):
+        return self._ln_linear(x, blk.attn, stats, early_launch=early)  # qkv = ln_1(x) @ W + b
 
-    def _attention_out(self, blk, y, x, stats_out):
-        # x was last written three launches back (mlp-out; then qkv, attention): safe to read early
+    def _attention_out(self, blk, y, x, stats_out, early=False):
+        # x was last written three launches back (mlp-out; then qkv, attention), and attention
+        # never triggers early: safe to read before the wait
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=True)  # x += proj(y)
+                               prefetch_residual=True, early_launch=early)  # x += proj(y)
 
-    def _mlp(self, blk, x, stats, stats_out, early=False):
-        # early: fc lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset()):
+        # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=early)
+        fc_early = "fc" in early
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=not early)  # x += mlp(ln_2(x))
+                               prefetch_residual=not fc_early,
+                               early_launch="mlp-out" in early)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
@@ -153,17 +179,15 @@ class GPT:
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
-        # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics.
-        # There fc lets mlp-out launch at fc's start (gpt2 b1 +2.9% on an H100, even on an H200;
-        # attn-out early too: +1.4%; on the tensor-core layouts it lost: b8 -1.1%, gpt2-xl -1.8%)
+        # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
-        early = st_a is None
+        early = early_roles(B, cuda_core=st_a is None)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            qkv = self._attention_in(blk, x, st_a).view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a, "qkv" in early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
                                      k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
-            x = self._attention_out(blk, y.view(B, C), x, st_b)
+            x = self._attention_out(blk, y.view(B, C), x, st_b, "attn-out" in early)
             x = self._mlp(blk, x, st_b, st_a, early)
         return self._logits(x, st_a, argmax_keys)

@@ -193,6 +193,38 @@ def test_gemv_prefetched_residual_in_place(split, device):
     assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")
 
 
+@pytest.mark.parametrize("M", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_early_launch_same_bits(M, dtype, device):
+    """early_launch moves the dependent-launch trigger to a kernel's start (on the GPU). A layer's
+    residual half in the model's order (attn-out and mlp-out early, as the decode step runs few
+    rows; fc late, so mlp-out may prefetch its residual; then the next layernorm linear) on the
+    split layouts gives the bits of the plain chain, twice over (arrival counters reset)."""
+    K, N = 300, 700
+    y = randn(M, K, dtype=dtype, device=device)
+    x = randn(M, K, dtype=dtype, device=device, scale=2.0) + 0.5
+    w1, w4 = (randn(K, K, dtype=dtype, device=device, scale=K ** -0.5) for _ in range(2))
+    w2 = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    w3 = randn(N, K, dtype=dtype, device=device, scale=N ** -0.5)
+    g, be = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+
+    def layer(early):
+        h = x.clone()
+        kernels.linear(y, w1, residual=h, out=h, prefetch_residual=True, early_launch=early)  # attn-out
+        f = ln_linear(h, w2, None, g, be, activation="gelu_tanh")  # fc
+        kernels.linear(f, w3, residual=h, out=h, prefetch_residual=True, early_launch=early)  # mlp-out
+        return h, f, ln_linear(h, w4, None, g, be)  # the next qkv
+
+    plain = layer(False)
+    for _ in range(2):
+        for a, b in zip(layer(True), plain):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    h1 = x.double() + _ref(y, w1)
+    f_ref = ln_linear_ref(h1, w2.double(), None, g.double(), be.double(), activation="gelu_tanh")
+    assert_rel_close(plain[1], f_ref, dtype, "early chain fc")
+    assert_rel_close(plain[0], h1 + _ref(plain[1], w3), dtype, "early chain mlp-out")
+
+
 @pytest.mark.parametrize("candidate", CANDIDATES if ON_GPU else CANDIDATES[:2])
 def test_gemv_candidate_layouts(candidate, device):
     """Every layout scripts/bench_gemv.py sweeps computes the right thing (layernorm, bias, GELU,
