@@ -56,7 +56,7 @@ def early_roles(rows, cuda_core):
       during it, and mlp-out: gpt2-xl b1 +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6%,
       gpt2-medium b1 even;
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
-    - more rows (looping layouts): none (b16 even, b64 lost 8% when tried)."""
+    - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
     if cuda_core:
         return frozenset({"fc"})
     if rows <= 4:
