@@ -59,7 +59,8 @@ PATCHES = {
     "gemv": [
         ("from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n",
          "from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n" + HELPERS),
-        ("SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr,\n):", "SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, trace_ptr,\n):"),
+        ("LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr,\n):",
+         "LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
