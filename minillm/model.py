@@ -125,14 +125,15 @@ class GPT:
         w, b, colsum = weights
         return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
 
-    def _attention_in(self, blk, x, stats, early=False):
-        return self._ln_linear(x, blk.attn, stats, early_launch=early)  # qkv = ln_1(x) @ W + b
+    # early: the roles (early_roles) that let the next kernel launch at their start
+    def _attention_in(self, blk, x, stats, early=frozenset()):
+        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early)  # qkv = ln_1(x) @ W + b
 
-    def _attention_out(self, blk, y, x, stats_out, early=False):
+    def _attention_out(self, blk, y, x, stats_out, early=frozenset()):
         # x was last written three launches back (mlp-out; then qkv, attention), and attention
         # never triggers early: safe to read before the wait
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=True, early_launch=early)  # x += proj(y)
+                               prefetch_residual=True, early_launch="attn-out" in early)  # x += proj(y)
 
     def _mlp(self, blk, x, stats, stats_out, early=frozenset()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
@@ -184,10 +185,10 @@ class GPT:
         early = early_roles(B, cuda_core=st_a is None)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            qkv = self._attention_in(blk, x, st_a, "qkv" in early).view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
                                      k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
-            x = self._attention_out(blk, y.view(B, C), x, st_b, "attn-out" in early)
+            x = self._attention_out(blk, y.view(B, C), x, st_b, early)
             x = self._mlp(blk, x, st_b, st_a, early)
         return self._logits(x, st_a, argmax_keys)
