@@ -7,6 +7,8 @@
 - decode_row_stats: new_row_stats for a decode step, or None where its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
+- decode_attention_proj: decode attention and the output projection (+ residual) in one launch
+  for few rows and a short cache
 - embedding: token + position embedding gather
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
@@ -19,6 +21,7 @@ from . import argmax_key
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
+from .decode_attention_proj import decode_attention_proj
 from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats
@@ -28,5 +31,6 @@ from .reference import fold_layernorm
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
-           "decode_row_stats", "embedding", "fold_layernorm", "gelu", "layernorm", "linear", "new_row_stats", "softmax"]
+           "decode_attention_proj", "decode_row_stats", "embedding", "fold_layernorm", "gelu", "layernorm", "linear",
+           "new_row_stats", "softmax"]
 __version__ = "0.1.0"

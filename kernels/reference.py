@@ -157,6 +157,13 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     return _into(torch.einsum("bhl,bhld->bhd", torch.softmax(s, dim=-1), v).to(q.dtype), out)
 
 
+def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
+                          stats_out=None, scale=None, prefetch=False, early_launch=False, _layout=None):
+    """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N)."""
+    B, H, D = q.shape
+    attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
+    return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)
+
 def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
     if stats_out is not None:

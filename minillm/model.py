@@ -129,11 +129,9 @@ class GPT:
     def _attention_in(self, blk, x, stats, early=frozenset()):
         return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early)  # qkv = ln_1(x) @ W + b
 
-    def _attention_out(self, blk, y, x, stats_out, early=frozenset()):
-        # x was last written three launches back (mlp-out; then qkv, attention), and attention
-        # never triggers early: safe to read before the wait
-        return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out,
-                               prefetch_residual=True, early_launch="attn-out" in early)  # x += proj(y)
+    def _attention_out(self, blk, y, x, stats_out):  # prefill: x += proj(y)
+        # x was last written before qkv, and attention (no dependent launch) lies between
+        return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
     def _mlp(self, blk, x, stats, stats_out, early=frozenset()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
@@ -187,8 +185,11 @@ class GPT:
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
-            y = ops.decode_attention(qkv[:, 0], k_cache, v_cache, seq_lens,
-                                     k_new=qkv[:, 1], v_new=qkv[:, 2], prefetch_cache=True)  # (B, H, D)
-            x = self._attention_out(blk, y.view(B, C), x, st_b, early)
+            # x += attention(q) @ W + b, one launch at few rows and a short cache. x was last
+            # written by mlp-out, before qkv; its reads before the wait are safe while qkv
+            # triggers late (early_roles, wherever the launch fuses; else attention lies between)
+            x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
+                                          *blk.attn_proj, residual=x, out=x, stats_out=st_b, prefetch=True,
+                                          early_launch="attn-out" in early)
             x = self._mlp(blk, x, st_b, st_a, early)
         return self._logits(x, st_a, argmax_keys)

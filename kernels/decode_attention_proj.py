@@ -1,0 +1,212 @@
+"""A decode step's attention and its output projection in one launch, for few rows:
+x + attention(q over the cache) @ W + bias.
+
+At batch 1 every decode kernel costs about 2-3 us of launch, wait and L2 round trips whatever
+its bytes, and a layer ran five of them one after the other. Here decode attention becomes the
+prologue of the projection, so a layer runs four:
+- a program owns one (row, head, column block): it computes its head's attention over the whole
+  cache (one tile up to BLOCK_L positions, read before the wait; the head is only 64 wide) and
+  multiplies the result by that head's D rows of W, a split-K GEMV whose chunk is a head;
+- every column block recomputes the head's attention (its cache tile comes from L2 after the
+  first read), which costs less than a kernel boundary while the cache is short;
+- the last program of a (row, column block) to arrive adds the heads' partials in head order
+  and runs the epilogue (bias, residual, the next layernorm's row statistics), as gemv.py's
+  split layout does: deterministic, and a row's result does not depend on the batch.
+The attention output is rounded to x's dtype before the product, as decode_attention would
+store it. Longer caches and more rows run decode_attention and linear, which split the cache
+and fill the GPU better (`fused_layout` returns None there).
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_device_usable, check_shape, check_tensor
+from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
+from ._tuning import launch, sm_count, use_pdl
+from ._workspace import arrival_counters
+from .decode_attention import LOG2E, _attend, decode_attention
+from .linear import linear
+
+MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
+MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
+
+
+def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
+    """(BLOCK_N, BLOCK_L, num_warps) of the fused kernel, or None where the two kernels run.
+    The first BLOCK_L cache positions are read before the wait, the rest in a loop after it.
+    Timed end to end on an H100 against the two kernels (bench/results/h100/fused-attention-proj.md):
+    - 256-column blocks: each recomputes its head's attention, and 128 columns lost everywhere
+      (gpt2-xl 650 -> 550 tok/s); 512 was no better than 256;
+    - a whole-cache tile in 8 warps while the programs (rows x heads x column blocks) fill up to
+      3/4 of the SMs (gpt2 b1 36: 5,330 -> 5,530, b2 72: +1.8%, gpt2-medium 64: 1,847 ->
+      2,004); past that 128 positions up front in 4 warps (gpt2-large 100: 1,081 -> 1,108,
+      gpt2-xl 175: 650 -> 666), where the 8-warp tile was even or slower (gpt2-xl 608)."""
+    if rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
+        return None
+    block_n = 256
+    whole = max(16, triton.next_power_of_2(cache_len))
+    if 4 * rows * heads * triton.cdiv(n, block_n) <= 3 * sms:
+        return block_n, whole, 8 if whole * head_dim > 128 * 64 else 4
+    return block_n, min(whole, 128), 4
+
+
+@triton.jit
+def _cache_tile(base, offs_l, offs_d, mask, stride_l):
+    return tl.load(base + offs_l[:, None] * stride_l + offs_d[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _decode_attention_proj_kernel(
+    q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
+    stats_ptr,
+    M, N, D, qk_scale,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
+    H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    h = tl.program_id(1)  # the head: this program's chunk of the projection's K
+    b = pid % M  # rows fastest: programs that share a weight tile run side by side
+    pid_n = pid // M
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rm = b + tl.zeros((1,), dtype=tl.int32)  # the row, as a one-row tile for the shared epilogue
+    tile_mask = (rm < M)[:, None] & n_mask[None, :]
+    offs_l = tl.arange(0, BLOCK_L)
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+
+    # constants first: the head's rows of W and the bias never change between launches
+    w = tl.load(w_ptr + (h * D + offs_d)[:, None] * stride_wk + rn[None, :] * stride_wn,
+                mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+    bias, _ = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, False)
+    if PREFETCH:  # (caller's promise) lengths, older cache rows and x are not written by the kernel before
+        seq_len = tl.load(lens_ptr + b)
+        old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
+        k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
+        v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
+        if not EARLY_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
+    if not PREFETCH:
+        seq_len = tl.load(lens_ptr + b)
+        old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
+        k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
+        v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+
+    pos = seq_len - 1
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
+    k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
+    v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
+    if pid_n == 0:  # one program per (row, head) appends the new key and value
+        tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
+    # the prefetched tile holds rows < pos; _attend takes row pos from registers
+    m_i, l_i, acc = _attend(q, k, v, offs_l, offs_l < seq_len, d_mask, pos, k_new, v_new,
+                            float("-inf"), 0.0, tl.zeros((BLOCK_D,), dtype=tl.float32), True)
+    for start in range(BLOCK_L, seq_len, BLOCK_L):  # a cache longer than one tile: the rest after the wait
+        offs = start + offs_l
+        older = (offs < pos)[:, None] & d_mask[None, :]
+        k = _cache_tile(k_base, offs, offs_d, older, stride_kl)
+        v = _cache_tile(v_base, offs, offs_d, older, stride_vl)
+        m_i, l_i, acc = _attend(q, k, v, offs, offs < seq_len, d_mask, pos, k_new, v_new, m_i, l_i, acc, True)
+    o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
+
+    part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
+    finish = True
+    if H > 1:
+        part_row = part_ptr + b * N + rn
+        tl.store(part_row + h * M * N, part, mask=n_mask)
+        # acq_rel: our partial is visible before the count moves; the last arriver sees all
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        finish = arrived == H - 1
+        if finish:
+            hs = tl.arange(0, H_POW2)
+            parts = tl.load(part_row[None, :] + hs[:, None] * M * N, mask=(hs < H)[:, None] & n_mask[None, :],
+                            other=0.0, cache_modifier=".cg")
+            part = tl.sum(parts, axis=0)  # a fixed reduction order: deterministic
+            tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")  # next launch: after the kernel boundary
+    if finish:
+        y = _epilogue(part[None, :], bias, res, y_ptr, rm, rn, tile_mask, stride_ym, 0.0, None)
+        if STATS_OUT:
+            _store_row_stats(tl.where(tile_mask, y, 0.0), rm, rm < M, pid_n * BLOCK_N, N, stats_ptr, stride_sm,
+                             1, BLOCK_N)
+
+
+def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
+                          stats_out=None, scale=None, prefetch=False, early_launch=False, _layout=None):
+    """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
+    query per sequence and the attention block's output projection.
+
+    q, k_new, v_new: (B, H, D); k_cache, v_cache: (B, H, L, D) (the new key and value land at
+    position seq_lens[b] - 1); weight: (H * D, N) with any strides; bias: (N,) or None;
+    residual: (B, N). Writes (B, N) into `out` (may be residual itself), with its rows' partial
+    statistics into stats_out (new_row_stats(B, N)) if given.
+    prefetch: the lengths, the cache's older rows and the residual are read before the wait on
+    the previous kernel (programmatic dependent launch); only where that kernel writes none of
+    them, as in a decode step. early_launch: the next kernel may launch at this one's start
+    (linear's early_launch; the caller vouches that it reads nothing this one writes before its
+    own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
+    check_tensor("q", q, ndim=3, last_contiguous=True)
+    check_device_usable("q", q)
+    B, H, D = q.shape
+    check_tensor("weight", weight, ndim=2, device=q.device)
+    if weight.shape[0] != H * D:
+        raise ValueError(f"weight: expected {H * D} rows (heads x head_dim), got shape {tuple(weight.shape)}")
+    N = weight.shape[1]
+    check_tensor("residual", residual, ndim=2, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+    check_shape("residual", residual, (B, N))
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, device=q.device)
+        check_shape("bias", bias, (N,))
+    y = torch.empty_like(residual) if out is None else out
+    check_tensor("out", y, ndim=2, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+    check_shape("out", y, (B, N))
+    check_row_stats("stats_out", stats_out, B, N, q.device)
+    layout = _layout or fused_layout(B, N, k_cache.shape[2] if k_cache.dim() == 4 else 0, D, H,
+                                     sms=sm_count(q.device))
+    if layout is None:
+        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=prefetch)
+        return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
+                      prefetch_residual=prefetch, early_launch=early_launch)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+        if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
+            raise ValueError(f"{name}: expected shape ({B}, {H}, L, {D}), got {tuple(t.shape)}")
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=q.device)
+    check_shape("seq_lens", seq_lens, (B,))
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
+        check_shape(name, t, (B, H, D))
+    block_n, block_l, warps = layout
+    part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
+    counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    pdl = use_pdl(q.device)
+    launch(
+        _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
+        q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
+        part, counts, stats_out if stats_out is not None else part,
+        B, N, D, scale * LOG2E,  # log2(e): softmax via exp2
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
+        v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
+        stats_out.stride(0) if stats_out is not None else 0,
+        H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
+        USE_PDL=pdl, PREFETCH=bool(prefetch), EARLY_LAUNCH=bool(early_launch),
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
+        num_warps=warps, launch_pdl=pdl,
+    )
+    return y

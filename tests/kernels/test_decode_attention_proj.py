@@ -1,0 +1,144 @@
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from kernels._tuning import sm_count
+from kernels.decode_attention_proj import MAX_CACHE, MAX_ROWS, fused_layout
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+
+# (B, H, L, D, N): odd widths (a partial column block, a 16-wide head), 1-position caches
+SHAPES = [(1, 2, 1, 16, 48), (2, 3, 100, 64, 200), (2, 2, 200, 32, 130)]
+if ON_GPU:  # the GPT-2 widths at the row counts that fuse; a 128-wide head
+    SHAPES += [(1, 12, 256, 64, 768), (2, 12, 128, 64, 768), (1, 16, 256, 64, 1024), (1, 25, 256, 64, 1600),
+               (2, 20, 77, 64, 1280), (1, 20, 256, 64, 1280), (1, 4, 256, 128, 300)]
+
+
+def _case(B, H, L, D, N, dtype, device, bias=True):
+    """Random inputs with cache rows past each length poisoned (NaN): read perhaps, never used."""
+    q, k_new, v_new = (randn(B, H, D, dtype=dtype, device=device) for _ in range(3))
+    kc, vc = randn(B, H, L, D, dtype=dtype, device=device), randn(B, H, L, D, dtype=dtype, device=device)
+    lens = torch.randint(1, L + 1, (B,))
+    lens[0] = L
+    lens = lens.to(device=device, dtype=torch.int32)
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None] - 1)[:, None, :, None]  # (B, 1, L, 1)
+    kc.masked_fill_(past, float("nan"))
+    vc.masked_fill_(past, float("nan"))
+    w = randn(N, H * D, dtype=dtype, device=device, scale=D ** -0.5).t()  # out-major, as the model stores it
+    b = randn(N, dtype=dtype, device=device) if bias else None
+    x = randn(B, N, dtype=dtype, device=device)
+    return q, kc, vc, lens, k_new, v_new, w, b, x
+
+
+def _expect(q, kc, vc, lens, k_new, v_new, w, b, x):
+    """float64 reference and the caches with the new rows appended."""
+    B = q.shape[0]
+    ek, ev = kc.clone(), vc.clone()
+    rows = torch.arange(B, device=q.device)
+    ek[rows, :, lens.long() - 1], ev[rows, :, lens.long() - 1] = k_new, v_new
+    attn = ref.decode_attention(q.double(), ek.double(), ev.double(), lens)
+    y = ref.linear(attn.reshape(B, -1), w.double(), b.double() if b is not None else None, residual=x.double())
+    return y, ek, ev
+
+
+@pytest.mark.parametrize("B,H,L,D,N", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_proj(B, H, L, D, N, dtype, device):
+    assert fused_layout(B, N, L, D, H, sms=sm_count(torch.device(device))) is not None
+    case = _case(B, H, L, D, N, dtype, device)
+    q, kc, vc, lens, k_new, v_new, w, b, x = case
+    expect, ek, ev = _expect(*case)
+    out = poisoned((B, N), dtype, device)
+    y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=out)
+    assert y is out
+    assert_rel_close(y, expect, dtype, f"fused {B, H, L, D, N}")
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]
+    assert torch.equal(kc.masked_fill(past, 0), ek.masked_fill(past, 0)), "new keys not appended"
+    assert torch.equal(vc.masked_fill(past, 0), ev.masked_fill(past, 0)), "new values not appended"
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_in_place_with_stats_twice(prefetch, bias, device):
+    """As the model calls it: x updated in place, the next layernorm's statistics written, twice
+    over (the arrival counters reset; the second launch finds its new rows in the cache)."""
+    B, H, L, D, N = 2, 3, 70, 32, 96
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device, bias)
+    for _ in range(2):
+        expect, ek, ev = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
+        stats = torch.full((B, 2, N // 16), float("nan"), device=device)
+        y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, stats_out=stats,
+                                          prefetch=prefetch, early_launch=True)
+        assert y is x
+        assert_rel_close(x, expect, torch.float32, "in place")
+        assert_rel_close(stats, ref.row_stats(x), torch.float32, "row statistics")
+
+
+@pytest.mark.parametrize("layout", [(64, 32, 4), (16, 64, 2)])
+def test_cache_longer_than_the_prefetched_tile(layout, device):
+    """The first BLOCK_L positions before the wait, the rest in tiles after it (lengths from 1
+    to past several tiles, the new row inside a later tile)."""
+    B, H, L, D, N = 3, 2, 150, 32, 72
+    case = _case(B, H, L, D, N, torch.float32, device)
+    expect, _, _ = _expect(*case)
+    y = kernels.decode_attention_proj(*case, prefetch=True, _layout=layout)
+    assert_rel_close(y, expect, torch.float32, f"layout {layout}")
+
+
+def test_row_bits_do_not_depend_on_the_batch(device):
+    """A row's result has the same bits alone and inside a batch: heads add up in head order."""
+    B, H, L, D, N = MAX_ROWS, 3, 90, 64, 160
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float16, device)
+    alone = kernels.decode_attention_proj(q[1:], kc[1:].clone(), vc[1:].clone(), lens[1:], k_new[1:], v_new[1:],
+                                          w, b, x[1:])
+    batch = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x)
+    assert torch.equal(alone[0], batch[1])
+
+
+@pytest.mark.parametrize("B,L", [(MAX_ROWS + 1, 64), (1, MAX_CACHE + 44)])
+def test_more_rows_or_a_longer_cache_run_two_kernels(B, L, device):
+    """Past the fused layout's reach the op runs decode_attention and linear, with the same result."""
+    H, D, N = 2, 32, 80
+    assert fused_layout(B, N, L, D, H, sms=sm_count(torch.device(device))) is None
+    case = _case(B, H, L, D, N, torch.float32, device)
+    expect, _, _ = _expect(*case)
+    y = kernels.decode_attention_proj(*case, prefetch=True)
+    assert_rel_close(y, expect, torch.float32, f"two kernels B={B} L={L}")
+
+
+def test_layout_policy():
+    """On an H100's 132 SMs: gpt2 at one row reads its whole cache up front in 8 warps,
+    gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile; 4 rows and
+    512-position caches run two kernels."""
+    assert fused_layout(1, 768, 256, 64, 12, sms=132) == (256, 256, 8)
+    assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 4)
+    assert fused_layout(1, 1600, 256, 64, 25, sms=132) == (256, 128, 4)
+    assert fused_layout(1, 1600, 100, 64, 25, sms=132) == (256, 128, 4)
+    assert fused_layout(1, 768, 40, 64, 12, sms=132) == (256, 64, 4)
+    assert fused_layout(4, 768, 256, 64, 12, sms=132) is None
+    assert fused_layout(1, 768, 512, 64, 12, sms=132) is None
+
+
+def test_reference_twin_matches(device):
+    case = _case(2, 2, 40, 16, 64, torch.float32, device)
+    expect, _, _ = _expect(*case)
+    q, kc, vc, *rest = case
+    assert_rel_close(ref.decode_attention_proj(q, kc.clone(), vc.clone(), *rest), expect, torch.float32, "reference")
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a: a.update(w=a["w"][:-1]), r"weight: expected 32 rows"),
+    (lambda a: a.update(x=a["x"][:, :-1]), r"residual: expected shape \(2, 64\)"),
+    (lambda a: a.update(b=a["b"][:-1]), r"bias: expected shape \(64,\)"),
+    (lambda a: a.update(lens=a["lens"][:1]), r"seq_lens: expected shape \(2,\)"),
+    (lambda a: a.update(k_new=a["k_new"][:, :1]), r"k_new: expected shape \(2, 2, 16\)"),
+    (lambda a: a.update(kc=a["kc"][:, :1]), r"k_cache: expected shape \(2, 2, L, 16\)"),
+    (lambda a: a.update(x=a["x"].double()), r"residual: expected dtype in \(float32\)"),
+])
+def test_bad_arguments(change, match, device):
+    names = ("q", "kc", "vc", "lens", "k_new", "v_new", "w", "b", "x")
+    a = dict(zip(names, _case(2, 2, 40, 16, 64, torch.float32, device)))
+    change(a)
+    with pytest.raises(ValueError, match=match):
+        kernels.decode_attention_proj(*(a[n] for n in names))
