@@ -48,17 +48,23 @@ def early_roles(rows, cuda_core):
     their wait (linear's early_launch), so its weights stream in behind all of this one. Every
     role is safe in the step's order: a kernel launched early reads only constants before its
     wait (weights, the cache's older rows), or a residual whose writer precedes a late trigger
-    (mlp-out prefetches it only when fc is late; decode attention is always late). Where it
-    pays was timed end to end (same-call A/B on an H100, bench/results/h100/early-roles.md):
+    (mlp-out prefetches it only when fc is late). qkv is late wherever attention and attn-out
+    run as one launch (kernels.decode_attention_proj, up to 2 rows), which reads the residual and
+    the lengths before its wait; separate decode attention is always late. Where it pays was
+    timed end to end (same-call A/Bs on an H100, bench/results/h100/early-roles.md and
+    fused-attention-proj.md):
     - one row on the CUDA-core GEMV (gpt2's size): fc alone (+2.9%; attn-out too -1.5%,
       mlp-out too -3%);
-    - up to 4 rows on the split tensor-core layouts: attn-out, so fc's large weights start
-      during it, and mlp-out: gpt2-xl b1 +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6%,
-      gpt2-medium b1 even;
+    - one row on the split tensor-core layouts, attn-out fused: attn-out, fc and mlp-out
+      (against fc late: gpt2-large 1,109 -> 1,210 tok/s, gpt2-medium +3%, gpt2-xl +1.2%);
+    - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
+      +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6% (fc too at b2, fused: -7%);
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
     - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
     if cuda_core:
         return frozenset({"fc"})
+    if rows == 1:
+        return frozenset({"attn-out", "fc", "mlp-out"})
     if rows <= 4:
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
