@@ -26,6 +26,7 @@ from minillm.sampling import SamplingParams  # noqa: E402
 
 
 LINEARS = ("_gemv_kernel", "_gemv_fma_kernel")  # tensor cores; CUDA cores at one row
+FUSED = "_decode_attention_proj_kernel"
 
 
 def cuda_time(e):
@@ -34,12 +35,16 @@ def cuda_time(e):
 
 def label(names, n_layer):
     """A role for each kernel of one step, in launch order: the decode linears by position
-    (qkv, attn-out, fc, mlp-out per layer, then the lm_head), the rest by kernel name."""
+    (qkv, attn-out, fc, mlp-out per layer, then the lm_head), the rest by kernel name. A fused
+    attention + projection launch (kernels/decode_attention_proj.py) takes attn-out's place."""
     roles = ["qkv", "attn-out", "fc", "mlp-out"] * n_layer + ["lm_head"]
     out, i = [], 0
     for name in names:
         if name.startswith(LINEARS):
             out.append(roles[i % len(roles)])
+            i += 1
+        elif name.startswith(FUSED):
+            out.append("attention+attn-out")
             i += 1
         else:
             out.append(name.split("(")[0].strip("_").removesuffix("_kernel"))

@@ -23,6 +23,14 @@ def test_roles_follow_launch_order():
         "embedding", "qkv", "decode_attention", "attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
 
 
+def test_fused_attention_projection_takes_attn_outs_place():
+    names = ["_embedding_kernel", "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel",
+             "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel", "_gemv_kernel"]
+    assert profile_decode.label(names, n_layer=2) == [
+        "embedding", "qkv", "attention+attn-out", "fc", "mlp-out", "qkv", "attention+attn-out", "fc", "mlp-out",
+        "lm_head"]
+
+
 def test_critical_shares_add_up_to_each_step():
     # two steps of three kernels; the second starts early (dependent launch) and the third ends
     # before the second: its share is zero, and the shares add up to first start -> last end
