@@ -5,7 +5,7 @@ At batch 1 every decode kernel costs about 2-3 us of launch, wait and L2 round t
 its bytes, and a layer ran five of them one after the other. Here decode attention becomes the
 prologue of the projection, so a layer runs four:
 - a program owns one (row, head, column block): it computes its head's attention over the whole
-  cache (one tile up to BLOCK_L positions, read before the wait; the head is only 64 wide) and
+  cache (its first BLOCK_L positions read before the wait, any rest in tiles after it) and
   multiplies the result by that head's D rows of W, a split-K GEMV whose chunk is a head;
 - every column block recomputes the head's attention (its cache tile comes from L2 after the
   first read), which costs less than a kernel boundary while the cache is short;
