@@ -164,6 +164,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)
 
+
 def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
     if stats_out is not None:
