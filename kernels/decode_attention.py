@@ -169,19 +169,9 @@ def default_layout(device, bh, L, block_d):
     return splits, block_n, warps
 
 
-def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, _config=None):
-    """Attention of one new query per sequence over its cache.
-
-    q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
-    seq_lens: (B,) int32/int64, 1 <= seq_lens[b] <= L: query b sees cache positions < seq_lens[b].
-    k_new, v_new: optional (B, H, D), written to position seq_lens[b] - 1 of the caches first.
-    Returns (B, H, D) in q's dtype (into `out` if given).
-    prefetch_cache: each program reads its first cache tile before waiting on the previous
-    kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
-    a decode step, where the cache is written by this kernel alone.
-    _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
-    """
+def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
+    """decode_attention's argument checks (one ValueError naming the argument), shared with
+    decode_attention_proj."""
     check_tensor("q", q, ndim=3, last_contiguous=True)
     check_device_usable("q", q)
     B, H, D = q.shape
@@ -201,6 +191,23 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
             check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
             if t.shape != q.shape:
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
+
+
+def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
+                     num_splits=None, prefetch_cache=False, _config=None):
+    """Attention of one new query per sequence over its cache.
+
+    q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
+    seq_lens: (B,) int32/int64, 1 <= seq_lens[b] <= L: query b sees cache positions < seq_lens[b].
+    k_new, v_new: optional (B, H, D), written to position seq_lens[b] - 1 of the caches first.
+    Returns (B, H, D) in q's dtype (into `out` if given).
+    prefetch_cache: each program reads its first cache tile before waiting on the previous
+    kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
+    a decode step, where the cache is written by this kernel alone.
+    _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
+    """
+    check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
+    B, H, D = q.shape
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:

@@ -22,11 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
+from ._checks import check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
-from .decode_attention import LOG2E, _attend, decode_attention
+from .decode_attention import LOG2E, _attend, check_inputs, decode_attention
 from .linear import linear
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
@@ -58,6 +58,19 @@ def _cache_tile(base, offs_l, offs_d, mask, stride_l):
 
 
 @triton.jit
+def _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l, offs_d, d_mask, rm, rn, tile_mask,
+                         n_mask, stride_kl, stride_vl, stride_rm, HAS_BIAS: tl.constexpr):
+    """What earlier kernels wrote: the row's length, its first cache tile's rows from earlier
+    steps (zero elsewhere: later rows may be unwritten), the bias and the residual tile (fp32)."""
+    seq_len = tl.load(lens_ptr + b)
+    old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
+    k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
+    v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
+    bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
+    return seq_len, k, v, bias, res
+
+
+@triton.jit
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr,
@@ -84,26 +97,21 @@ def _decode_attention_proj_kernel(
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
 
-    # constants first: the head's rows of W and the bias never change between launches
+    # the head's rows of W never change between launches: first, before anything else
     w = tl.load(w_ptr + (h * D + offs_d)[:, None] * stride_wk + rn[None, :] * stride_wn,
                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-    bias, _ = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, False)
     if PREFETCH:  # (caller's promise) lengths, older cache rows and x are not written by the kernel before
-        seq_len = tl.load(lens_ptr + b)
-        old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
-        k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
-        v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
-        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+        seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
+                                                        offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
+                                                        stride_vl, stride_rm, HAS_BIAS)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
     if not PREFETCH:
-        seq_len = tl.load(lens_ptr + b)
-        old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
-        k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
-        v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
-        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
+        seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
+                                                        offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
+                                                        stride_vl, stride_rm, HAS_BIAS)
 
     pos = seq_len - 1
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -159,8 +167,9 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     them, as in a decode step. early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
-    check_tensor("q", q, ndim=3, last_contiguous=True)
-    check_device_usable("q", q)
+    if k_new is None or v_new is None:
+        raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
+    check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
     check_tensor("weight", weight, ndim=2, device=q.device)
     if weight.shape[0] != H * D:
@@ -175,21 +184,11 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     check_tensor("out", y, ndim=2, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     check_shape("out", y, (B, N))
     check_row_stats("stats_out", stats_out, B, N, q.device)
-    layout = _layout or fused_layout(B, N, k_cache.shape[2] if k_cache.dim() == 4 else 0, D, H,
-                                     sms=sm_count(q.device))
+    layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
     if layout is None:
         attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=prefetch)
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=prefetch, early_launch=early_launch)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
-        if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
-            raise ValueError(f"{name}: expected shape ({B}, {H}, L, {D}), got {tuple(t.shape)}")
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=q.device)
-    check_shape("seq_lens", seq_lens, (B,))
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        check_tensor(name, t, ndim=3, device=q.device, last_contiguous=True)
-        check_shape(name, t, (B, H, D))
     block_n, block_l, warps = layout
     part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
