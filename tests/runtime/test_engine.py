@@ -1,9 +1,13 @@
 """Engine invariants: CUDA graphs change nothing, and a prompt's tokens do not depend on the
 batch it runs in (up to 64 rows: the decode linear's reduction order depends on N and K only)."""
+import json
+import shutil
+
 import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+from minillm.generate import SYNC_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -40,6 +44,33 @@ def test_cuda_graphs_on_off_identical(path, dtype, params):
     a = [r.token_ids for r in on.generate(prompts, params)]
     b = [r.token_ids for r in off.generate(prompts + pad, params)[:5]]
     assert a == b
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
+    """With an end-of-sequence token (the device-side finished flags in the graph): the same
+    tokens and finish with graphs on and off, and both stop at the first check after it."""
+    prompts = _prompts(3, SIZE["vocab_size"], seed=2)
+    free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    first = LLM(path, dtype="float16", cuda_graphs=False).generate(prompts[:1], free)[0].token_ids
+    # a token that first shows up in row 0 after one stop check (SYNC_EVERY steps)
+    k = next((i for i in range(SYNC_EVERY + 1, len(first)) if first[i] not in first[:i]), None)
+    assert k is not None, f"row 0 repeats itself past token {SYNC_EVERY}: {first}"
+    eos_dir = tmp_path / "eos"
+    shutil.copytree(path, eos_dir)
+    cfg = json.loads((eos_dir / "config.json").read_text())
+    (eos_dir / "config.json").write_text(json.dumps({**cfg, "eos_token_id": first[k]}))
+    on = LLM(str(eos_dir), dtype="float16")
+    off = LLM(str(eos_dir), dtype="float16", cuda_graphs=False)
+    params = SamplingParams(max_new_tokens=40, temperature=0)
+    a, b = on.generate(prompts[:1], params)[0], off.generate(prompts[:1], params)[0]
+    assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason) == (first[:k + 1], "stop")
+    # the host looks every SYNC_EVERY tokens: token k's count, rounded up to a check, or the end
+    steps = [llm.engine.generate(prompts[:1], params)[1]["steps"] for llm in (on, off)]
+    assert steps == [min(-(-(k + 1) // SYNC_EVERY) * SYNC_EVERY, params.max_new_tokens)] * 2
+    a3 = [r.token_ids for r in on.generate(prompts, params)]
+    b3 = [r.token_ids for r in off.generate(prompts + [[0]], params)[:3]]  # the bucket's padding
+    assert a3 == b3
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"] if ON_GPU else ["float32"])
