@@ -74,7 +74,7 @@ def _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr,
-    M, N, D, qk_scale,
+    M, N, D, L, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
@@ -100,15 +100,23 @@ def _decode_attention_proj_kernel(
     # the head's rows of W never change between launches: first, before anything else
     w = tl.load(w_ptr + (h * D + offs_d)[:, None] * stride_wk + rn[None, :] * stride_wn,
                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-    if PREFETCH:  # (caller's promise) lengths, older cache rows and x are not written by the kernel before
+    if PREFETCH == 2:  # (caller's promise) lengths, older cache rows and x are not written by the kernel before
         seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
                                                         offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
                                                         stride_vl, stride_rm, HAS_BIAS)
+    if PREFETCH == 1:  # the tile as allocated: the rows past the length, known after the wait, _attend masks
+        allocated = (offs_l < L)[:, None] & d_mask[None, :]
+        k = _cache_tile(k_base, offs_l, offs_d, allocated, stride_kl)
+        v = _cache_tile(v_base, offs_l, offs_d, allocated, stride_vl)
+        bias, _ = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, False)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    if not PREFETCH:
+    if PREFETCH == 1:
+        seq_len = tl.load(lens_ptr + b)
+        _, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, False, True)
+    if PREFETCH == 0:
         seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
                                                         offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
                                                         stride_vl, stride_rm, HAS_BIAS)
@@ -121,7 +129,7 @@ def _decode_attention_proj_kernel(
     if pid_n == 0:  # one program per (row, head) appends the new key and value
         tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
         tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
-    # the prefetched tile holds rows < pos; _attend takes row pos from registers
+    # the first tile's rows < pos are the cache's; _attend takes row pos from registers
     m_i, l_i, acc = _attend(q, k, v, offs_l, offs_l < seq_len, d_mask, pos, k_new, v_new,
                             float("-inf"), 0.0, tl.zeros((BLOCK_D,), dtype=tl.float32), True)
     for start in range(BLOCK_L, seq_len, BLOCK_L):  # a cache longer than one tile: the rest after the wait
@@ -162,13 +170,18 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     position seq_lens[b] - 1); weight: (H * D, N) with any strides; bias: (N,) or None;
     residual: (B, N). Writes (B, N) into `out` (may be residual itself), with its rows' partial
     statistics into stats_out (new_row_stats(B, N)) if given.
-    prefetch: the lengths, the cache's older rows and the residual are read before the wait on
-    the previous kernel (programmatic dependent launch); only where that kernel writes none of
-    them, as in a decode step. early_launch: the next kernel may launch at this one's start
+    prefetch: what is read before the wait on the previous kernel (programmatic dependent
+    launch), where that kernel writes none of it, as in a decode step: False nothing; "cache"
+    the first cache tile (rows of earlier steps; rows past each length are masked after the
+    wait), which holds while the kernel before that one may still run; True the lengths and
+    the residual as well, which needs the kernel before to launch this one only after its own
+    wait. early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
+    if prefetch not in (False, True, "cache"):
+        raise ValueError(f"prefetch: expected False, True or 'cache', got {prefetch!r}")
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
     check_tensor("weight", weight, ndim=2, device=q.device)
@@ -186,9 +199,11 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     check_row_stats("stats_out", stats_out, B, N, q.device)
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
     if layout is None:
-        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=prefetch)
+        # decode_attention reads only the cache before its wait, and launches the linear after it:
+        # whatever launched this op, the residual is final by then
+        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch))
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
-                      prefetch_residual=prefetch, early_launch=early_launch)
+                      prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
     part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
@@ -198,13 +213,13 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
         part, counts, stats_out if stats_out is not None else part,
-        B, N, D, scale * LOG2E,  # log2(e): softmax via exp2
+        B, N, D, k_cache.shape[2], scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
-        USE_PDL=pdl, PREFETCH=bool(prefetch), EARLY_LAUNCH=bool(early_launch),
+        USE_PDL=pdl, PREFETCH={False: 0, "cache": 1, True: 2}[prefetch], EARLY_LAUNCH=bool(early_launch),
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )

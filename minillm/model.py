@@ -48,13 +48,14 @@ def early_roles(rows, cuda_core):
     their wait (linear's early_launch), so its weights stream in behind all of this one. Every
     role is safe in the step's order: a kernel launched early reads only constants before its
     wait (weights, the cache's older rows), or a residual whose writer precedes a late trigger
-    (mlp-out prefetches it only when fc is late). qkv is late wherever attention and attn-out
-    run as one launch (kernels.decode_attention_proj, up to 2 rows), which reads the residual and
-    the lengths before its wait; separate decode attention is always late. Where it pays was
-    timed end to end (same-call A/Bs on an H100, bench/results/h100/early-roles.md and
-    fused-attention-proj.md):
-    - one row on the CUDA-core GEMV (gpt2's size): fc alone (+2.9%; attn-out too -1.5%,
-      mlp-out too -3%);
+    (mlp-out prefetches it only when fc is late; the fused attention projection,
+    kernels.decode_attention_proj, reads the residual and the lengths before its wait only when
+    qkv is late, and the model asks it for that). Separate decode attention is always late.
+    Where it pays was timed end to end (same-call A/Bs on an H100,
+    bench/results/h100/early-roles.md and fused-attention-proj.md):
+    - one row on the CUDA-core GEMV (gpt2's size): fc (+2.9%; attn-out too -1.5%, mlp-out too
+      -3%) and qkv, so the fused launch reads its cache tile and W during qkv (5,468 -> 5,540
+      tok/s; at 2 rows -5%, gpt2-medium -3.7%, gpt2-xl -1.6%);
     - one row on the split tensor-core layouts, attn-out fused: attn-out, fc and mlp-out
       (against fc late: gpt2-large 1,109 -> 1,210 tok/s, gpt2-medium +3%, gpt2-xl +1.2%);
     - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
@@ -62,7 +63,7 @@ def early_roles(rows, cuda_core):
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
     - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
     if cuda_core:
-        return frozenset({"fc"})
+        return frozenset({"fc", "qkv"})
     if rows == 1:
         return frozenset({"attn-out", "fc", "mlp-out"})
     if rows <= 4:
@@ -191,11 +192,12 @@ class GPT:
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
-            # x += attention(q) @ W + b, one launch at few rows and a short cache. x was last
-            # written by mlp-out, before qkv; its reads before the wait are safe while qkv
-            # triggers late (early_roles, wherever the launch fuses; else attention lies between)
+            # x += attention(q) @ W + b, one launch at few rows and a short cache. It reads the
+            # cache's older rows before its wait; x (written by mlp-out, before qkv) and the
+            # lengths too where qkv triggers late, and so launches it only after its own wait
             x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
-                                          *blk.attn_proj, residual=x, out=x, stats_out=st_b, prefetch=True,
+                                          *blk.attn_proj, residual=x, out=x, stats_out=st_b,
+                                          prefetch="cache" if "qkv" in early else True,
                                           early_launch="attn-out" in early)
             x = self._mlp(blk, x, st_b, st_a, early)
         return self._logits(x, st_a, argmax_keys)

@@ -1,9 +1,9 @@
 """Per-program timeline of one replayed decode step (CUDA, Hopper): when every program of every
-decode linear and decode-attention launch starts, passes its dependent-launch wait, has its
+decode linear and decode-attention launch (fused into the projection or not) starts, passes its dependent-launch wait, has its
 prefetched weights, ends, and on which SM. torch.profiler sees whole kernels; this sees how a
 kernel's programs share the SMs with the next kernel's early starters.
 
-How: the three decode kernel files are copied with four `%globaltimer` reads and a record store
+How: the four decode kernel files are copied with four `%globaltimer` reads and a record store
 added (text patches at fixed anchors, checked by tests/test_trace_decode.py), loaded as
 `kernels._traced_*`, and the engine's launchers are pointed at them. The weights' arrival is
 forced by a sum after the wait, so the trigger stays where the engine has it. The clock ticks in
@@ -82,6 +82,15 @@ PATCHES = {
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
         ("\n\ndef _programs_wanted", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef _programs_wanted"),
     ],
+    "decode_attention_proj": [
+        ("from .linear import linear\n", "from .linear import linear\n" + HELPERS),
+        ("BLOCK_N: tl.constexpr,\n):", "BLOCK_N: tl.constexpr, trace_ptr,\n):"),
+        ("    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n",
+         "    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n    t0 = _now()\n"),
+        ("    pos = seq_len - 1\n", "    t2 = _now()\n" + SUM_W + "    pos = seq_len - 1\n"),
+        ("\n\ndef decode_attention_proj(",
+         "    _record(trace_ptr, pid + h * tl.num_programs(0), t0, t1, t2)\n\n\ndef decode_attention_proj("),
+    ],
 }
 
 
@@ -138,9 +147,13 @@ def install(tmp):
     import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
     from kernels._tuning import launch
 
-    da, gv, gf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "gemv", "gemv_fma"))
+    da, dap, gv, gf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj", "gemv",
+                                                              "gemv_fma"))
     traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
+    traced_proj = _Traced(load_traced("decode_attention_proj", tmp)._decode_attention_proj_kernel, "attn-proj",
+                          ("H", "D"))
+    dap.launch = lambda kernel, grid, *a, **kw: launch(traced_proj, grid, *a, **kw)
     gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
     da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
                                           ("H", "D"))
@@ -161,7 +174,8 @@ def summarize(launches, n_embd):
             alive += step
             peak = max(peak, alive)
         q = lambda col, f: float(t[:, col].quantile(f))  # noqa: E731
-        out.append(dict(role="attention" if kind == "attn" else roles.get((N, K), "lm_head"), programs=r.shape[0],
+        role = {"attn": "attention", "attn-proj": "attention+attn-out"}.get(kind) or roles.get((N, K), "lm_head")
+        out.append(dict(role=role, programs=r.shape[0],
                         sms=int(r[:, 0].unique().numel()), peak_alive=peak, start_first=q(0, 0), start_p70=q(0, 0.7),
                         start_last=q(0, 1), wait_first=q(2, 0), wait_last=q(2, 1), weights_med=q(1, 0.5),
                         weights_last=q(1, 1), end_med=q(3, 0.5), end_last=q(3, 1),
@@ -225,9 +239,10 @@ def main():
     if captured:
         launches = summarize(captured, cfg.n_embd)
         print("\n".join(report(launches)))
-        mid = 5 * (cfg.n_layer // 2)  # keep every program of the middle two layers only
+        per_layer = (len(launches) - 1) // cfg.n_layer  # 5 launches, or 4 with attention fused; then the lm_head
+        mid = per_layer * (cfg.n_layer // 2)  # keep every program of the middle two layers only
         for i, d in enumerate(launches):
-            if not mid <= i < mid + 10:
+            if not mid <= i < mid + 2 * per_layer:
                 d.pop("programs_raw")
         res["launches"] = launches
     out = Path(args.out)

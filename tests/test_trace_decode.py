@@ -17,7 +17,8 @@ def test_patches_apply_and_import(name, tmp_path):
     src = trace_decode.patched_source(name)
     assert src.count("\n    _record(trace_ptr") == 1 and src.count("t0 = _now()") == 1
     mod = trace_decode.load_traced(name, tmp_path)
-    kernel = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel"}
+    kernel = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel",
+              "decode_attention_proj": "_decode_attention_proj_kernel"}
     assert "trace_ptr" in getattr(mod, kernel[name]).arg_names
 
 
@@ -46,15 +47,18 @@ def test_summarize_roles_times_and_overlap():
     launches = [
         _launch("fma", 3 * C, C, [(0, 0.0, 1.0, 1.0, 2.0), (1, 0.5, 1.5, 1.5, 2.5)]),
         _launch("attn", 2, 4, [(2, 1.0, 2.6, 2.6, 3.0)]),
+        _launch("attn-proj", 2, 4, [(3, 1.1, 2.7, 2.7, 3.1)]),
         _launch("gemv", 100, C, [(0, 2.5, 3.5, 3.2, 4.0), (1, 2.6, 3.6, 3.3, 5.0), (2, 4.1, 4.5, 4.2, 4.8)]),
     ]
     out = trace_decode.summarize(launches, n_embd=C)
-    assert [d["role"] for d in out] == ["qkv", "attention", "lm_head"]
-    qkv, attn, head = out
+    assert [d["role"] for d in out] == ["qkv", "attention", "attention+attn-out", "lm_head"]
+    qkv, attn, _, head = out
     assert qkv["start_first"] == pytest.approx(0.0) and qkv["end_last"] == pytest.approx(2.5)
     assert qkv["peak_alive"] == 2 and head["peak_alive"] == 2  # the third started after the first ended
     assert head["sms"] == 3 and head["wait_first"] == pytest.approx(3.2)
     assert head["programs_raw"][1] == [1, 2.6, 3.6, 3.3, 5.0]
     lines = trace_decode.report(out)
     row = next(line for line in lines if line.startswith("lm_head"))
-    assert row.split()[1:3] == ["1", "-0.50"]  # started 0.5 us before attention's last end
+    assert row.split()[1:3] == ["1", "-0.60"]  # started 0.6 us before the fused launch's last end
+    row = next(line for line in lines if line.startswith("attention+attn-out"))
+    assert row.split()[1:3] == ["1", "-1.90"]  # 1.1 us against the attention's end at 3.0

@@ -58,7 +58,7 @@ def test_decode_attention_proj(B, H, L, D, N, dtype, device):
     assert torch.equal(vc.masked_fill(past, 0), ev.masked_fill(past, 0)), "new values not appended"
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [False, "cache", True])
 @pytest.mark.parametrize("bias", [False, True])
 def test_in_place_with_stats_twice(prefetch, bias, device):
     """As the model calls it: x updated in place, the next layernorm's statistics written, twice
@@ -75,14 +75,16 @@ def test_in_place_with_stats_twice(prefetch, bias, device):
         assert_rel_close(stats, ref.row_stats(x), torch.float32, "row statistics")
 
 
-@pytest.mark.parametrize("layout", [(64, 32, 4), (16, 64, 2)])
-def test_cache_longer_than_the_prefetched_tile(layout, device):
+@pytest.mark.parametrize("prefetch", ["cache", True])
+@pytest.mark.parametrize("layout", [(64, 32, 4), (16, 64, 2), (64, 256, 4)])
+def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     """The first BLOCK_L positions before the wait, the rest in tiles after it (lengths from 1
-    to past several tiles, the new row inside a later tile)."""
+    to past several tiles, the new row inside a later tile), or one tile past the cache's end.
+    "cache" reads the first tile whatever the lengths: its NaN rows past them stay unused."""
     B, H, L, D, N = 3, 2, 150, 32, 72
     case = _case(B, H, L, D, N, torch.float32, device)
     expect, _, _ = _expect(*case)
-    y = kernels.decode_attention_proj(*case, prefetch=True, _layout=layout)
+    y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=layout)
     assert_rel_close(y, expect, torch.float32, f"layout {layout}")
 
 
@@ -135,10 +137,11 @@ def test_reference_twin_matches(device):
     (lambda a: a.update(k_new=a["k_new"][:, :1]), r"k_new: expected shape \(2, 2, 16\)"),
     (lambda a: a.update(kc=a["kc"][:, :1]), r"k_cache: expected shape \(2, 2, L, 16\)"),
     (lambda a: a.update(x=a["x"].double()), r"residual: expected dtype in \(float32\)"),
+    (lambda a: a.update(prefetch="all"), r"prefetch: expected False, True or 'cache', got 'all'"),
 ])
 def test_bad_arguments(change, match, device):
     names = ("q", "kc", "vc", "lens", "k_new", "v_new", "w", "b", "x")
-    a = dict(zip(names, _case(2, 2, 40, 16, 64, torch.float32, device)))
+    a = dict(zip(names, _case(2, 2, 40, 16, 64, torch.float32, device)), prefetch=False)
     change(a)
     with pytest.raises(ValueError, match=match):
-        kernels.decode_attention_proj(*(a[n] for n in names))
+        kernels.decode_attention_proj(*(a[n] for n in names), prefetch=a["prefetch"])
