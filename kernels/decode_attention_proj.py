@@ -31,6 +31,8 @@ from .linear import linear
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
+# decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
+PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
 
 
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
@@ -58,16 +60,18 @@ def _cache_tile(base, offs_l, offs_d, mask, stride_l):
 
 
 @triton.jit
-def _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l, offs_d, d_mask, rm, rn, tile_mask,
-                         n_mask, stride_kl, stride_vl, stride_rm, HAS_BIAS: tl.constexpr):
-    """What earlier kernels wrote: the row's length, its first cache tile's rows from earlier
-    steps (zero elsewhere: later rows may be unwritten), the bias and the residual tile (fp32)."""
+def _first_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride_vl):
+    """The first cache tile's keys and values in the rows asked for (zero elsewhere)."""
+    mask = rows[:, None] & d_mask[None, :]
+    return _cache_tile(k_base, offs_l, offs_d, mask, stride_kl), _cache_tile(v_base, offs_l, offs_d, mask, stride_vl)
+
+
+@triton.jit
+def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS: tl.constexpr):
+    """The row's length (written by the step's embedding), the bias and the residual tile (fp32)."""
     seq_len = tl.load(lens_ptr + b)
-    old = (offs_l < seq_len - 1)[:, None] & d_mask[None, :]
-    k = _cache_tile(k_base, offs_l, offs_d, old, stride_kl)
-    v = _cache_tile(v_base, offs_l, offs_d, old, stride_vl)
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
-    return seq_len, k, v, bias, res
+    return seq_len, bias, res
 
 
 @triton.jit
@@ -100,26 +104,22 @@ def _decode_attention_proj_kernel(
     # the head's rows of W never change between launches: first, before anything else
     w = tl.load(w_ptr + (h * D + offs_d)[:, None] * stride_wk + rn[None, :] * stride_wn,
                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
-    if PREFETCH == 2:  # (caller's promise) lengths, older cache rows and x are not written by the kernel before
-        seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
-                                                        offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
-                                                        stride_vl, stride_rm, HAS_BIAS)
-    if PREFETCH == 1:  # the tile as allocated: the rows past the length, known after the wait, _attend masks
-        allocated = (offs_l < L)[:, None] & d_mask[None, :]
-        k = _cache_tile(k_base, offs_l, offs_d, allocated, stride_kl)
-        v = _cache_tile(v_base, offs_l, offs_d, allocated, stride_vl)
-        bias, _ = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, False)
+    # what earlier kernels wrote, before the wait as far as the caller vouches (PREFETCH_MODES)
+    if PREFETCH == 2:  # the lengths and x too: the tile stops at each row's older positions
+        seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
+                                         HAS_BIAS)
+        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
+    if PREFETCH == 1:  # the tile as allocated: _attend masks the rows past the length, known after the wait
+        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < L, d_mask, stride_kl, stride_vl)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH == 1:
-        seq_len = tl.load(lens_ptr + b)
-        _, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, False, True)
+    if PREFETCH < 2:
+        seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
+                                         HAS_BIAS)
     if PREFETCH == 0:
-        seq_len, k, v, bias, res = _inputs_from_earlier(lens_ptr, k_base, v_base, bias_ptr, res_ptr, b, offs_l,
-                                                        offs_d, d_mask, rm, rn, tile_mask, n_mask, stride_kl,
-                                                        stride_vl, stride_rm, HAS_BIAS)
+        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
 
     pos = seq_len - 1
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -180,7 +180,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
-    if prefetch not in (False, True, "cache"):
+    if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
         raise ValueError(f"prefetch: expected False, True or 'cache', got {prefetch!r}")
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -219,7 +219,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
-        USE_PDL=pdl, PREFETCH={False: 0, "cache": 1, True: 2}[prefetch], EARLY_LAUNCH=bool(early_launch),
+        USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch),
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )
