@@ -25,6 +25,8 @@ from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
 
 
+BENCH_PROMPT, BENCH_NEW = 32, 128  # scripts/bench_generate.py's defaults
+WARMUP_STEPS = 3
 LINEARS = ("_gemv_kernel", "_gemv_fma_kernel")  # tensor cores; CUDA cores at one row
 FUSED = "_decode_attention_proj_kernel"
 
@@ -80,19 +82,28 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays (critical-path shares)")
+    ap.add_argument("--context", type=int, default=BENCH_PROMPT + BENCH_NEW // 2,
+                    help="cached positions a profiled step attends over, on average (default %(default)s: the "
+                         "benchmark's mean, prompt 32 + half of 128 new tokens)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     require_cuda("profile_decode")
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph)
-    params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)  # 32 + 8 positions: bucket 128
-    prompts = [[1] * 32] * args.batch
-    engine.generate(prompts, params)  # warm-up: autotuning, compilation, graph capture
-    st = engine._state(args.batch, params, None, max_len=128)  # the bucket generate() uses here
+    # the benchmark's call (prompt 32, 128 new tokens): its cache-length bucket, and a full cache
+    params = SamplingParams(max_new_tokens=BENCH_NEW, temperature=0, ignore_eos=True)
+    engine.generate([[1] * BENCH_PROMPT] * args.batch, params)  # warm-up: autotuning, compilation, capture
+    (st,) = engine._states.values()
+    first = args.context - WARMUP_STEPS - args.steps // 2  # cache length of the first warm-up step
+    if first < 1 or first + WARMUP_STEPS + args.steps - 1 > st.max_len:
+        sys.exit(f"profile_decode: --context {args.context}: expected {WARMUP_STEPS + args.steps // 2 + 1} to "
+                 f"{st.max_len - (args.steps + 1) // 2 + 1} for {args.steps} steps (cache bucket {st.max_len})")
+    st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
+    st.step.zero_()
     cache = engine.cache_for(args.batch)
     step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
-    for _ in range(3):
+    for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
@@ -115,7 +126,9 @@ def main():
     total = sum(v[1] for v in per_kernel.values()) / args.steps
     mode = "CUDA-graph replays" if args.graph else "eager steps, graphs off"
     lines = [f"# decode step profile: {args.model}, batch {args.batch}, fp16, {torch.cuda.get_device_name()}",
-             "", f"torch.profiler over {args.steps} {mode}. Kernel time per step: {total:.1f} us over "
+             "", f"torch.profiler over {args.steps} {mode}, attending over {first + WARMUP_STEPS} to "
+             f"{first + WARMUP_STEPS + args.steps - 1} cached positions (cache bucket {st.max_len}). "
+             f"Kernel time per step: {total:.1f} us over "
              f"{per_step} launches (with dependent launch a kernel's time includes its wait for the one before)"]
     lines += table("by kernel:", dict(sorted(per_kernel.items(), key=lambda kv: -kv[1][1])), args.steps)
     lines += table("by role (decode linears by position):", per_role, args.steps)
