@@ -5,10 +5,13 @@ programmatic dependent launch a kernel starts while the one before still runs, s
 there includes its wait: an upper bound. --graph profiles replays of the captured step instead
 and adds each kernel's critical-path share: how much later the step's last finished kernel ends
 because of it (end minus the latest end before it). Those shares add up to the step time, so
-they say which kernel costs what in the step as it really runs.
+they say which kernel costs what in the step as it really runs. The steps run in the
+benchmark's cache bucket (prompt 32, 128 new tokens) and attend over about --context cached
+positions (default 96, the benchmark's mean: attention's share grows with it).
 
     python3 scripts/profile_decode.py --model gpt2 --batch 1 --out bench/results
     python3 scripts/profile_decode.py --model gpt2 --batch 1 --graph --out bench/results
+    python3 scripts/profile_decode.py --model gpt2 --batch 64 --graph --context 150
 """
 import argparse
 import sys
