@@ -18,6 +18,7 @@ from .benchutil import copy_bandwidth, device_slug, environment
 from .config import PRESETS
 
 ENGINES = ("minillm", "hf-eager", "hf-sdpa", "torch-compile")
+PROMPT_LEN, NEW_TOKENS = 32, 128  # the default run: prompt tokens, tokens generated per sequence
 
 
 def _sync():
@@ -128,8 +129,8 @@ def run_peer(cfg, weights, ids, new, repeats):
         return _timed(once, repeats)
 
 
-def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=32, new_tokens=128, engines=ENGINES, repeats=3,
-          dtype=torch.float16, log=print):
+def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS, engines=ENGINES,
+          repeats=3, dtype=torch.float16, log=print):
     """Run the matrix on the current CUDA device; returns the list of result rows."""
     env = environment()
     bw = copy_bandwidth()

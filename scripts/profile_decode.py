@@ -21,14 +21,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.bench import build  # noqa: E402
+from minillm.bench import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
 
 
-BENCH_PROMPT, BENCH_NEW = 32, 128  # scripts/bench_generate.py's defaults
 WARMUP_STEPS = 3
 LINEARS = ("_gemv_kernel", "_gemv_fma_kernel")  # tensor cores; CUDA cores at one row
 FUSED = "_decode_attention_proj_kernel"
@@ -85,7 +84,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays (critical-path shares)")
-    ap.add_argument("--context", type=int, default=BENCH_PROMPT + BENCH_NEW // 2,
+    ap.add_argument("--context", type=int, default=PROMPT_LEN + NEW_TOKENS // 2,
                     help="cached positions a profiled step attends over, on average (default %(default)s: the "
                          "benchmark's mean, prompt 32 + half of 128 new tokens)")
     ap.add_argument("--out", default="bench/results")
@@ -95,8 +94,8 @@ def main():
     del hf
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph)
     # the benchmark's call (prompt 32, 128 new tokens): its cache-length bucket, and a full cache
-    params = SamplingParams(max_new_tokens=BENCH_NEW, temperature=0, ignore_eos=True)
-    engine.generate([[1] * BENCH_PROMPT] * args.batch, params)  # warm-up: autotuning, compilation, capture
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    engine.generate([[1] * PROMPT_LEN] * args.batch, params)  # warm-up: autotuning, compilation, capture
     (st,) = engine._states.values()
     first = args.context - WARMUP_STEPS - args.steps // 2  # cache length of the first warm-up step
     if first < 1 or first + WARMUP_STEPS + args.steps - 1 > st.max_len:

@@ -1,7 +1,8 @@
 """Per-program timeline of one replayed decode step (CUDA, Hopper): when every program of every
-decode linear and decode-attention launch (fused into the projection or not) starts, passes its
-dependent-launch wait, has its prefetched weights, ends, and on which SM. torch.profiler sees whole kernels; this sees how a
-kernel's programs share the SMs with the next kernel's early starters.
+decode linear and decode-attention launch (fused into the projection or not) starts, passes
+its dependent-launch wait, has its prefetched weights, ends, and on which SM. torch.profiler
+sees whole kernels; this sees how a kernel's programs share the SMs with the next kernel's
+early starters.
 
 How: the four decode kernel files are copied with four `%globaltimer` reads and a record store
 added (text patches at fixed anchors, checked by tests/test_trace_decode.py), loaded as
