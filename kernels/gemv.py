@@ -23,6 +23,8 @@ weight read plus fixed latency, and the kernel is built around that:
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
   the row's word with a relaxed atomic: nothing waits for the other column blocks.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -43,6 +45,7 @@ TALL_MIN = 48 * 1024
 # output width below which a K >= 1024 layer without a layernorm runs 32-column blocks past 16
 # rows (gpt2's mlp-out)
 NARROW_N = 1024
+STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -111,6 +114,26 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
 
 
+def stage_first(meta, M, K, ln):
+    """Whether a split program (few rows) stages its first weight tile for the tensor cores
+    before its wait. The tile is loaded into registers there, but Triton moves it through shared
+    memory into the MMA layout only where the first tl.dot uses it, after the wait; a product of
+    zero rows with it before the wait (an accumulator of +0.0: the bits do not change) makes
+    that copy happen early. Timed end to end on an H100, alternated in one call
+    (bench/results/h100/stage-first.md); the gains depend on which kernels launch early
+    (model.early_roles), and so follow the rows:
+    - 5 to 8 rows, every gpt2 layer: batch 8 29.1k -> 30.4k tok/s (+4.7%);
+    - 9 to 16 rows, the wide layers without a layernorm in tiles up to 256 x 64 (gpt2's
+      mlp-out): batch 16 47.3k -> 50.5k (+6.4%; every layer: +2.9%);
+    - it lost up to 4 rows (gpt2 batch 4 -2.5% to -6%), on wide tiles with a layernorm
+      (gpt2-medium batch 1 -6%, gpt2-xl -21%) and in the looping layout (gpt2 batch 64 -1.8%).
+    MINILLM_STAGE_FIRST=0 turns it off (A/B timing)."""
+    if not meta["SPLIT"] or not STAGE_FIRST or M <= 4:
+        return False
+    small_wide = K >= 1024 and not ln and meta["BLOCK_K"] * meta["BLOCK_N"] <= 256 * 64
+    return small_wide or (M <= 8 and K < 1024)
+
+
 def chunk_count(K, block_k, chunks):
     """Non-empty chunks when K is cut into `chunks` pieces of whole block_ks."""
     k_chunk = triton.cdiv(K, chunks * block_k) * block_k
@@ -130,7 +153,7 @@ def _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn):
 
 
 @triton.jit
-def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, zero, stride_xk, stride_wk, stride_wn,
+def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, acc, stride_xk, stride_wk, stride_wn,
                K: tl.constexpr, FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator; the first
@@ -139,9 +162,6 @@ def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, zero, stride_xk, 
     k_mask = kk < K
     w = w_first if FIRST_LOADED else _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn)
     a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    # the fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
-    # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
-    acc = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
     acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
     for i in range(1, ITERS):  # fresh names in the loop: only acc is carried
         kk_i = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -162,7 +182,7 @@ def _gemv_kernel(
     LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -196,6 +216,12 @@ def _gemv_kernel(
     colsum = 0.0
     if LN_FOLD:
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
+    # a fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
+    # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
+    acc0 = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
+    if STAGE_FIRST:  # see stage_first: a product with zero rows (+0.0 exactly) before the wait
+        acc0 = tl.dot(tl.full((BLOCK_M, BLOCK_K), zero, dtype=x_ptr.dtype.element_ty), w, acc0,
+                      input_precision=INPUT_PRECISION)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         if not EARLY_LAUNCH:
@@ -208,11 +234,12 @@ def _gemv_kernel(
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
-    acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, zero, stride_xk, stride_wk, stride_wn, K, True,
+    acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, acc0, stride_xk, stride_wk, stride_wn, K, True,
                      ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
     if not SPLIT:
         for c in range(1, CHUNKS):
-            acc += _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, c * K_CHUNK, zero, stride_xk, stride_wk,
+            acc += _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, c * K_CHUNK,
+                              tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32), stride_xk, stride_wk,
                               stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
     finish = True
@@ -296,6 +323,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         LN_BLOCK=row_stats_block(K), EARLY_LAUNCH=bool(early_launch),
+        STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         launch_pdl=pdl, **meta,
     )
     return y2

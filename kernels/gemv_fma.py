@@ -24,7 +24,8 @@ import os
 import triton
 import triton.language as tl
 
-from ._epilogue import _epilogue, _fold_ln, _load_bias_residual, _mean_rstd, new_row_stats
+from ._epilogue import _mean_rstd, new_row_stats
+from .activations import _apply_activation
 from ._tuning import INTERPRET, use_pdl
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -71,46 +72,47 @@ def _gemv_fma_kernel(
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
-    # row blocks fastest: the programs that share a weight slab run side by side (L2 hits)
-    num_pid_m = tl.cdiv(M, ROWS)
+    # rows fastest: the programs that share a weight slab run side by side (L2 hits)
     pid = tl.program_id(0)
-    pid_m = pid % num_pid_m
-    pid_n = pid // num_pid_m
-    rm = pid_m * ROWS + tl.arange(0, ROWS)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = pid % M
+    rn = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    m_mask = rm < M
     n_mask = rn < N
     k_mask = rk < K
-    tile_mask = m_mask[:, None] & n_mask[None, :]
 
-    # everything that does not come from the previous kernel, before waiting on it
+    # everything that does not come from the previous kernel, before waiting on it. Every
+    # vector is a slice of the weight tile's layout, so nothing changes layout after the wait
+    # (a (rows, columns, K) product made Triton move the whole slab through shared memory there)
     w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
     if LN_FOLD:
-        colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
-    bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
-                                    HAS_RESIDUAL and PREFETCH_RESIDUAL)
+        colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    res_ptrs = res_ptr + row * stride_rm + rn
+    res = 0.0
+    if HAS_RESIDUAL and PREFETCH_RESIDUAL:
+        res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
-                mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (ROWS, BLOCK_K)
-    xf = x.to(tl.float32)  # zero past K: the sums see K columns
-    # fp16 x fp16 products are exact in fp32; one reduction over K per output
-    acc = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (ROWS, BLOCK_N)
-    if LN_FOLD:
-        mean, rstd = _mean_rstd(tl.sum(xf, axis=1), tl.sum(xf * xf, axis=1), K, ln_eps)
-        acc = _fold_ln(acc, colsum, mean, rstd)
-    if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
-        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0).to(tl.float32)
-    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+    xf = tl.load(x_ptr + row * stride_xm + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
+        res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
+    # fp16 x fp16 products are exact in fp32 (zero past K); one reduction over K per output
+    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
+    if LN_FOLD:  # as _fold_ln: rstd * (acc - mean * colsum)
+        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
+        acc = (acc - mean * colsum) * rstd
+    y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
+    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def decode_row_stats(rows, cols, device):
@@ -130,7 +132,9 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
-    grid = (triton.cdiv(M, meta["ROWS"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    if meta.pop("ROWS") != 1:
+        raise ValueError(f"_config: the CUDA-core layout runs one row per program, got ROWS={config['ROWS']}")
+    grid = (M * triton.cdiv(N, meta["BLOCK_N"]),)
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
     _gemv_fma_kernel[grid](

@@ -53,9 +53,10 @@ def early_roles(rows, cuda_core):
     qkv is late, and the model asks it for that). Separate decode attention is always late.
     Where it pays was timed end to end (same-call A/Bs on an H100,
     bench/results/h100/early-roles.md and fused-attention-proj.md):
-    - one row on the CUDA-core GEMV (gpt2's size): fc (+2.9%; attn-out too -1.5%, mlp-out too
-      -3%) and qkv, so the fused launch reads its cache tile and W during qkv (5,468 -> 5,540
-      tok/s; at 2 rows -5%, gpt2-medium -3.7%, gpt2-xl -1.6%);
+    - one row on the CUDA-core GEMV (gpt2's size): fc (+2.9%; attn-out too -1.5%) and qkv, so
+      the fused launch reads its cache tile and W during qkv (5,468 -> 5,540 tok/s; at 2 rows
+      -5%, gpt2-medium -3.7%, gpt2-xl -1.6%); mlp-out too once the CUDA-core kernel's work
+      after its wait got short (5,929 -> 5,991; it had lost 3% before);
     - one row on the split tensor-core layouts, attn-out fused: attn-out, fc and mlp-out
       (against fc late: gpt2-large 1,109 -> 1,210 tok/s, gpt2-medium +3%, gpt2-xl +1.2%);
     - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
@@ -63,7 +64,7 @@ def early_roles(rows, cuda_core):
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
     - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
     if cuda_core:
-        return frozenset({"fc", "qkv"})
+        return frozenset({"fc", "qkv", "mlp-out"})
     if rows == 1:
         return frozenset({"attn-out", "fc", "mlp-out"})
     if rows <= 4:

@@ -70,7 +70,7 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     x = randn(SMALL_M, K, dtype=dtype, device=device)
     for cfg in (None, _cfg(chunks=3)):
         full = kernels.linear(x, w, bias, activation="gelu_tanh", _config=cfg)
-        for m in (1, 7, 17, SMALL_M):
+        for m in (1, 7, 12, 17, SMALL_M):  # 7 and 12 rows stage their first tile (stage_first)
             assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh", _config=cfg), full[:m])
     split = kernels.linear(x, w, bias, _config=_cfg(block_n=64, chunks=3, split=True))
     looped = kernels.linear(x, w, bias, _config=_cfg(block_n=128, chunks=3, split=False))
@@ -98,6 +98,33 @@ def test_decode_config_programs_per_sm():
     assert layout(64, 768, 3072) == (32, 256, 12)  # gpt2 mlp-out past 16 rows: 32-column blocks
     assert gemv.decode_config(64, 768, 3072, 2, sms=132)["num_warps"] == 2
     assert layout(64, 1024, 4096)[0] == 64  # gpt2-medium's (1024 wide) keep 64 columns
+
+
+def test_stage_first_rule():
+    """Which split launches stage their first weight tile before the wait (H100 timings)."""
+    def staged(M, N, K, ln=False):
+        return gemv.stage_first(gemv.decode_config(M, N, K, 2, ln, sms=132), M, K, ln)
+    assert not staged(4, 2304, 768, ln=True) and staged(8, 2304, 768, ln=True)  # gpt2 qkv at 5-8 rows
+    assert staged(8, 768, 3072) and staged(16, 768, 3072)  # gpt2 mlp-out at 5-16 rows
+    assert not staged(16, 2304, 768, ln=True)  # past 8 rows only the wide layers without a layernorm
+    assert not staged(8, 3072, 1024, ln=True) and not staged(8, 1600, 6400)  # wide tiles: 64 x 256 at most
+    assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; the looping layout
+
+
+@pytest.mark.parametrize("K,N", [(96, 200), (1100, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
+    """Staging the first tile before the wait (a product of zero rows into the accumulator)
+    leaves every bit as it was."""
+    if K > 1000 and not ON_GPU:
+        pytest.skip("interpreter time: the K >= 1024 case runs on the GPU only")
+    M = 7
+    x, w = randn(M, K, dtype=dtype, device=device), randn(K, N, dtype=dtype, device=device)
+    bias, res = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    assert gemv.stage_first(gemv.decode_config(M, N, K, x.element_size(), sms=sm_count(x.device)), M, K, False)
+    staged = kernels.linear(x, w, bias, residual=res)
+    monkeypatch.setattr(gemv, "STAGE_FIRST", False)
+    torch.testing.assert_close(kernels.linear(x, w, bias, residual=res), staged, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("with_stats", [True, False])
