@@ -60,8 +60,8 @@ PATCHES = {
     "gemv": [
         ("from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n",
          "from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n" + HELPERS),
-        ("LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr,\n):",
-         "LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
+        ("EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,\n):",
+         "EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
@@ -71,9 +71,9 @@ PATCHES = {
         ("from ._tuning import INTERPRET, use_pdl\n", "from ._tuning import INTERPRET, use_pdl\n" + HELPERS),
         ("EARLY_LAUNCH: tl.constexpr,\n):", "EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
-        ("    x = tl.load(x_ptr + rm[:, None]", "    t2 = _now()\n" + SUM_W + "    x = tl.load(x_ptr + rm[:, None]"),
-        ("    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)\n",
-         "    _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)\n"
+        ("    xf = tl.load(x_ptr + row", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + row"),
+        ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",
+         "    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n"
          "    _record(trace_ptr, pid, t0, t1, t2)\n"),
     ],
     "decode_attention": [
