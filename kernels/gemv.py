@@ -120,11 +120,11 @@ def stage_first(meta, M, K, ln):
     memory into the MMA layout only where the first tl.dot uses it, after the wait; a product of
     zero rows with it before the wait (an accumulator of +0.0: the bits do not change) makes
     that copy happen early. Timed end to end on an H100, alternated in one call
-    (bench/results/h100/stage-first.md); the gains depend on which kernels launch early
+    (bench/results/h100/few-row-decode.md); the gains depend on which kernels launch early
     (model.early_roles), and so follow the rows:
-    - 5 to 8 rows, every gpt2 layer: batch 8 29.1k -> 30.4k tok/s (+4.7%);
+    - 5 to 8 rows, every gpt2 layer: batch 8 29.4k -> 30.8k tok/s (+4.5%);
     - 9 to 16 rows, the wide layers without a layernorm in tiles up to 256 x 64 (gpt2's
-      mlp-out): batch 16 47.3k -> 50.5k (+6.4%; every layer: +2.9%);
+      mlp-out): batch 16 48.0k -> 50.6k (+5.4%; staging every layer: +2.9%);
     - it lost up to 4 rows (gpt2 batch 4 -2.5% to -6%), on wide tiles with a layernorm
       (gpt2-medium batch 1 -6%, gpt2-xl -21%) and in the looping layout (gpt2 batch 64 -1.8%).
     MINILLM_STAGE_FIRST=0 turns it off (A/B timing)."""

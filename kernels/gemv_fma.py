@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from .activations import _apply_activation
 from ._tuning import INTERPRET, use_pdl
+from .activations import _apply_activation
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
 # (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
