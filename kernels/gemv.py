@@ -35,6 +35,7 @@ from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key
 from .gemv_fma import VOCAB_N, fma_config, gemv_fma
+from .vocab_fma import vocab_config, vocab_fma
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64
@@ -80,7 +81,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         if M > BLOCK_M:
             return dict(BLOCK_N=64, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=64,
                         num_stages=3)
-        if K < 1024:
+        if K < 1024:  # (one row of out-major weights runs on CUDA cores instead: vocab_fma.py)
             return dict(BLOCK_N=64, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
                         num_stages=3)
         # gpt2-xl at one row: 56.7 -> 44.2 us on an H200 (bench/results/h200/lm-head-layouts.md)
@@ -280,14 +281,19 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
          early_launch=False):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
-    fewest rows go to the CUDA-core kernel (gemv_fma.py) where its fma_config allows and no
-    statistics or argmax are asked for (it ignores ln_stats: it takes statistics from whole
-    rows). early_launch: see `linear`.
+    fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
+    no residual, activation or statistics out to vocab_fma.py, other layers without statistics
+    or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows).
+    early_launch: see `linear`.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     assert M <= SMALL_M
+    if config is None and stats_out is None and residual is None and activation is None:
+        vocab = vocab_config(M, N, K, weight.stride(0), sms=sm_count(x2.device))
+        if vocab is not None:
+            return vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, vocab)
     plain = config is None and stats_out is None and argmax_keys is None
     fma = fma_config(M, N, K, weight.stride(0)) if plain else None
     if fma is not None or (config is not None and "ROWS" in config):

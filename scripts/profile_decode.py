@@ -29,7 +29,7 @@ from minillm.sampling import SamplingParams  # noqa: E402
 
 
 WARMUP_STEPS = 3
-LINEARS = ("_gemv_kernel", "_gemv_fma_kernel")  # tensor cores; CUDA cores at one row
+LINEARS = ("_gemv_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel")  # tensor cores; CUDA cores at one row
 FUSED = "_decode_attention_proj_kernel"
 
 

@@ -4,12 +4,13 @@ its dependent-launch wait, has its prefetched weights, ends, and on which SM. to
 sees whole kernels; this sees how a kernel's programs share the SMs with the next kernel's
 early starters.
 
-How: the four decode kernel files are copied with four `%globaltimer` reads and a record store
-added (text patches at fixed anchors, checked by tests/test_trace_decode.py), loaded as
-`kernels._traced_*`, and the engine's launchers are pointed at them. The weights' arrival is
-forced by a sum after the wait, so the trigger stays where the engine has it. The clock ticks in
-0.256 us steps on an H100, and instrumentation slows a step (gpt2-xl 2,084 against 1,736 us):
-read the timeline for its shape, and time the step with --untraced.
+How: the five decode kernel files (the CUDA-core vocabulary head's too) are copied with four
+`%globaltimer` reads and a record store added (text patches at fixed anchors, checked by
+tests/test_trace_decode.py), loaded as `kernels._traced_*`, and the engine's launchers are
+pointed at them. The weights' arrival is forced by a sum after the wait, so the trigger stays
+where the engine has it. The clock ticks in 0.256 us steps on an H100, and instrumentation
+slows a step (gpt2-xl 2,084 against 1,736 us): read the timeline for its shape, and time the
+step with --untraced.
 
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
@@ -75,6 +76,14 @@ PATCHES = {
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",
          "    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n"
          "    _record(trace_ptr, pid, t0, t1, t2)\n"),
+    ],
+    "vocab_fma": [
+        ("from .gemv_fma import VOCAB_N\n", "from .gemv_fma import VOCAB_N\n" + HELPERS),
+        ("BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n):", "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, trace_ptr,\n):"),
+        ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
+        ("    xf = tl.load(x_ptr + rk", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + rk"),
+        ('        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
+         '        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n    _record(trace_ptr, pid, t0, t1, t2)\n'),
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
@@ -148,14 +157,15 @@ def install(tmp):
     import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
     from kernels._tuning import launch
 
-    da, dap, gv, gf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj", "gemv",
-                                                              "gemv_fma"))
+    da, dap, gv, gf, vf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj", "gemv",
+                                                                  "gemv_fma", "vocab_fma"))
     traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
     traced_proj = _Traced(load_traced("decode_attention_proj", tmp)._decode_attention_proj_kernel, "attn-proj",
                           ("H", "D"))
     dap.launch = lambda kernel, grid, *a, **kw: launch(traced_proj, grid, *a, **kw)
     gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
+    vf._vocab_fma_kernel = _Traced(load_traced("vocab_fma", tmp)._vocab_fma_kernel, "vocab", ("N", "K"))
     da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
                                           ("H", "D"))
 

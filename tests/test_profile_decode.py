@@ -25,7 +25,7 @@ def test_roles_follow_launch_order():
 
 def test_fused_attention_projection_takes_attn_outs_place():
     names = ["_embedding_kernel", "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel",
-             "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel", "_gemv_kernel"]
+             "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel", "_vocab_fma_kernel"]
     assert profile_decode.label(names, n_layer=2) == [
         "embedding", "qkv", "attention+attn-out", "fc", "mlp-out", "qkv", "attention+attn-out", "fc", "mlp-out",
         "lm_head"]

@@ -18,7 +18,7 @@ def test_patches_apply_and_import(name, tmp_path):
     assert src.count("\n    _record(trace_ptr") == 1 and src.count("t0 = _now()") == 1
     mod = trace_decode.load_traced(name, tmp_path)
     kernel = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel",
-              "decode_attention_proj": "_decode_attention_proj_kernel"}
+              "decode_attention_proj": "_decode_attention_proj_kernel", "vocab_fma": "_vocab_fma_kernel"}
     assert "trace_ptr" in getattr(mod, kernel[name]).arg_names
 
 

@@ -1,0 +1,128 @@
+"""Decode-time vocabulary head for one row on CUDA cores: logits = layernorm(x) @ W + bias
+(the layernorm folded in, as linear's ln_fold) and greedy decoding's argmax, in one persistent
+launch.
+
+A vocabulary head at one row is a pure weight stream (gpt2: 77 MB for 50k outputs), so what
+counts is keeping the memory bus busy to the last byte. The tensor-core GEMV (gemv.py) runs it
+as 786 column-block programs in 1.5 waves, each one loading x, taking the row's statistics and
+max-ing its argmax key into the row's word; here a few programs per SM loop over column blocks:
+- a program owns BLOCK_N columns at a time over the whole of K (out-major weights: each
+  column's K weights contiguous, as nn.Linear stores them) and requests its next block before
+  it reduces the current one, so every program keeps two blocks in flight;
+- x and its layernorm statistics are loaded once per program, after the programmatic-
+  dependent-launch wait; the first block is requested before it;
+- the argmax runs in registers over all of a program's blocks (per lane the first maximum,
+  lanes then reduced to the lowest column among equal maxima), and each program max-es one key
+  (argmax_key.py) into the row's word: 528 atomics instead of 786.
+Products and sums are fp32 on CUDA cores, as in gemv_fma.py: the row's logits differ from the
+tensor-core path's (a row inside a batch) only in the last bits.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+from ._epilogue import _mean_rstd
+from ._tuning import INTERPRET, use_pdl
+from .argmax_key import _argmax_key
+from .gemv_fma import VOCAB_N
+
+# MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
+ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
+BLOCK_N = 8  # columns per block
+INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
+PROGRAMS_PER_SM = 4
+MAX_K = 1024  # timed at gpt2's 768 (scripts/bench_gemv.py has no case of it; see vocab_config)
+
+
+def vocab_config(M, N, K, stride_wk, *, sms):
+    """Launch parameters of the persistent CUDA-core head for M rows of a (K -> N) layer, or None
+    where the tensor-core GEMV runs it: more than one row, narrower than a vocabulary, weights
+    not out-major, or K past MAX_K. Chosen on an H100 (bench/results/h100/vocab-head.md): gpt2's
+    head alone 30.5 -> 27.9 us (its floor at the copy bandwidth 25.9), from a sweep of 8 or 16
+    columns, 4 or 8 warps, 2 to 8 programs an SM, and the next block in registers or Triton's
+    shared-memory pipeline (3 stages: 29.5 us at best)."""
+    if not ENABLED or M != 1 or N < VOCAB_N or stride_wk != 1 or K > MAX_K:
+        return None
+    block_n = INTERPRET_BLOCK_N if INTERPRET else BLOCK_N
+    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=4,
+                programs=min(triton.cdiv(N, block_n), sms * PROGRAMS_PER_SM))
+
+
+@triton.jit
+def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS: tl.constexpr,
+                  LN_FOLD: tl.constexpr):
+    """One block's logits (BLOCK_N,) from its weights w (BLOCK_N, BLOCK_K): stored, and returned
+    as stored, in fp32."""
+    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # fp16 x fp16 products are exact in fp32
+    if LN_FOLD:  # as _fold_ln: rstd * (acc - mean * colsum)
+        acc = (acc - mean * tl.load(fold_ptr + rn, mask=n_mask, other=0.0)) * rstd
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    y = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rn, y, mask=n_mask)
+    return y.to(tl.float32)
+
+
+@triton.jit
+def _vocab_fma_kernel(
+    x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
+    N, ln_eps, stride_xk, stride_wn,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
+    cols = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    w_rows = w_ptr + rk[None, :]  # (1, BLOCK_K): out-major, stride_wk == 1
+
+    rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
+    w = tl.load(w_rows + rn[:, None] * stride_wn, mask=(rn < N)[:, None] & k_mask[None, :], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x is written by now
+        tl.extra.cuda.gdc_launch_dependents()
+    xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    mean, rstd = 0.0, 0.0
+    if LN_FOLD:
+        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
+    # per lane the first maximum over the program's blocks (columns rise block by block); the
+    # first block's columns stand for lanes whose values are all -inf
+    best = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    best_col = rn
+    for n0 in range(pid * BLOCK_N, N, step):
+        rn = n0 + cols
+        n_mask = rn < N
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
+                         other=0.0)
+        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD)
+        if ARGMAX:
+            v = tl.where(n_mask, y, float("-inf"))
+            better = v > best  # NaN never wins (argmax_key.py: no promise to pick one)
+            best = tl.where(better, v, best)
+            best_col = tl.where(better, rn, best_col)
+        w = w_next
+    if ARGMAX:
+        vmax = tl.max(best, axis=0)
+        col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
+        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
+
+
+def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
+    """Launch for the row x2 (1, K) already checked by `linear`, with vocab_config's `config`;
+    writes y2 (1, N) and max-es the row's argmax key into argmax_keys (1,) if given."""
+    K, N = weight.shape
+    meta = dict(config)
+    programs = meta.pop("programs")
+    pdl = use_pdl(x2.device)
+    _vocab_fma_kernel[(programs,)](
+        x2, weight, bias if bias is not None else y2, y2, ln_fold if ln_fold is not None else y2,
+        argmax_keys if argmax_keys is not None else y2,
+        N, ln_eps, x2.stride(1), weight.stride(1),
+        K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None, USE_PDL=pdl,
+        num_stages=1, launch_pdl=pdl, **meta,
+    )
+    return y2
+

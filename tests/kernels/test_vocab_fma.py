@@ -1,0 +1,109 @@
+"""The persistent one-row vocabulary head of `linear` (kernels/vocab_fma.py): logits with a folded
+layernorm and bias, the fused argmax (ties, -inf rows, keys already there), when `linear` routes
+there and when not."""
+import pytest
+import torch
+
+import kernels
+from kernels import argmax_key, gemv, gemv_fma, vocab_fma
+from kernels._tuning import sm_count
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear_ref, poisoned, randn
+
+N_ODD = gemv_fma.VOCAB_N + 27  # a vocabulary head whose last column block is partial
+
+
+def _head(K, N, dtype, device, tied=()):
+    """(x, weight, bias, colsum, g, be, w, b): a folded layernorm head with out-major weights, as
+    the model holds its lm_head, and the unfolded weights for the reference. Columns `tied` get
+    column tied[0]'s weights and a large bias: equal row maxima."""
+    x = randn(1, K, dtype=dtype, device=device, scale=2.0) + 0.5  # a mean to take out
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    b = randn(N, dtype=dtype, device=device)
+    if tied:
+        w[:, tied], b[tied] = w[:, tied[:1]].clone(), 50.0
+    g, be = 1 + 0.2 * randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    wf, bf, colsum = kernels.fold_layernorm(w, b, g, be)
+    return x, wf.t().contiguous().t(), bf, colsum, g, be, w, b
+
+
+def _keys(device):
+    return torch.full((1,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+
+
+@pytest.mark.parametrize("K", [40, 100])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vocab_head_logits_and_argmax(K, dtype, device):
+    """Logits within tolerance of the float64 layernorm + matmul; the key holds torch.argmax of
+    the stored logits, with maxima tied across lanes, blocks and programs (the lowest wins)."""
+    x, wf, bf, colsum, g, be, w, b = _head(K, N_ODD, dtype, device, tied=[5, 6, 300, 2000, N_ODD - 3])
+    keys, y = _keys(device), poisoned((1, N_ODD), dtype, device)
+    cfg = vocab_fma.vocab_config(1, N_ODD, K, wf.stride(0), sms=sm_count(torch.device(device)))
+    assert cfg is not None and cfg["programs"] < N_ODD // cfg["BLOCK_N"]  # programs loop over blocks
+    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys, out=y)
+    assert_rel_close(y, ln_linear_ref(x, w, b, g, be), dtype, f"vocab head K={K}")
+    assert (y[0] == y[0].max()).sum() >= 2, "the tied maxima must tie after rounding"
+    assert argmax_key.argmax_index(keys).item() == y[0].argmax().item() == 5
+    first = keys.clone()
+    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys)  # keys already there: unchanged
+    assert torch.equal(keys, first)
+
+
+def test_vocab_head_plain_and_without_argmax(device):
+    """No layernorm, no bias, no keys: x @ W alone."""
+    K = 72
+    x = randn(1, K, device=device)
+    w = randn(K, N_ODD, device=device, scale=K ** -0.5).t().contiguous().t()
+    y = kernels.linear(x, w)
+    assert_rel_close(y, x.double() @ w.double(), torch.float32, "plain vocab head")
+
+
+def test_vocab_head_all_minus_inf(device):
+    """Every logit -inf: the key names column 0, as torch.argmax does."""
+    K = 16
+    x = randn(1, K, device=device)
+    w = randn(K, N_ODD, device=device).t().contiguous().t()
+    bias = torch.full((N_ODD,), float("-inf"), device=device)
+    keys = _keys(device)
+    y = kernels.linear(x, w, bias, argmax_keys=keys)
+    assert torch.isneginf(y).all()
+    assert argmax_key.argmax_index(keys).item() == 0 == y[0].argmax().item()
+
+
+def test_vocab_routing(device, monkeypatch):
+    """linear sends one row of an out-major vocabulary head without residual, activation or
+    statistics out here; anything else goes to the tensor-core GEMV, with the same logits."""
+    cfg = vocab_fma.vocab_config
+    sms = sm_count(torch.device(device))
+    assert cfg(1, 50257, 768, 1, sms=sms) is not None  # gpt2's lm_head at one row
+    assert cfg(2, 50257, 768, 1, sms=sms) is None  # two rows
+    assert cfg(1, 50257, 768, 768, sms=sms) is None  # in-major weights
+    assert cfg(1, 3072, 768, 1, sms=sms) is None  # not a vocabulary
+    assert cfg(1, 50257, 1600, 1, sms=sms) is None  # K past MAX_K: not timed
+    calls = []
+    real = vocab_fma.vocab_fma
+    monkeypatch.setattr(gemv, "vocab_fma", lambda *a: calls.append(1) or real(*a))
+    K = 24
+    x = randn(1, K, device=device)
+    w = randn(K, N_ODD, device=device, scale=K ** -0.5).t().contiguous().t()
+    routed = kernels.linear(x, w)
+    assert calls == [1]
+    kernels.linear(x, w, activation="gelu_tanh")
+    kernels.linear(x, w, residual=torch.zeros_like(routed))
+    kernels.linear(x, w.contiguous())
+    assert calls == [1]
+    assert_rel_close(routed, kernels.linear(x, w.contiguous()), torch.float32, "routed against tensor cores")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="interpreter time: gpt2's head (50257 x 768) runs on the GPU only")
+def test_vocab_gpt2_head_same_token_as_in_a_batch(device):
+    """gpt2's lm_head: the row alone (here) and inside a batch of 2 (tensor cores) give logits
+    within fp16 rounding and the same token."""
+    x, wf, bf, colsum, g, be, w, b = _head(768, 50257, torch.float16, device)
+    x2 = torch.cat([x, randn(1, 768, dtype=torch.float16, device=device)])
+    keys1, keys2 = _keys(device), torch.full((2,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    alone = kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys1)
+    batch = kernels.linear(x2, wf, bf, ln_fold=colsum, argmax_keys=keys2)
+    assert_rel_close(alone, ln_linear_ref(x, w, b, g, be), torch.float16, "gpt2 head")
+    assert_rel_close(alone, batch[:1], torch.float16, "alone against in a batch")
+    assert argmax_key.argmax_index(keys1).item() == argmax_key.argmax_index(keys2)[0].item() == alone.argmax().item()
