@@ -63,6 +63,17 @@ def fma_config(M, N, K, stride_wk):
     return layout(K)
 
 
+@triton.jit
+def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
+    """x . w for each of w's rows (out-major columns, (BLOCK_N, BLOCK_K)) with x in fp32
+    (BLOCK_K,), zero past K; a folded layernorm applied as _fold_ln: rstd * (acc - mean * colsum).
+    fp16 x fp16 products are exact in fp32; one reduction over K per output."""
+    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
+    if LN_FOLD:
+        acc = (acc - mean * colsum) * rstd
+    return acc
+
+
 # M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions
 # may differ, and a row must get the same bits at any M
 @triton.jit(do_not_specialize=["M"])
@@ -89,6 +100,7 @@ def _gemv_fma_kernel(
     # (a (rows, columns, K) product made Triton move the whole slab through shared memory there)
     w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    colsum = 0.0
     if LN_FOLD:
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
     bias = 0.0
@@ -106,11 +118,10 @@ def _gemv_fma_kernel(
     xf = tl.load(x_ptr + row * stride_xm + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    # fp16 x fp16 products are exact in fp32 (zero past K); one reduction over K per output
-    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
-    if LN_FOLD:  # as _fold_ln: rstd * (acc - mean * colsum)
+    mean, rstd = 0.0, 0.0
+    if LN_FOLD:
         mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
-        acc = (acc - mean * colsum) * rstd
+    acc = _row_dot(w, xf, colsum, mean, rstd, LN_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 

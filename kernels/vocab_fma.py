@@ -25,7 +25,7 @@ import triton.language as tl
 from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, use_pdl
 from .argmax_key import _argmax_key
-from .gemv_fma import VOCAB_N
+from .gemv_fma import VOCAB_N, _row_dot
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
 ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
@@ -62,10 +62,7 @@ def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # fp16 x fp16 products are exact in fp32
-    if LN_FOLD:  # as _fold_ln: rstd * (acc - mean * colsum)
-        acc = (acc - mean * colsum) * rstd
-    y = (acc + bias).to(y_ptr.dtype.element_ty)
+    y = (_row_dot(w, xf, colsum, mean, rstd, LN_FOLD) + bias).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + rn, y, mask=n_mask)
     return y.to(tl.float32)
 

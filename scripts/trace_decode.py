@@ -78,7 +78,7 @@ PATCHES = {
          "    _record(trace_ptr, pid, t0, t1, t2)\n"),
     ],
     "vocab_fma": [
-        ("from .gemv_fma import VOCAB_N\n", "from .gemv_fma import VOCAB_N\n" + HELPERS),
+        ("from .gemv_fma import VOCAB_N, _row_dot\n", "from .gemv_fma import VOCAB_N, _row_dot\n" + HELPERS),
         ("BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n):", "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + rk", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + rk"),
