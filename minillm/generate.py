@@ -3,8 +3,7 @@
 All sequences of a batch decode in lockstep over a static KV cache. On CUDA the whole decode
 step (every layer, the lm_head, logits processing and the token draw, plus the bookkeeping:
 output write, EOS flags, next input and position) is captured once per (batch bucket, sampling
-mode, cache-length bucket) as a CUDA graph and replayed per token; a step runs the graph of the
-shortest cache that holds its positions. The host reads the device back only every
+mode) as a CUDA graph and replayed per token. The host reads the device back only every
 SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import time
@@ -20,10 +19,7 @@ SYNC_EVERY = 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
-# cache positions a decode step attends over: each step runs the graph of the smallest bucket
-# that holds its positions, so a short context reads and masks a short tile (fine below 256,
-# where one tile holds the whole cache)
-LENGTH_BUCKETS = (64, 128, 192, 256, 512, 1024, 2048, 4096)
+LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 
 
 class ContextLengthError(ValueError):
@@ -36,17 +32,6 @@ def check_context(prompt_len, max_new_tokens, n_positions):
         raise ContextLengthError(
             f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
             f"{n_positions} positions (at most {n_positions - prompt_len + 1} new tokens for this prompt)")
-
-
-def cache_length(positions, n_positions):
-    """The length bucket for a step that attends over `positions` cache positions."""
-    return min(next(b for b in (*LENGTH_BUCKETS, positions) if b >= positions), n_positions)
-
-
-def step_lengths(longest, max_new_tokens, n_positions):
-    """The length bucket of each decode step (index n - 1 for the step that makes token n + 1):
-    that step feeds a token at position longest - 1 + n at most, so it attends over longest + n."""
-    return [cache_length(longest + n, n_positions) for n in range(1, max_new_tokens)]
 
 
 @dataclass
@@ -72,8 +57,8 @@ class _DecodeState:
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
-        self.graphs = {}  # length bucket -> the step captured for it; they share one memory pool
-        self.pool = None
+        self.graph = None
+        self.max_len = None  # cache positions decode attention covers (None: all)
 
 
 def _bucket(n):
@@ -89,7 +74,7 @@ class Engine:
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, eos) -> _DecodeState (with its graphs)
+        self._states = {}  # (batch, sampling key, eos) -> _DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
 
     # -- pieces -------------------------------------------------------------------------
@@ -135,23 +120,14 @@ class Engine:
         torch.cuda.synchronize()
         return {"graph": graph, "ids": ids, "lens": lens, "logits": logits}
 
-    def decode_one_token(self, st, params, cache, eos, max_len=None):
-        """One step on the state's buffers: next token for every row, appended in place.
-        max_len: cache positions decode attention covers (None: all)."""
+    def decode_one_token(self, st, params, cache, eos):
+        """One step on the state's buffers: next token for every row, appended in place."""
         if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
-            self.model.decode(st.tokens, st.pos, cache, max_len, argmax_keys=st.keys)
+            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
-            nxt = sample(self.model.decode(st.tokens, st.pos, cache, max_len), params, st.seen)
+            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
             self._advance(st, nxt, eos)
-
-    def step(self, st, params, cache, eos, max_len):
-        """decode_one_token, replayed from its graph where one was captured for max_len."""
-        graph = st.graphs.get(max_len)
-        if graph is not None:
-            graph.replay()
-        else:
-            self.decode_one_token(st, params, cache, eos, max_len)
 
     def _advance(self, st, nxt, eos, from_keys=False):
         if st.seen is not None:
@@ -160,37 +136,31 @@ class Engine:
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
                                      st.finished if eos is not None else None, eos, from_keys=from_keys)
 
-    def _state(self, batch, params, eos, lengths=()):
-        """The decode buffers for (batch, sampling mode, eos), with a graph captured for each
-        length bucket in `lengths` (with CUDA graphs on)."""
-        key = (batch, params.graph_key(), eos)
+    def _state(self, batch, params, eos, max_len=None):
+        key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
         if st is None:
             c = self.model.config
-            st = self._states[key] = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
-                                                  with_seen=params.repetition_penalty != 1.0)
-        for max_len in lengths:
-            if self.use_cuda_graphs and max_len not in st.graphs:
-                self._capture(st, params, eos, max_len)
+            st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
+                              with_seen=params.repetition_penalty != 1.0)
+            st.max_len = max_len
+            if self.use_cuda_graphs:
+                self._capture(st, params, eos)
+            self._states[key] = st
         return st
 
-    def _capture(self, st, params, eos, max_len):
+    def _capture(self, st, params, eos):
         cache = self.cache_for(st.tokens.shape[0])
-        st.pos.zero_()  # a state used before may stand near the end: keep the warm-up's writes in bounds
-        st.step.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
             for _ in range(2):
-                self.decode_one_token(st, params, cache, eos, max_len)
+                self.decode_one_token(st, params, cache, eos)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # one pool for a state's graphs: they replay one at a time and keep nothing in it
-        with torch.cuda.graph(graph, pool=st.pool):
-            self.decode_one_token(st, params, cache, eos, max_len)
+        st.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(st.graph):
+            self.decode_one_token(st, params, cache, eos)
         torch.cuda.synchronize()
-        st.pool = graph.pool()
-        st.graphs[max_len] = graph
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
@@ -209,9 +179,10 @@ class Engine:
         Bp = _bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)
-        # decode attention sees only the positions a step can reach, in a few buckets
-        lengths = step_lengths(longest, params.max_new_tokens, c.n_positions)
-        st = self._state(Bp, params, eos, sorted(set(lengths)))  # captures first: prefill refills the cache
+        # decode attention sees only the positions this call can reach, in a few buckets
+        reach = longest + params.max_new_tokens
+        max_len = min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), c.n_positions)
+        st = self._state(Bp, params, eos, max_len)  # captures the graph first: prefill refills the cache
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -237,7 +208,10 @@ class Engine:
         n = 1
         done = self._done(st, B, stop_check, n, eos)
         while n < params.max_new_tokens and not done:
-            self.step(st, params, cache, eos, lengths[n - 1])
+            if st.graph is not None:
+                st.graph.replay()
+            else:
+                self.decode_one_token(st, params, cache, eos)
             n += 1
             if stream:
                 yield "step", st.tokens[:B].tolist()

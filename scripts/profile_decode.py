@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
-from minillm.generate import Engine, cache_length  # noqa: E402
+from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
 
@@ -98,17 +98,13 @@ def main():
     engine.generate([[1] * PROMPT_LEN] * args.batch, params)  # warm-up: autotuning, compilation, capture
     (st,) = engine._states.values()
     first = args.context - WARMUP_STEPS - args.steps // 2  # cache length of the first warm-up step
-    last = first + WARMUP_STEPS + args.steps - 1
-    # the bucket the benchmark's steps run at the last profiled length (the warm-up captured it)
-    bucket = cache_length(last, cfg.n_positions)
-    reach = PROMPT_LEN + NEW_TOKENS - 1
-    if first < 1 or last > reach:
+    if first < 1 or first + WARMUP_STEPS + args.steps - 1 > st.max_len:
         sys.exit(f"profile_decode: --context {args.context}: expected {WARMUP_STEPS + args.steps // 2 + 1} to "
-                 f"{reach - (args.steps + 1) // 2 + 1} for {args.steps} steps (the benchmark's positions)")
+                 f"{st.max_len - (args.steps + 1) // 2 + 1} for {args.steps} steps (cache bucket {st.max_len})")
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
     st.step.zero_()
     cache = engine.cache_for(args.batch)
-    step = lambda: engine.step(st, params, cache, None, bucket)  # noqa: E731
+    step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
     for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()
@@ -133,7 +129,7 @@ def main():
     mode = "CUDA-graph replays" if args.graph else "eager steps, graphs off"
     lines = [f"# decode step profile: {args.model}, batch {args.batch}, fp16, {torch.cuda.get_device_name()}",
              "", f"torch.profiler over {args.steps} {mode}, attending over {first + WARMUP_STEPS} to "
-             f"{last} cached positions (cache bucket {bucket}). "
+             f"{first + WARMUP_STEPS + args.steps - 1} cached positions (cache bucket {st.max_len}). "
              f"Kernel time per step: {total:.1f} us over "
              f"{per_step} launches (with dependent launch a kernel's time includes its wait for the one before)"]
     lines += table("by kernel:", dict(sorted(per_kernel.items(), key=lambda kv: -kv[1][1])), args.steps)

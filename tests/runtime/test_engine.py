@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.generate import LENGTH_BUCKETS, SYNC_EVERY, cache_length, step_lengths
+from minillm.generate import SYNC_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -44,38 +44,6 @@ def test_cuda_graphs_on_off_identical(path, dtype, params):
     a = [r.token_ids for r in on.generate(prompts, params)]
     b = [r.token_ids for r in off.generate(prompts + pad, params)[:5]]
     assert a == b
-
-
-def test_step_lengths():
-    """Each decode step attends within the smallest bucket that holds its positions (the first
-    step feeds position `longest` and attends over longest + 1), capped at the model's context."""
-    lengths = step_lengths(32, 128, 1024)
-    assert len(lengths) == 127 and lengths[0] == 64 and lengths[-1] == 192
-    for n, L in enumerate(lengths, start=1):
-        need = 32 + n
-        assert L >= need and L in LENGTH_BUCKETS and not any(need <= b < L for b in LENGTH_BUCKETS)
-    assert step_lengths(60, 6, 100) == [64, 64, 64, 64, 100]
-    assert step_lengths(5, 1, 1024) == []
-    assert cache_length(5000, 8192) == 5000  # past the last bucket: the length itself
-
-
-@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_cuda_graphs_across_length_buckets(path):
-    """A run that crosses from one cache-length bucket to the next replays one graph per bucket
-    (sharing one memory pool) and gives the tokens of the eager run, which switches alike."""
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, SIZE["vocab_size"] - 1, (n,), generator=g).tolist() for n in (30, 7)]
-    params = SamplingParams(max_new_tokens=90, temperature=0, ignore_eos=True)  # positions 30 .. 118
-    on = LLM(path, dtype="float16")
-    off = LLM(path, dtype="float16", cuda_graphs=False)
-    a = [r.token_ids for r in on.generate(prompts, params)]
-    assert a == [r.token_ids for r in off.generate(prompts, params)]
-    (st,) = on.engine._states.values()
-    assert sorted(st.graphs) == [64, 128]
-    # a later, shorter call reuses the state and its graphs; a longer one adds nothing here (128 is the end)
-    short = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
-    assert [r.token_ids for r in on.generate(prompts, short)] == [t[:10] for t in a]
-    assert sorted(st.graphs) == [64, 128]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
