@@ -34,6 +34,12 @@ def check_context(prompt_len, max_new_tokens, n_positions):
             f"{n_positions} positions (at most {n_positions - prompt_len + 1} new tokens for this prompt)")
 
 
+def cache_bucket(reach, n_positions):
+    """The cache positions decode attention covers for a call whose steps reach `reach`
+    positions (prompt + new tokens): the smallest LENGTH_BUCKETS entry that holds them."""
+    return min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), n_positions)
+
+
 @dataclass
 class GenerationResult:
     """One prompt's output: generated ids only, their text (None without a tokenizer), why it
@@ -180,8 +186,7 @@ class Engine:
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)
         # decode attention sees only the positions this call can reach, in a few buckets
-        reach = longest + params.max_new_tokens
-        max_len = min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), c.n_positions)
+        max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
         st = self._state(Bp, params, eos, max_len)  # captures the graph first: prefill refills the cache
         dev = self.model.device
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.generate import SYNC_EVERY
+from minillm.generate import SYNC_EVERY, cache_bucket
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -44,6 +44,14 @@ def test_cuda_graphs_on_off_identical(path, dtype, params):
     a = [r.token_ids for r in on.generate(prompts, params)]
     b = [r.token_ids for r in off.generate(prompts + pad, params)[:5]]
     assert a == b
+
+
+def test_cache_bucket():
+    """The smallest length bucket that holds a call's positions, the length itself past the
+    last bucket, never more than the model's context."""
+    assert [cache_bucket(n, 1024) for n in (1, 128, 129, 160, 1000)] == [128, 128, 256, 256, 1024]
+    assert cache_bucket(5000, 8192) == 5000
+    assert cache_bucket(300, 200) == 200
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
