@@ -247,7 +247,8 @@ def main():
     torch.cuda.synchronize()
     step_us = start.elapsed_time(end) * 1000 / args.replays
     res = dict(model=args.model, batch=args.batch, device=torch.cuda.get_device_name(), traced=not args.untraced,
-               step_us=step_us, context=PROMPT_LEN + NEW_TOKENS // 2, cache_bucket=bucket, fields=["sm", "start", "weights in", "wait passed", "end"])
+               step_us=step_us, context=PROMPT_LEN + NEW_TOKENS // 2, cache_bucket=bucket,
+               fields=["sm", "start", "weights in", "wait passed", "end"])
     print(f"{args.model} b{args.batch} {'untraced' if args.untraced else 'traced'}: {step_us:.1f} us a step")
     if captured:
         launches = summarize(captured, cfg.n_embd)
