@@ -43,10 +43,11 @@ SMALL_M = 64
 # (K = 1600) gained from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lost at 32 and gained
 # at 64 (timed when these layers normalized apart, before the layernorm was folded)
 TALL_MIN = 48 * 1024
-# output width below which a K >= 1024 layer without a layernorm runs 32-column blocks past 16
-# rows (gpt2's mlp-out)
+# output width below which a K >= 1024 layer without a layernorm adds its chunk sums in two
+# groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
 NARROW_N = 1024
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
+GROUP_SPLIT = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -89,6 +90,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
                     num_stages=3)
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
+    groups = chunk_groups(N, K, ln)
     if M <= BLOCK_M:
         block_n = 128
         # from K = 1024 narrower column blocks until there is a program per SM: gpt2-medium's
@@ -97,13 +99,19 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         # batch 4 and 8) it gained under 1% and the first token came later
         while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
             block_n //= 2
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4)
+        return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
     if K < 1024 and N >= 2 * K:
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
     if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
         return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64)
+    if groups > 1:
+        # gpt2's mlp-out (3072 -> 768): two programs a 64-column block, each over its half of K,
+        # so each reads half the rows' x. At 64 rows alone 7.89 -> 6.94 us on an H100 against
+        # the one looping program below (bench/results/h100/m64-split-groups-7bd58e1.json)
+        return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True, CHUNK_GROUPS=groups,
+                    num_warps=4, num_stages=4)
     if N < NARROW_N and not ln:  # (a layernorm's row sums over 2 warps would round another way)
         # gpt2's mlp-out (3072 -> 768) ran 48 programs of 64 columns at 64 rows; 32-column blocks in
         # two warps: 9.85 -> 7.03 us alone, gpt2 batch 64 135.5k -> 141.3k tok/s, batch 32 81.0k ->
@@ -113,6 +121,15 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     # four stages (160 KB of shared memory): gpt2-xl batch 64 16.9k -> 20.3k tok/s, batch 32 10.0k
     # -> 11.7k, gpt2 batch 64 +1% end to end on an H200
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
+
+
+def chunk_groups(N, K, ln):
+    """Groups the chunk sums of an (K -> N) layer are added in (see _gemv_kernel): part of the
+    arithmetic, so a function of the layer alone. Two for wide-K layers with a narrow output and
+    no layernorm (gpt2's mlp-out), whose 64-row layout then splits K over two programs a column
+    block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
+    the looping program on 32-column blocks (A/B timing)."""
+    return 2 if GROUP_SPLIT and K >= 1024 and N < NARROW_N and not ln else 1
 
 
 def stage_first(meta, M, K, ln):
@@ -139,6 +156,22 @@ def chunk_count(K, block_k, chunks):
     """Non-empty chunks when K is cut into `chunks` pieces of whole block_ks."""
     k_chunk = triton.cdiv(K, chunks * block_k) * block_k
     return triton.cdiv(K, k_chunk)
+
+
+def partial_count(meta):
+    """Programs along K, whose partial sums meet through an arrival counter: one per chunk
+    (SPLIT), one per non-empty group of chunks (GROUP_SPLIT), or one looping program."""
+    chunks, groups = meta["CHUNKS"], meta["CHUNK_GROUPS"]
+    if meta["SPLIT"] and meta["GROUP_SPLIT"]:
+        raise ValueError("_config: expected SPLIT or GROUP_SPLIT, not both")
+    if meta["SPLIT"]:
+        return chunks
+    if meta["GROUP_SPLIT"]:
+        return triton.cdiv(chunks, triton.cdiv(chunks, groups))
+    if groups > 1:
+        raise ValueError(f"_config: CHUNK_GROUPS {groups} needs SPLIT or GROUP_SPLIT (the looping program adds its "
+                         "chunks ungrouped)")
+    return 1
 
 
 # layouts scripts/bench_gemv.py sweeps besides its grid of one-tile chunks (BLOCK_N, BLOCK_K,
@@ -182,17 +215,23 @@ def _gemv_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLIT: tl.constexpr, LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
+    SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr,
+    LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
     # K is cut into CHUNKS chunks of whole BLOCK_Ks, each summed into a fresh accumulator; the
-    # chunk sums are then added in chunk order. SPLIT runs one program per chunk (few rows: more
-    # programs in flight) and lets the last to arrive add them; otherwise one program loops over
-    # the chunks. Both do the same arithmetic, so the mode may follow M without changing a bit.
+    # chunk sums are added in chunk order within CHUNK_GROUPS groups of PER chunks, then the group sums
+    # in group order. SPLIT runs one program per chunk (few rows: more programs in flight) and
+    # lets the last to arrive add them; GROUP_SPLIT one program per group, which loops over its
+    # chunks; otherwise one program loops over every chunk (CHUNK_GROUPS == 1 only). All do the same
+    # arithmetic, so the mode may follow M without changing a bit.
     K_CHUNK: tl.constexpr = (K + CHUNKS * BLOCK_K - 1) // (CHUNKS * BLOCK_K) * BLOCK_K
     ITERS: tl.constexpr = K_CHUNK // BLOCK_K
+    PER: tl.constexpr = (CHUNKS + CHUNK_GROUPS - 1) // CHUNK_GROUPS
+    # partial sums that meet through the arrival counter: chunk sums (SPLIT) or group sums
+    PARTS: tl.constexpr = (CHUNKS + PER - 1) // PER if GROUP_SPLIT else CHUNKS
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid = tl.program_id(0)
@@ -204,7 +243,8 @@ def _gemv_kernel(
     m_mask = rm < M
     n_mask = rn < N
     tile_mask = m_mask[:, None] & n_mask[None, :]
-    k0 = pid_k * K_CHUNK
+    first_chunk = pid_k * PER if GROUP_SPLIT else pid_k
+    k0 = first_chunk * K_CHUNK
     kk = k0 + tl.arange(0, BLOCK_K)
 
     # weights never change between launches: fetch the first tile before waiting on the kernel
@@ -237,23 +277,31 @@ def _gemv_kernel(
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
     acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, acc0, stride_xk, stride_wk, stride_wn, K, True,
                      ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
-    if not SPLIT:
-        for c in range(1, CHUNKS):
+    if not SPLIT:  # the rest of the program's chunks: all of them, or its group's
+        for c in range(first_chunk + 1, tl.minimum(first_chunk + PER, CHUNKS) if GROUP_SPLIT else CHUNKS):
             acc += _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, c * K_CHUNK,
                               tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32), stride_xk, stride_wk,
                               stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
 
     finish = True
-    if SPLIT and CHUNKS > 1:
+    if (SPLIT or GROUP_SPLIT) and PARTS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k * M * N, acc, mask=tile_mask)
         # acq_rel: our partial is visible before the count moves; the last arriver sees all
         arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        finish = arrived == CHUNKS - 1
+        finish = arrived == PARTS - 1
         if finish:
+            # chunk order within each group, then group order, as the loops above; a group sum
+            # (GROUP_SPLIT) is a group of one partial here. 0 + x is x: CHUNK_GROUPS == 1 adds as ever
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(CHUNKS):  # chunk order, as the loop above
-                acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            PER_PART: tl.constexpr = 1 if GROUP_SPLIT else PER
+            for g in tl.static_range((PARTS + PER_PART - 1) // PER_PART):
+                group = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for j in tl.static_range(PER_PART):
+                    if g * PER_PART + j < PARTS:
+                        group += tl.load(part + (g * PER_PART + j) * M * N, mask=tile_mask, other=0.0,
+                                         cache_modifier=".cg")
+                acc += group
             # ready for the next launch (and graph replay), which the kernel boundary orders after
             # this one: relaxed, so the epilogue's stores need not wait for its round trip
             tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
@@ -305,11 +353,14 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
-    split = meta["SPLIT"] and meta["CHUNKS"] > 1
-    part = x2.new_empty((meta["CHUNKS"] * M * N,) if split else (1,), dtype=torch.float32)
+    meta.setdefault("CHUNK_GROUPS", 1)
+    meta.setdefault("GROUP_SPLIT", False)
+    parts = partial_count(meta)
+    split = parts > 1
+    part = x2.new_empty((parts * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
     counts = arrival_counters(x2.device, tiles) if split else part
-    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), meta["CHUNKS"] if split else 1)
+    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), parts)
     pdl = use_pdl(x2.device)
     dummy = y2
     ln_stats = ln_stats if ln_fold is not None else None

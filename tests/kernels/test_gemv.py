@@ -95,9 +95,60 @@ def test_decode_config_programs_per_sm():
     assert layout(1, 768, 768) == (128, 128, 6)  # gpt2 attn-out: unchanged below K = 1024
     assert layout(1, 1024, 1024, sms=16) == (128, 256, 4)  # a small GPU: 32 programs suffice
     assert layout(17, 1024, 1024)[0] == 64  # past 16 rows: the looping layout, as before
-    assert layout(64, 768, 3072) == (32, 256, 12)  # gpt2 mlp-out past 16 rows: 32-column blocks
-    assert gemv.decode_config(64, 768, 3072, 2, sms=132)["num_warps"] == 2
     assert layout(64, 1024, 4096)[0] == 64  # gpt2-medium's (1024 wide) keep 64 columns
+
+
+def test_decode_config_chunk_groups(monkeypatch):
+    """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in two groups
+    at every row count (the arithmetic), and past 16 rows runs a program per group and 64-column
+    block; every other layer keeps one group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
+    def cfg(M, N, K, ln=False):
+        return gemv.decode_config(M, N, K, 2, ln, sms=132)
+    for M in (2, 16):
+        assert cfg(M, 768, 3072)["SPLIT"] and cfg(M, 768, 3072)["CHUNK_GROUPS"] == 2
+    for M in (17, 64):
+        c = cfg(M, 768, 3072)
+        assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 2, 64, 12)
+        assert gemv.partial_count(c) == 2
+    assert gemv.chunk_groups(768, 3072, ln=True) == 1 and gemv.chunk_groups(1024, 4096, False) == 1
+    assert gemv.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
+    assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
+    monkeypatch.setattr(gemv, "GROUP_SPLIT", False)
+    c = cfg(64, 768, 3072)
+    assert (c["BLOCK_N"], c["num_warps"], c.get("GROUP_SPLIT", False), gemv.chunk_groups(768, 3072, False)) == \
+        (32, 2, False, 1)
+
+
+def test_partial_count_errors():
+    base = {"BLOCK_N": 32, "BLOCK_K": 32, "CHUNKS": 4, "SPLIT": False, "GROUP_SPLIT": False, "CHUNK_GROUPS": 2}
+    with pytest.raises(ValueError, match="CHUNK_GROUPS 2 needs SPLIT or GROUP_SPLIT"):
+        gemv.partial_count(base)
+    with pytest.raises(ValueError, match="SPLIT or GROUP_SPLIT, not both"):
+        gemv.partial_count({**base, "SPLIT": True, "GROUP_SPLIT": True})
+    assert gemv.partial_count({**base, "GROUP_SPLIT": True, "CHUNKS": 5, "CHUNK_GROUPS": 4}) == 3  # 2 + 2 + 1
+
+
+# K = 230 in 32-wide chunks: 8 chunks in 2 or 3 groups (3 + 3 + 2), 5 in 2 (3 + 2), one chunk
+# asked for 2 groups (one group)
+@pytest.mark.parametrize("chunks,groups", [(8, 2), (8, 3), (5, 2), (1, 2)])
+@pytest.mark.parametrize("M", [3, 33])
+def test_gemv_chunk_groups(chunks, groups, M, device):
+    """Chunk sums added within groups, then the groups: split programs (one per chunk) and
+    group programs (one per group) agree with the reference, twice over (the arrival counters
+    are back at zero), and with each other bit for bit on the GPU."""
+    K, N = 230, 75
+    cfg = {**_cfg(block_k=32, chunks=chunks), "CHUNK_GROUPS": groups}
+    group_cfg = {**cfg, "SPLIT": False, "GROUP_SPLIT": True, "BLOCK_N": 64}
+    for _ in range(2):
+        x, w, res = randn(M, K, device=device), randn(K, N, device=device), randn(M, N, device=device)
+        expect = _ref(x, w, activation="relu", residual=res)
+        ys = []
+        for c in (cfg, group_cfg):
+            out = poisoned((M, N), torch.float32, device)
+            ys.append(kernels.linear(x, w, activation="relu", residual=res, out=out, _config=c))
+            assert_rel_close(ys[-1], expect, torch.float32, f"{c}")
+        if ON_GPU:
+            assert torch.equal(ys[0], ys[1])
 
 
 def test_stage_first_rule():
@@ -108,7 +159,7 @@ def test_stage_first_rule():
     assert staged(8, 768, 3072) and staged(16, 768, 3072)  # gpt2 mlp-out at 5-16 rows
     assert not staged(16, 2304, 768, ln=True)  # past 8 rows only the wide layers without a layernorm
     assert not staged(8, 3072, 1024, ln=True) and not staged(8, 1600, 6400)  # wide tiles: 64 x 256 at most
-    assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; the looping layout
+    assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; group programs
 
 
 @pytest.mark.parametrize("K,N", [(96, 200), (1100, 200)])
