@@ -6,8 +6,11 @@ weight read plus fixed latency, and the kernel is built around that:
 - K is cut into CHUNKS chunks; with few rows each chunk is its own program (more bytes in
   flight), writes an fp32 partial, and the last program of a column block to arrive (an atomic
   counter) adds the partials in chunk order and runs the epilogue. With more rows one program
-  loops over the chunks and adds them in the same order. The arithmetic depends on (N, K)
-  only: a row's result is bit-identical at any M <= 64, in either mode, in every launch;
+  loops over the chunks and adds them in the same order, or (chunk_groups > 1: gpt2's
+  mlp-out) one program per group of chunks does, and the last to arrive adds the groups. The
+  chunk sums are added within the groups, then the groups, in every mode. The arithmetic
+  depends on (N, K) only: a row's result is bit-identical at any M <= 64, in every mode, in
+  every launch;
 - row blocks (16 rows, or 64 for vocabulary heads at batch) that share a weight tile are
   neighbouring programs: W crosses the memory bus once and the other row blocks read it from L2;
 - the first weight tile is loaded before anything an earlier kernel writes; decode_config
@@ -107,9 +110,10 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
         return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64)
     if groups > 1:
-        # gpt2's mlp-out (3072 -> 768): two programs a 64-column block, each over its half of K,
-        # so each reads half the rows' x. At 64 rows alone 7.89 -> 6.94 us on an H100 against
-        # the one looping program below (bench/results/h100/m64-split-groups-7bd58e1.json)
+        # gpt2's mlp-out (3072 -> 768): two programs a 64-column block, each over its half of K:
+        # x is read half as often as by 32-column loops over all of K (below). H100, 64 rows
+        # alone 7.89 -> 7.38 us; gpt2 batch 64 138.8k -> 145.6k tok/s, batch 32 80.7k -> 84.1k,
+        # batch 8 -0.5% (alternated in one call; bench/results/h100/twenty-first-session.md)
         return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True, CHUNK_GROUPS=groups,
                     num_warps=4, num_stages=4)
     if N < NARROW_N and not ln:  # (a layernorm's row sums over 2 warps would round another way)
