@@ -296,16 +296,20 @@ def _gemv_kernel(
         finish = arrived == PARTS - 1
         if finish:
             # chunk order within each group, then group order, as the loops above; a group sum
-            # (GROUP_SPLIT) is a group of one partial here. 0 + x is x: CHUNK_GROUPS == 1 adds as ever
+            # (GROUP_SPLIT) is a group of one partial here
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             PER_PART: tl.constexpr = 1 if GROUP_SPLIT else PER
-            for g in tl.static_range((PARTS + PER_PART - 1) // PER_PART):
-                group = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for j in tl.static_range(PER_PART):
-                    if g * PER_PART + j < PARTS:
-                        group += tl.load(part + (g * PER_PART + j) * M * N, mask=tile_mask, other=0.0,
-                                         cache_modifier=".cg")
-                acc += group
+            if PER_PART >= PARTS:  # one group (0 + x is x): the partials in order
+                for s in tl.static_range(PARTS):
+                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            else:
+                for g in tl.static_range((PARTS + PER_PART - 1) // PER_PART):
+                    group = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for j in tl.static_range(PER_PART):
+                        if g * PER_PART + j < PARTS:
+                            group += tl.load(part + (g * PER_PART + j) * M * N, mask=tile_mask, other=0.0,
+                                             cache_modifier=".cg")
+                    acc += group
             # ready for the next launch (and graph replay), which the kernel boundary orders after
             # this one: relaxed, so the epilogue's stores need not wait for its round trip
             tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
