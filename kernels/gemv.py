@@ -50,7 +50,7 @@ TALL_MIN = 48 * 1024
 # groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
 NARROW_N = 1024
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
-GROUP_SPLIT = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
+CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -133,7 +133,7 @@ def chunk_groups(N, K, ln):
     no layernorm (gpt2's mlp-out), whose 64-row layout then splits K over two programs a column
     block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
     the looping program on 32-column blocks (A/B timing)."""
-    return 2 if GROUP_SPLIT and K >= 1024 and N < NARROW_N and not ln else 1
+    return 2 if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
 
 
 def stage_first(meta, M, K, ln):
@@ -166,12 +166,13 @@ def partial_count(meta):
     """Programs along K, whose partial sums meet through an arrival counter: one per chunk
     (SPLIT), one per non-empty group of chunks (GROUP_SPLIT), or one looping program."""
     chunks, groups = meta["CHUNKS"], meta["CHUNK_GROUPS"]
+    per = triton.cdiv(chunks, groups)  # the kernel's PER
     if meta["SPLIT"] and meta["GROUP_SPLIT"]:
         raise ValueError("_config: expected SPLIT or GROUP_SPLIT, not both")
     if meta["SPLIT"]:
         return chunks
     if meta["GROUP_SPLIT"]:
-        return triton.cdiv(chunks, triton.cdiv(chunks, groups))
+        return triton.cdiv(chunks, per)
     if groups > 1:
         raise ValueError(f"_config: CHUNK_GROUPS {groups} needs SPLIT or GROUP_SPLIT (the looping program adds its "
                          "chunks ungrouped)")
@@ -220,7 +221,7 @@ def _gemv_kernel(
     LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
-    SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
     LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -234,8 +235,8 @@ def _gemv_kernel(
     K_CHUNK: tl.constexpr = (K + CHUNKS * BLOCK_K - 1) // (CHUNKS * BLOCK_K) * BLOCK_K
     ITERS: tl.constexpr = K_CHUNK // BLOCK_K
     PER: tl.constexpr = (CHUNKS + CHUNK_GROUPS - 1) // CHUNK_GROUPS
-    # partial sums that meet through the arrival counter: chunk sums (SPLIT) or group sums
-    PARTS: tl.constexpr = (CHUNKS + PER - 1) // PER if GROUP_SPLIT else CHUNKS
+    # PARTS (partial_count): the programs along K, whose chunk sums (SPLIT) or group sums
+    # (GROUP_SPLIT) meet through the arrival counter
     # m fastest: the row blocks sharing a weight tile run side by side (one DRAM read, L2 hits)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid = tl.program_id(0)
@@ -363,7 +364,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     meta.setdefault("BLOCK_M", BLOCK_M)
     meta.setdefault("CHUNK_GROUPS", 1)
     meta.setdefault("GROUP_SPLIT", False)
-    parts = partial_count(meta)
+    parts = meta["PARTS"] = partial_count(meta)
     split = parts > 1
     part = x2.new_empty((parts * M * N,) if split else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N

@@ -113,7 +113,7 @@ def test_decode_config_chunk_groups(monkeypatch):
     assert gemv.chunk_groups(768, 3072, ln=True) == 1 and gemv.chunk_groups(1024, 4096, False) == 1
     assert gemv.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
     assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
-    monkeypatch.setattr(gemv, "GROUP_SPLIT", False)
+    monkeypatch.setattr(gemv, "CHUNK_GROUPS_ON", False)
     c = cfg(64, 768, 3072)
     assert (c["BLOCK_N"], c["num_warps"], c.get("GROUP_SPLIT", False), gemv.chunk_groups(768, 3072, False)) == \
         (32, 2, False, 1)
