@@ -26,8 +26,6 @@ weight read plus fixed latency, and the kernel is built around that:
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
   the row's word with a relaxed atomic: nothing waits for the other column blocks.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -37,152 +35,9 @@ from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key
-from .gemv_fma import VOCAB_N, fma_config, gemv_fma
+from .gemv_config import BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, stage_first
+from .gemv_fma import fma_config, gemv_fma
 from .vocab_fma import vocab_config, vocab_fma
-
-BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
-SMALL_M = 64
-# rows x K from which a layernorm linear past 16 rows (K >= 1024) runs 64-row tiles: gpt2-xl
-# (K = 1600) gained from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lost at 32 and gained
-# at 64 (timed when these layers normalized apart, before the layernorm was folded)
-TALL_MIN = 48 * 1024
-# output width below which a K >= 1024 layer without a layernorm adds its chunk sums in two
-# groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
-NARROW_N = 1024
-STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
-CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
-
-
-def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
-    """Launch parameters for M rows of an (K -> N) layer. The arithmetic is where K is cut into
-    chunks (CHUNKS of whole BLOCK_Ks, each summed afresh): a function of (N, K, dtype) alone, so
-    a row's result is the same at every M <= 64. The layout (SPLIT, BLOCK_N, BLOCK_M, warps)
-    follows M, and so may BLOCK_K where there is one chunk (vocabulary heads): inside a chunk one
-    accumulator is carried over K in the same 16-wide MMA steps. Chosen from
-    scripts/bench_gemv.py sweeps on an H200 (bench/results/h200/gemv-sweep-*.json):
-    - a chunk is one weight tile, so a program requests all its weights at once, before it
-      waits on the previous kernel: 128 x 256 tiles (64 KB) for K >= 1024, 128 x 128 below;
-    - past 16 rows one program loops over the chunks: the split partials of many rows cost
-      more than they save;
-    - vocabulary heads: column blocks alone fill the GPU, one pipelined loop over K; past 16
-      rows in one 64-row tl.dot (BLOCK_M), which the GPU tests show gives a row the same bits as
-      16-row tiles (one accumulator carried over K in the same 16-wide steps, whatever BLOCK_K).
-    - a (folded) layernorm linear (ln: gpt2-xl's qkv and fc, wide) at K >= 1024 and TALL_MIN
-      rows x K runs 64-row tiles, which its column blocks fill the GPU with: without the
-      layernorm gpt2-xl's qkv took 10.0 us on them at 64 rows against 16.3 on 16-row tiles
-      (bench/results/h200/batch-decode-linears-probe-6c89ea8.json).
-    fp32 takes half the BLOCK_K (twice the bytes per element). num_stages (software pipelining
-    of the looping layouts; the arithmetic stays the same) from `bench_gemv.py --stages`. sms:
-    the GPU's multiprocessors (`_tuning.sm_count`; 132 on an H100 SXM or an H200)."""
-    shrink = 2 if itemsize > 2 else 1
-    if N >= VOCAB_N:
-        # timed with the layernorm folded in (bench/results/h100/folded-layernorm.md, H100):
-        # past 16 rows 64-row tiles, so W crosses L2 once (gpt2 at 64 rows 46.7 -> 36.5 us; they
-        # lost while every K step normalized x); gpt2 at one row 64 x 128 tiles, 31.3 -> 28.5 us
-        if M > BLOCK_M and K >= 1024:  # (gpt2-xl at 64 rows: 71 us, the best of 9 layouts on an H200)
-            return dict(BLOCK_N=128, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=8, BLOCK_M=64,
-                        num_stages=3)
-        if M > BLOCK_M:
-            return dict(BLOCK_N=64, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=64,
-                        num_stages=3)
-        if K < 1024:  # (one row of out-major weights runs on CUDA cores instead: vocab_fma.py)
-            return dict(BLOCK_N=64, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
-                        num_stages=3)
-        # gpt2-xl at one row: 56.7 -> 44.2 us on an H200 (bench/results/h200/lm-head-layouts.md)
-        return dict(BLOCK_N=128, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
-                    num_stages=3)
-    block_k = (256 if K >= 1024 else 128) // shrink
-    chunks = triton.cdiv(K, block_k)
-    groups = chunk_groups(N, K, ln)
-    if M <= BLOCK_M:
-        block_n = 128
-        # from K = 1024 narrower column blocks until there is a program per SM: gpt2-medium's
-        # attn-out (4 chunks) ran 32 programs. H100, alternated in one call: gpt2-medium batch 1
-        # 1,547 -> 1,798 tok/s, gpt2-large 929 -> 955, gpt2-xl 583 -> 598. Below 1024 (gpt2 at
-        # batch 4 and 8) it gained under 1% and the first token came later
-        while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
-            block_n //= 2
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
-    if K < 1024 and N >= 2 * K:
-        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
-    if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
-        return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
-    if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
-        return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64)
-    if groups > 1:
-        # gpt2's mlp-out (3072 -> 768): two programs a 64-column block, each over its half of K:
-        # x is read half as often as by 32-column loops over all of K (below). H100, 64 rows
-        # alone 7.89 -> 7.38 us; gpt2 batch 64 138.8k -> 145.6k tok/s, batch 32 80.7k -> 84.1k,
-        # batch 8 -0.5% (alternated in one call; bench/results/h100/twenty-first-session.md)
-        return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True, CHUNK_GROUPS=groups,
-                    num_warps=4, num_stages=4)
-    if N < NARROW_N and not ln:  # (a layernorm's row sums over 2 warps would round another way)
-        # gpt2's mlp-out (3072 -> 768) ran 48 programs of 64 columns at 64 rows; 32-column blocks in
-        # two warps: 9.85 -> 7.03 us alone, gpt2 batch 64 135.5k -> 141.3k tok/s, batch 32 81.0k ->
-        # 83.1k (H100, alternated in one call). Wider outputs lost end to end (gpt2-medium batch 64
-        # -3%, gpt2-xl -15%) though gpt2-xl's layers gained alone (bench/results/h100/narrow-mlp-out.md)
-        return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=2, num_stages=4)
-    # four stages (160 KB of shared memory): gpt2-xl batch 64 16.9k -> 20.3k tok/s, batch 32 10.0k
-    # -> 11.7k, gpt2 batch 64 +1% end to end on an H200
-    return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
-
-
-def chunk_groups(N, K, ln):
-    """Groups the chunk sums of an (K -> N) layer are added in (see _gemv_kernel): part of the
-    arithmetic, so a function of the layer alone. Two for wide-K layers with a narrow output and
-    no layernorm (gpt2's mlp-out), whose 64-row layout then splits K over two programs a column
-    block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
-    the looping program on 32-column blocks (A/B timing)."""
-    return 2 if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
-
-
-def stage_first(meta, M, K, ln):
-    """Whether a split program (few rows) stages its first weight tile for the tensor cores
-    before its wait. The tile is loaded into registers there, but Triton moves it through shared
-    memory into the MMA layout only where the first tl.dot uses it, after the wait; a product of
-    zero rows with it before the wait (an accumulator of +0.0: the bits do not change) makes
-    that copy happen early. Timed end to end on an H100, alternated in one call
-    (bench/results/h100/few-row-decode.md); the gains depend on which kernels launch early
-    (model.early_roles), and so follow the rows:
-    - 5 to 8 rows, every gpt2 layer: batch 8 29.4k -> 30.8k tok/s (+4.5%);
-    - 9 to 16 rows, the wide layers without a layernorm in tiles up to 256 x 64 (gpt2's
-      mlp-out): batch 16 48.0k -> 50.6k (+5.4%; staging every layer: +2.9%);
-    - it lost up to 4 rows (gpt2 batch 4 -2.5% to -6%), on wide tiles with a layernorm
-      (gpt2-medium batch 1 -6%, gpt2-xl -21%) and in the looping layout (gpt2 batch 64 -1.8%).
-    MINILLM_STAGE_FIRST=0 turns it off (A/B timing)."""
-    if not meta["SPLIT"] or not STAGE_FIRST or M <= 4:
-        return False
-    small_wide = K >= 1024 and not ln and meta["BLOCK_K"] * meta["BLOCK_N"] <= 256 * 64
-    return small_wide or (M <= 8 and K < 1024)
-
-
-def chunk_count(K, block_k, chunks):
-    """Non-empty chunks when K is cut into `chunks` pieces of whole block_ks."""
-    k_chunk = triton.cdiv(K, chunks * block_k) * block_k
-    return triton.cdiv(K, k_chunk)
-
-
-def partial_count(meta):
-    """Programs along K, whose partial sums meet through an arrival counter: one per chunk
-    (SPLIT), one per non-empty group of chunks (GROUP_SPLIT), or one looping program."""
-    chunks, groups = meta["CHUNKS"], meta["CHUNK_GROUPS"]
-    per = triton.cdiv(chunks, groups)  # the kernel's PER
-    if meta["SPLIT"] and meta["GROUP_SPLIT"]:
-        raise ValueError("_config: expected SPLIT or GROUP_SPLIT, not both")
-    if meta["SPLIT"]:
-        return chunks
-    if meta["GROUP_SPLIT"]:
-        return triton.cdiv(chunks, per)
-    if groups > 1:
-        raise ValueError(f"_config: CHUNK_GROUPS {groups} needs SPLIT or GROUP_SPLIT (the looping program adds its "
-                         "chunks ungrouped)")
-    return 1
-
-
-# layouts scripts/bench_gemv.py sweeps besides its grid of one-tile chunks (BLOCK_N, BLOCK_K,
-# CHUNKS, SPLIT, warps); CHUNKS 64 means one weight tile per chunk at every GPT-2 width
-CANDIDATES = [(128, 128, 64, True, 4), (128, 256, 64, True, 4), (64, 512, 64, True, 4), (64, 128, 8, True, 4),
-              (64, 256, 64, False, 4), (128, 128, 64, False, 8), (128, 128, 1, False, 8)]
 
 
 @triton.jit

@@ -36,7 +36,7 @@ INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, w
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
 # elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
 MAX_WEIGHT = 2_400_000
-VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv.decode_config has its layouts)
+VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
 
 
 def layout(K):

@@ -27,7 +27,8 @@ from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_r
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
-from .gemv import SMALL_M, gemv
+from .gemv import gemv
+from .gemv_config import SMALL_M
 from .layernorm import standardize
 
 
@@ -111,7 +112,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
-    rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv.decode_config's (decode rows: BLOCK_N/BLOCK_K/
+    rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
     """
     check_tensor("x", x, min_ndim=1)

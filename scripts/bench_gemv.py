@@ -19,14 +19,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 import kernels._tuning as tuning  # noqa: E402
-from kernels import gemv, gemv_fma  # noqa: E402
+from kernels import gemv, gemv_config, gemv_fma  # noqa: E402
 from kernels import reference as ref  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 
 def engine_config(M, N, K, ln):
     """The layout the engine launches for fp16 rows on this GPU (it follows the SM count)."""
-    return gemv.decode_config(M, N, K, 2, ln, sms=tuning.sm_count(torch.device("cuda")))
+    return gemv_config.decode_config(M, N, K, 2, ln, sms=tuning.sm_count(torch.device("cuda")))
 
 
 SHAPES = [  # (name, M, K, N, folded layernorm)
@@ -49,7 +49,7 @@ def set_pdl(on):
 def sweep_configs(M, N, K):
     """The listed CANDIDATES and a grid of layouts whose chunk is one weight tile (a program
     requests its whole slab before it waits on the previous kernel)."""
-    cands = list(gemv.CANDIDATES)
+    cands = list(gemv_config.CANDIDATES)
     for bk in (128, 256, 512):
         for bn in (32, 64, 128):
             if bn * bk > 32768 or bk > max(128, K):
@@ -61,7 +61,7 @@ def sweep_configs(M, N, K):
     seen, out = set(), []
     tall = [config_dict(c) | {"BLOCK_M": 64} for c in cands if M > 16]  # one 64-row tl.dot
     for cfg in [config_dict(c) for c in cands] + tall:
-        cfg["CHUNKS"] = gemv.chunk_count(K, cfg["BLOCK_K"], cfg["CHUNKS"])
+        cfg["CHUNKS"] = gemv_config.chunk_count(K, cfg["BLOCK_K"], cfg["CHUNKS"])
         if M > 16 and cfg["SPLIT"] and cfg["CHUNKS"] > 4 and "BLOCK_M" not in cfg:
             continue  # the fp32 partials of 64 rows in 16-row tiles outweigh the weights
         key = str(cfg)

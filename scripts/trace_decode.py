@@ -59,8 +59,7 @@ SUM_W = "    t1 = _now_after(tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))\n
 # (file, [(anchor, replacement)]): every anchor must occur in the kernel file
 PATCHES = {
     "gemv": [
-        ("from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n",
-         "from .gemv_fma import VOCAB_N, fma_config, gemv_fma\n" + HELPERS),
+        ("from .gemv_fma import fma_config, gemv_fma\n", "from .gemv_fma import fma_config, gemv_fma\n" + HELPERS),
         ("EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,\n):",
          "EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",

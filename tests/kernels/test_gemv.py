@@ -6,9 +6,9 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels import argmax_key, gemv
+from kernels import argmax_key, gemv_config
 from kernels._tuning import sm_count
-from kernels.gemv import CANDIDATES, SMALL_M
+from kernels.gemv_config import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
 
@@ -82,52 +82,6 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
             assert_rel_close(other, split, dtype, what)
 
 
-def test_decode_config_programs_per_sm():
-    """Up to 16 rows and from K = 1024, column blocks narrow (128, 64, 32) until the split
-    layout has a program per SM; the chunks (the arithmetic) stay; gpt2's K = 768 keeps 128."""
-    def layout(M, N, K, sms=132):
-        c = gemv.decode_config(M, N, K, 2, sms=sms)
-        return c["BLOCK_N"], c["BLOCK_K"], c["CHUNKS"]
-    assert layout(1, 1024, 1024) == (32, 256, 4)  # gpt2-medium attn-out: 32 -> 128 programs
-    assert layout(1, 3072, 1024) == (64, 256, 4)  # medium qkv: 96 -> 192
-    assert layout(16, 1600, 1600) == (64, 256, 7)  # gpt2-xl attn-out: 91 -> 175
-    assert layout(1, 4800, 1600) == (128, 256, 7)  # xl qkv: 266 already
-    assert layout(1, 768, 768) == (128, 128, 6)  # gpt2 attn-out: unchanged below K = 1024
-    assert layout(1, 1024, 1024, sms=16) == (128, 256, 4)  # a small GPU: 32 programs suffice
-    assert layout(17, 1024, 1024)[0] == 64  # past 16 rows: the looping layout, as before
-    assert layout(64, 1024, 4096)[0] == 64  # gpt2-medium's (1024 wide) keep 64 columns
-
-
-def test_decode_config_chunk_groups(monkeypatch):
-    """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in two groups
-    at every row count (the arithmetic), and past 16 rows runs a program per group and 64-column
-    block; every other layer keeps one group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
-    def cfg(M, N, K, ln=False):
-        return gemv.decode_config(M, N, K, 2, ln, sms=132)
-    for M in (2, 16):
-        assert cfg(M, 768, 3072)["SPLIT"] and cfg(M, 768, 3072)["CHUNK_GROUPS"] == 2
-    for M in (17, 64):
-        c = cfg(M, 768, 3072)
-        assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 2, 64, 12)
-        assert gemv.partial_count(c) == 2
-    assert gemv.chunk_groups(768, 3072, ln=True) == 1 and gemv.chunk_groups(1024, 4096, False) == 1
-    assert gemv.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
-    assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
-    monkeypatch.setattr(gemv, "CHUNK_GROUPS_ON", False)
-    c = cfg(64, 768, 3072)
-    assert (c["BLOCK_N"], c["num_warps"], c.get("GROUP_SPLIT", False), gemv.chunk_groups(768, 3072, False)) == \
-        (32, 2, False, 1)
-
-
-def test_partial_count_errors():
-    base = {"BLOCK_N": 32, "BLOCK_K": 32, "CHUNKS": 4, "SPLIT": False, "GROUP_SPLIT": False, "CHUNK_GROUPS": 2}
-    with pytest.raises(ValueError, match="CHUNK_GROUPS 2 needs SPLIT or GROUP_SPLIT"):
-        gemv.partial_count(base)
-    with pytest.raises(ValueError, match="SPLIT or GROUP_SPLIT, not both"):
-        gemv.partial_count({**base, "SPLIT": True, "GROUP_SPLIT": True})
-    assert gemv.partial_count({**base, "GROUP_SPLIT": True, "CHUNKS": 5, "CHUNK_GROUPS": 4}) == 3  # 2 + 2 + 1
-
-
 # K = 230 in 32-wide chunks: 8 chunks in 2 or 3 groups (3 + 3 + 2), 5 in 2 (3 + 2), one chunk
 # asked for 2 groups (one group)
 @pytest.mark.parametrize("chunks,groups", [(8, 2), (8, 3), (5, 2), (1, 2)])
@@ -151,17 +105,6 @@ def test_gemv_chunk_groups(chunks, groups, M, device):
             assert torch.equal(ys[0], ys[1])
 
 
-def test_stage_first_rule():
-    """Which split launches stage their first weight tile before the wait (H100 timings)."""
-    def staged(M, N, K, ln=False):
-        return gemv.stage_first(gemv.decode_config(M, N, K, 2, ln, sms=132), M, K, ln)
-    assert not staged(4, 2304, 768, ln=True) and staged(8, 2304, 768, ln=True)  # gpt2 qkv at 5-8 rows
-    assert staged(8, 768, 3072) and staged(16, 768, 3072)  # gpt2 mlp-out at 5-16 rows
-    assert not staged(16, 2304, 768, ln=True)  # past 8 rows only the wide layers without a layernorm
-    assert not staged(8, 3072, 1024, ln=True) and not staged(8, 1600, 6400)  # wide tiles: 64 x 256 at most
-    assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; group programs
-
-
 @pytest.mark.parametrize("K,N", [(96, 200), (1100, 200)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
@@ -172,9 +115,9 @@ def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
     M = 7
     x, w = randn(M, K, dtype=dtype, device=device), randn(K, N, dtype=dtype, device=device)
     bias, res = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
-    assert gemv.stage_first(gemv.decode_config(M, N, K, x.element_size(), sms=sm_count(x.device)), M, K, False)
+    assert gemv_config.stage_first(gemv_config.decode_config(M, N, K, x.element_size(), sms=sm_count(x.device)), M, K, False)
     staged = kernels.linear(x, w, bias, residual=res)
-    monkeypatch.setattr(gemv, "STAGE_FIRST", False)
+    monkeypatch.setattr(gemv_config, "STAGE_FIRST", False)
     torch.testing.assert_close(kernels.linear(x, w, bias, residual=res), staged, rtol=0, atol=0)
 
 
@@ -190,7 +133,7 @@ def test_gemv_layernorm_same_rows_at_any_batch(with_stats, dtype, device):
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
     stats = ref.row_stats(x) if with_stats else None
-    assert gemv.decode_config(SMALL_M, N, K, x.element_size(), ln=True, sms=sm_count(x.device))["BLOCK_M"] == 64
+    assert gemv_config.decode_config(SMALL_M, N, K, x.element_size(), ln=True, sms=sm_count(x.device))["BLOCK_M"] == 64
     full = ln_linear(x, w, bias, g, b, ln_stats=stats)
     assert_rel_close(full, ln_linear_ref(x, w, bias, g, b), dtype, f"ln tall stats {with_stats}")
     for m in (1, 16, 17, 40, 48):  # 40 rows: the 16-row loop; 48: 64-row tiles

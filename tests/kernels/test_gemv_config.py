@@ -1,0 +1,61 @@
+"""The decode GEMV's layout rules (kernels/gemv_config.py): host-side, no kernel runs."""
+import pytest
+
+from kernels import gemv_config
+
+
+def test_decode_config_programs_per_sm():
+    """Up to 16 rows and from K = 1024, column blocks narrow (128, 64, 32) until the split
+    layout has a program per SM; the chunks (the arithmetic) stay; gpt2's K = 768 keeps 128."""
+    def layout(M, N, K, sms=132):
+        c = gemv_config.decode_config(M, N, K, 2, sms=sms)
+        return c["BLOCK_N"], c["BLOCK_K"], c["CHUNKS"]
+    assert layout(1, 1024, 1024) == (32, 256, 4)  # gpt2-medium attn-out: 32 -> 128 programs
+    assert layout(1, 3072, 1024) == (64, 256, 4)  # medium qkv: 96 -> 192
+    assert layout(16, 1600, 1600) == (64, 256, 7)  # gpt2-xl attn-out: 91 -> 175
+    assert layout(1, 4800, 1600) == (128, 256, 7)  # xl qkv: 266 already
+    assert layout(1, 768, 768) == (128, 128, 6)  # gpt2 attn-out: unchanged below K = 1024
+    assert layout(1, 1024, 1024, sms=16) == (128, 256, 4)  # a small GPU: 32 programs suffice
+    assert layout(17, 1024, 1024)[0] == 64  # past 16 rows: the looping layout, as before
+    assert layout(64, 1024, 4096)[0] == 64  # gpt2-medium's (1024 wide) keep 64 columns
+
+
+def test_decode_config_chunk_groups(monkeypatch):
+    """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in two groups
+    at every row count (the arithmetic), and past 16 rows runs a program per group and 64-column
+    block; every other layer keeps one group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
+    def cfg(M, N, K, ln=False):
+        return gemv_config.decode_config(M, N, K, 2, ln, sms=132)
+    for M in (2, 16):
+        assert cfg(M, 768, 3072)["SPLIT"] and cfg(M, 768, 3072)["CHUNK_GROUPS"] == 2
+    for M in (17, 64):
+        c = cfg(M, 768, 3072)
+        assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 2, 64, 12)
+        assert gemv_config.partial_count(c) == 2
+    assert gemv_config.chunk_groups(768, 3072, ln=True) == 1 and gemv_config.chunk_groups(1024, 4096, False) == 1
+    assert gemv_config.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
+    assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
+    monkeypatch.setattr(gemv_config, "CHUNK_GROUPS_ON", False)
+    c = cfg(64, 768, 3072)
+    assert (c["BLOCK_N"], c["num_warps"], c.get("GROUP_SPLIT", False), gemv_config.chunk_groups(768, 3072, False)) == \
+        (32, 2, False, 1)
+
+
+def test_partial_count_errors():
+    base = {"BLOCK_N": 32, "BLOCK_K": 32, "CHUNKS": 4, "SPLIT": False, "GROUP_SPLIT": False, "CHUNK_GROUPS": 2}
+    with pytest.raises(ValueError, match="CHUNK_GROUPS 2 needs SPLIT or GROUP_SPLIT"):
+        gemv_config.partial_count(base)
+    with pytest.raises(ValueError, match="SPLIT or GROUP_SPLIT, not both"):
+        gemv_config.partial_count({**base, "SPLIT": True, "GROUP_SPLIT": True})
+    assert gemv_config.partial_count({**base, "GROUP_SPLIT": True, "CHUNKS": 5, "CHUNK_GROUPS": 4}) == 3  # 2 + 2 + 1
+
+
+def test_stage_first_rule():
+    """Which split launches stage their first weight tile before the wait (H100 timings)."""
+    def staged(M, N, K, ln=False):
+        return gemv_config.stage_first(gemv_config.decode_config(M, N, K, 2, ln, sms=132), M, K, ln)
+    assert not staged(4, 2304, 768, ln=True) and staged(8, 2304, 768, ln=True)  # gpt2 qkv at 5-8 rows
+    assert staged(8, 768, 3072) and staged(16, 768, 3072)  # gpt2 mlp-out at 5-16 rows
+    assert not staged(16, 2304, 768, ln=True)  # past 8 rows only the wide layers without a layernorm
+    assert not staged(8, 3072, 1024, ln=True) and not staged(8, 1600, 6400)  # wide tiles: 64 x 256 at most
+    assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; group programs
