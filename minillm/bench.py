@@ -16,6 +16,7 @@ import torch
 
 from .benchutil import copy_bandwidth, device_slug, environment
 from .config import PRESETS
+from .targets import report
 
 ENGINES = ("minillm", "hf-eager", "hf-sdpa", "torch-compile")
 PROMPT_LEN, NEW_TOKENS = 32, 128  # the default run: prompt tokens, tokens generated per sequence
@@ -251,5 +252,6 @@ def write(rows, out_dir):
     png = out / f"generate-{slug}.png"
     if not chart(rows, png) and png.exists():
         png.unlink()  # no decode rows: a chart left by an earlier run would describe other numbers
-    (out / f"generate-{slug}.md").write_text(table(rows) + "\n")
+    extra = report(rows)
+    (out / f"generate-{slug}.md").write_text(table(rows) + "\n" + (f"\n{extra}\n" if extra else ""))
     return path

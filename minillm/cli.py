@@ -181,6 +181,7 @@ def cmd_bench(args):
     import torch
 
     from .bench import bench, table, write
+    from .targets import report
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench: needs a CUDA GPU (none is available)")
@@ -189,6 +190,9 @@ def cmd_bench(args):
                  log=lambda s: print(s, file=sys.stderr))
     path = write(rows, args.out)
     print(table(rows))
+    extra = report(rows)
+    if extra:
+        print(f"\n{extra}")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,105 @@
+"""Same-run speed ratios of a benchmark's rows, and the decode targets minillm is held to.
+
+A ratio compares minillm with another engine on the rows of one run only (same device, weights,
+prompt, token count and dtype): the transformers baselines are bound by Python on the host and
+move between runs and machines, so ratios across runs mean little.
+"""
+from dataclasses import dataclass
+
+PEERS = ("hf-eager", "hf-sdpa", "torch-compile")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal: minillm's tok/s at least `goal` times `against`'s (kind "ratio"), its floor
+    fraction at least `goal` ("floor"), or its time to first token at most `goal` ms ("ttft"),
+    for (model, batch) at `prompt_len` prompt tokens and `new_tokens` new ones, fp16."""
+    name: str
+    model: str
+    batch: int
+    kind: str
+    goal: float
+    against: str | None = None
+    prompt_len: int = 32
+    new_tokens: int = 128
+
+
+# issue 5 (decode at the speed of memory): prompt 32, 128 new tokens, greedy, fp16, H100 or H200
+TARGETS = (
+    Target("gpt2 batch 1 >= 40x transformers eager", "gpt2", 1, "ratio", 40, "hf-eager"),
+    Target("gpt2 batch 1 >= 4x torch-compile", "gpt2", 1, "ratio", 4, "torch-compile"),
+    Target("gpt2 batch 1 floor fraction >= 0.5", "gpt2", 1, "floor", 0.5),
+    Target("gpt2-xl batch 1 floor fraction >= 0.7", "gpt2-xl", 1, "floor", 0.7),
+    Target("gpt2 batch 64 >= 15x transformers sdpa", "gpt2", 64, "ratio", 15, "hf-sdpa"),
+    Target("gpt2 batch 64 >= 3x torch-compile", "gpt2", 64, "ratio", 3, "torch-compile"),
+    Target("gpt2 batch 1 TTFT of a 1024-token prompt <= 2 ms", "gpt2", 1, "ttft", 2.0, prompt_len=1024,
+           new_tokens=1),
+)
+
+
+def _key(r):
+    return r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype")
+
+
+def _find(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16"):
+    """The row of `engine` at that setting that measured what is asked (tok/s past one new
+    token, TTFT otherwise), or None."""
+    for r in rows:
+        if "error" in r or r["engine"] != engine or _key(r) != (model, batch, prompt_len, new_tokens, dtype):
+            continue
+        if new_tokens == 1 or r.get("tok_s"):
+            return r
+    return None
+
+
+def ratios(rows):
+    """Markdown table: per setting where minillm decoded, its tok/s over each peer's of the same
+    run, and its floor fraction."""
+    lines = ["| model | batch | prompt | new tokens | dtype | minillm tok/s | "
+             + " | ".join(f"x {p}" for p in PEERS) + " | floor fraction |",
+             "|---|---:|---:|---:|---|---:|" + "---:|" * len(PEERS) + "---:|"]
+    for r in rows:
+        if r["engine"] != "minillm" or "error" in r or not r.get("tok_s"):
+            continue
+        cells = []
+        for peer in PEERS:
+            other = _find(rows, peer, *_key(r))
+            cells.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | {r.get('dtype')} | "
+                     f"{r['tok_s']:,.0f} | " + " | ".join(cells) + f" | {r['floor_fraction']:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def check(rows, targets=TARGETS):
+    """[(target, measured text, met: True / False, or None where this run lacks the rows)]."""
+    out = []
+    for t in targets:
+        mine = _find(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
+        peer = _find(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+        if mine is None or (t.against and peer is None):
+            out.append((t, "not in this run", None))
+        elif t.kind == "ratio":
+            value = mine["tok_s"] / peer["tok_s"]
+            out.append((t, f"{value:.1f}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)", value >= t.goal))
+        elif t.kind == "floor":
+            value = mine["floor_fraction"]
+            out.append((t, f"{value:.2f} ({mine['step_ms']:.3f} ms a step)", value >= t.goal))
+        else:
+            value = mine["ttft_ms"]
+            out.append((t, f"{value:.2f} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)", value <= t.goal))
+    return out
+
+
+def report(rows):
+    """The ratios table and the targets the rows measure, as markdown ("" if neither)."""
+    parts = []
+    table = ratios(rows)
+    if table:
+        parts.append("Same-run ratios (minillm tok/s over each engine's):\n\n" + table)
+    measured = [(t, text, met) for t, text, met in check(rows) if met is not None]
+    if measured:
+        lines = ["| target | measured | met? |", "|---|---|---|"]
+        lines += [f"| {t.name} | {text} | {'yes' if met else 'no'} |" for t, text, met in measured]
+        parts.append("Targets, each against baselines of the same run (transformers' tok/s moves between hosts, "
+                     "so a ratio met against a slow one may not hold against a faster one):\n\n" + "\n".join(lines))
+    return "\n\n".join(parts)
