@@ -10,7 +10,7 @@ import triton
 from .gemv_fma import VOCAB_N
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
-SMALL_M = 64
+SMALL_M = 64  # the most rows of the decode GEMV: linear sends M <= SMALL_M here
 # rows x K from which a layernorm linear past 16 rows (K >= 1024) runs 64-row tiles: gpt2-xl
 # (K = 1600) gained from 32 rows, gpt2-large (1280) and gpt2-medium (1024) lost at 32 and gained
 # at 64 (timed when these layers normalized apart, before the layernorm was folded)
