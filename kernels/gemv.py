@@ -15,8 +15,9 @@ weight read plus fixed latency, and the kernel is built around that:
   neighbouring programs: W crosses the memory bus once and the other row blocks read it from L2;
 - the first weight tile is loaded before anything an earlier kernel writes; decode_config
   (gemv_config.py, with every layout rule) makes a chunk one tile, so that is a split
-  program's whole slab. With programmatic dependent launch (Hopper) the kernel starts while the previous one still runs, so this load and the
-  launch hide behind it; gdc_wait then waits for x;
+  program's whole slab. With programmatic dependent launch (Hopper) the kernel starts while
+  the previous one still runs, so this load and the launch hide behind it; gdc_wait then
+  waits for x;
 - a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
   product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
   each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
