@@ -243,6 +243,12 @@ def table(rows):
     return "\n".join(lines)
 
 
+def summary(rows):
+    """The results table, then the same-run ratios and targets (minillm/targets.py) if any."""
+    extra = report(rows)
+    return table(rows) + (f"\n\n{extra}" if extra else "")
+
+
 def write(rows, out_dir):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,6 +258,5 @@ def write(rows, out_dir):
     png = out / f"generate-{slug}.png"
     if not chart(rows, png) and png.exists():
         png.unlink()  # no decode rows: a chart left by an earlier run would describe other numbers
-    extra = report(rows)
-    (out / f"generate-{slug}.md").write_text(table(rows) + "\n" + (f"\n{extra}\n" if extra else ""))
+    (out / f"generate-{slug}.md").write_text(summary(rows) + "\n")
     return path

@@ -180,8 +180,7 @@ def cmd_download(args):
 def cmd_bench(args):
     import torch
 
-    from .bench import bench, table, write
-    from .targets import report
+    from .bench import bench, summary, write
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench: needs a CUDA GPU (none is available)")
@@ -189,10 +188,7 @@ def cmd_bench(args):
                  engines=args.engines, repeats=args.repeats, dtype=getattr(torch, args.dtype),
                  log=lambda s: print(s, file=sys.stderr))
     path = write(rows, args.out)
-    print(table(rows))
-    extra = report(rows)
-    if extra:
-        print(f"\n{extra}")
+    print(summary(rows))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -6,8 +6,6 @@ move between runs and machines, so ratios across runs mean little.
 """
 from dataclasses import dataclass
 
-PEERS = ("hf-eager", "hf-sdpa", "torch-compile")
-
 
 @dataclass(frozen=True)
 class Target:
@@ -53,16 +51,17 @@ def _find(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16"):
 
 
 def ratios(rows):
-    """Markdown table: per setting where minillm decoded, its tok/s over each peer's of the same
-    run, and its floor fraction."""
+    """Markdown table: per setting where minillm decoded, its tok/s over each other engine's of
+    the same run (a column per engine in the rows), and its floor fraction."""
+    peers = list(dict.fromkeys(r["engine"] for r in rows if r["engine"] != "minillm"))
     lines = ["| model | batch | prompt | new tokens | dtype | minillm tok/s | "
-             + " | ".join(f"x {p}" for p in PEERS) + " | floor fraction |",
-             "|---|---:|---:|---:|---|---:|" + "---:|" * len(PEERS) + "---:|"]
+             + "".join(f"x {p} | " for p in peers) + "floor fraction |",
+             "|---|---:|---:|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
     for r in rows:
         if r["engine"] != "minillm" or "error" in r or not r.get("tok_s"):
             continue
         cells = []
-        for peer in PEERS:
+        for peer in peers:
             other = _find(rows, peer, *_key(r))
             cells.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
         lines.append(f"| {r['model']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | {r.get('dtype')} | "
