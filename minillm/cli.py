@@ -31,28 +31,30 @@ class UsageError(Exception):
     pass
 
 
-def _int_at_least(name, lo):
+def _int_at_least(lo):
+    """argparse type: an int >= lo (argparse names the option in its message)."""
     def parse(s):
         try:
             v = int(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: expected an integer, got {s!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
         if v < lo:
-            raise argparse.ArgumentTypeError(f"{name}: expected an integer >= {lo}, got {v}")
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
         return v
     return parse
 
 
-def _number(name, lo=None, hi=None, lo_open=False):
+def _number(lo=None, hi=None, lo_open=False):
+    """argparse type: a float in the given range (argparse names the option in its message)."""
     def parse(s):
         try:
             v = float(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: expected a number, got {s!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
         if v != v or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
             lo_s = f"> {lo}" if lo_open else f">= {lo}"
             rng = f"in ({lo}, {hi}]" if hi is not None else lo_s
-            raise argparse.ArgumentTypeError(f"{name}: expected a number {rng}, got {s}")
+            raise argparse.ArgumentTypeError(f"expected a number {rng}, got {s}")
         return v
     return parse
 
@@ -68,21 +70,21 @@ def build_parser():
                        "more prompts.", epilog=EPILOG_GENERATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads the prompt from stdin")
     g.add_argument("--model", "-m", default="gpt2", help="local folder, weights/NAME, or hub id (default: gpt2)")
-    g.add_argument("--max-new-tokens", type=_int_at_least("--max-new-tokens", 1), default=64,
+    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=64,
                    help="tokens to generate at most (default: 64)")
-    g.add_argument("--temperature", type=_number("--temperature", lo=0), default=1.0,
+    g.add_argument("--temperature", type=_number(lo=0), default=1.0,
                    help="sampling temperature; 0 = greedy (default: 1.0)")
-    g.add_argument("--top-k", type=_int_at_least("--top-k", 0), default=50, help="keep the k likeliest tokens; "
+    g.add_argument("--top-k", type=_int_at_least(0), default=50, help="keep the k likeliest tokens; "
                    "0 disables (default: 50)")
-    g.add_argument("--top-p", type=_number("--top-p", lo=0, hi=1, lo_open=True), default=1.0,
+    g.add_argument("--top-p", type=_number(lo=0, hi=1, lo_open=True), default=1.0,
                    help="nucleus sampling mass in (0, 1] (default: 1.0)")
-    g.add_argument("--repetition-penalty", type=_number("--repetition-penalty", lo=0, lo_open=True), default=1.0,
+    g.add_argument("--repetition-penalty", type=_number(lo=0, lo_open=True), default=1.0,
                    help="> 1 discourages repeats (default: 1.0)")
     g.add_argument("--seed", type=int, default=None, help="random seed for reproducible samples")
     g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when TEXT appears (repeatable; not printed)")
-    g.add_argument("-n", "--num-samples", type=_int_at_least("-n", 1), default=1,
+    g.add_argument("-n", "--num-samples", type=_int_at_least(1), default=1,
                    help="samples per prompt, run as one batch (default: 1)")
     _add_runtime_args(g)
 
@@ -103,14 +105,14 @@ def build_parser():
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--model", nargs="+", default=["gpt2"], help="preset names (random weights: gpt2, gpt2-medium, "
                    "gpt2-large, gpt2-xl, distilgpt2) or checkpoint folders (default: gpt2)")
-    b.add_argument("--batch", nargs="+", type=_int_at_least("--batch", 1), default=[1, 8, 64],
+    b.add_argument("--batch", nargs="+", type=_int_at_least(1), default=[1, 8, 64],
                    help="batch sizes (default: 1 8 64)")
-    b.add_argument("--prompt-len", type=_int_at_least("--prompt-len", 1), default=32, help="prompt tokens (default: 32)")
-    b.add_argument("--new-tokens", type=_int_at_least("--new-tokens", 1), default=128,
+    b.add_argument("--prompt-len", type=_int_at_least(1), default=32, help="prompt tokens (default: 32)")
+    b.add_argument("--new-tokens", type=_int_at_least(1), default=128,
                    help="tokens generated per sequence (default: 128)")
     b.add_argument("--engines", nargs="+", default=["minillm", "hf-eager", "hf-sdpa", "torch-compile"],
                    choices=["minillm", "hf-eager", "hf-sdpa", "torch-compile"], help="engines to run (default: all)")
-    b.add_argument("--repeats", type=_int_at_least("--repeats", 1), default=3, help="timed runs after the cold one")
+    b.add_argument("--repeats", type=_int_at_least(1), default=3, help="timed runs after the cold one")
     b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     b.add_argument("--out", default="bench/results", help="results folder (default: bench/results)")
     b.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
