@@ -95,6 +95,8 @@ class LLM:
         return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _prompt_ids(self, prompts):
+        if hasattr(prompts, "tolist") and not isinstance(prompts, list):  # a tensor or array: (T,) or (B, T)
+            prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -102,7 +104,12 @@ class LLM:
         V = self.config.vocab_size
         out = []
         for i, p in enumerate(prompts):
-            ids = self.encode(p) if isinstance(p, str) else list(p)
+            if isinstance(p, str):
+                ids = self.encode(p)
+            elif isinstance(p, (list, tuple)) or hasattr(p, "tolist"):  # also a tensor or an array of ids
+                ids = p.tolist() if hasattr(p, "tolist") else list(p)
+            else:
+                raise ValueError(f"prompts[{i}]: expected a str or a list of token ids, got {type(p).__name__}")
             if not ids:
                 raise ValueError(f"prompts[{i}]: expected at least one token")
             if not all(isinstance(t, int) and 0 <= t < V for t in ids):
@@ -147,7 +154,8 @@ class LLM:
     def generate(self, prompts, params: SamplingParams | None = None):
         """Generate for one prompt or a batch (run together, one forward per step).
 
-        prompts: a str, a list of str, or a list of token-id lists (lengths may differ).
+        prompts: a str, a list of str, or token ids: lists or 1-D tensors (lengths may differ), or a
+            (B, T) tensor.
         Returns one GenerationResult per prompt: .token_ids (generated only), .text,
         .finish_reason ("stop" or "length") and .metrics (prompt_tokens, new_tokens, ttft_s,
         decode_tok_s, batch_tok_s, total_s).

@@ -103,6 +103,18 @@ def test_bad_prompts(llm_hf):
         llm.generate([])
     with pytest.raises(ValueError, match=r"prompts\[1\]: expected at least one token"):
         llm.generate([[1], []])
+    with pytest.raises(ValueError, match=r"prompts\[1\]: expected a str or a list of token ids, got int"):
+        llm.generate(["Hi", 3])
+
+
+def test_tensor_prompts(llm_hf):
+    llm, _ = llm_hf
+    params = SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)
+    ids = [[464, 3290], [40, 1101, 257]]
+    want = [o.token_ids for o in llm.generate(ids, params)]
+    assert [o.token_ids for o in llm.generate([torch.tensor(i) for i in ids], params)] == want
+    assert llm.generate(torch.tensor(ids[0]), params)[0].token_ids == want[0]
+    assert [o.token_ids for o in llm.generate(torch.tensor([ids[0], ids[0]]), params)] == [want[0]] * 2
 
 
 def test_seeded_sampling_reproducible(llm_hf):
