@@ -1,20 +1,29 @@
-"""The Python API with the real GPT-2 tokenizer: batches, stream(), finish reasons, stop strings."""
+"""The Python API: batches, stream(), finish reasons, stop strings (with the real GPT-2 tokenizer,
+skipped without it), and prompts as token ids and argument checks (without a tokenizer)."""
 import pytest
 import torch
 
-from minillm import LLM, ContextLengthError, SamplingParams
+from minillm import LLM, ContextLengthError, MiniLLMError, SamplingParams
 from tests.models import build_checkpoint, hf_generate, real_tokenizer_dir
-
-pytestmark = pytest.mark.skipif(real_tokenizer_dir() is None,
-                                reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
-
 
 @pytest.fixture(scope="module")
 def llm_hf(tmp_path_factory):
+    if real_tokenizer_dir() is None:
+        pytest.skip("the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
     path = tmp_path_factory.mktemp("gpt2-tok")
     hf = build_checkpoint(path, n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=64, seed=3,
                           with_tokenizer=True)
     return LLM(str(path), device="cpu"), hf
+
+
+@pytest.fixture(scope="module")
+def llm_ids(tmp_path_factory):
+    """No tokenizer files: prompts are token ids (LLM warns that it loads without a tokenizer)."""
+    path = tmp_path_factory.mktemp("gpt2-ids")
+    hf = build_checkpoint(path, n_layer=2, n_head=2, n_embd=32, vocab_size=512, n_positions=64, seed=4)
+    with pytest.warns(UserWarning, match="tokenizer"):
+        llm = LLM(str(path), device="cpu")
+    return llm, hf
 
 
 def test_text_prompts_batched_ragged(llm_hf):
@@ -76,8 +85,8 @@ def test_eos_finish_reason(llm_hf):
     assert r.finish_reason == "stop" and r.token_ids == expect[:expect.index(expect[2]) + 1]
 
 
-def test_context_length_error_before_work(llm_hf):
-    llm, _ = llm_hf
+def test_context_length_error_before_work(llm_ids):
+    llm, _ = llm_ids
     with pytest.raises(ContextLengthError, match="exceeds the model's context of 64 positions"):
         llm.generate([[1] * 60], SamplingParams(max_new_tokens=10))
     llm.generate([[1] * 60], SamplingParams(max_new_tokens=5, temperature=0))  # exactly fits
@@ -95,23 +104,26 @@ def test_sampling_params_validation(kw, match):
         SamplingParams(**kw)
 
 
-def test_bad_prompts(llm_hf):
-    llm, _ = llm_hf
-    with pytest.raises(ValueError, match=r"prompts\[0\]: expected token ids in \[0, 50257\)"):
-        llm.generate([[1, 50257]])
+def test_bad_prompts(llm_ids):
+    llm, _ = llm_ids
+    with pytest.raises(ValueError, match=r"prompts\[0\]: expected token ids in \[0, 512\)"):
+        llm.generate([[1, 512]])
     with pytest.raises(ValueError, match="prompts: expected"):
         llm.generate([])
     with pytest.raises(ValueError, match=r"prompts\[1\]: expected at least one token"):
         llm.generate([[1], []])
     with pytest.raises(ValueError, match=r"prompts\[1\]: expected a str or a list of token ids, got int"):
-        llm.generate(["Hi", 3])
+        llm.generate([[1], 3])
+    with pytest.raises(MiniLLMError, match="no tokenizer, so prompts must be lists of token ids"):
+        llm.generate("Hi")
 
 
-def test_tensor_prompts(llm_hf):
-    llm, _ = llm_hf
+def test_tensor_prompts(llm_ids):
+    llm, hf = llm_ids
     params = SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)
-    ids = [[464, 3290], [40, 1101, 257]]
-    want = [o.token_ids for o in llm.generate(ids, params)]
+    ids = [[464, 329], [40, 101, 257]]
+    want = [hf_generate(hf, i, max_new_tokens=3, do_sample=False) for i in ids]
+    assert [o.token_ids for o in llm.generate(ids, params)] == want
     assert [o.token_ids for o in llm.generate([torch.tensor(i) for i in ids], params)] == want
     assert llm.generate(torch.tensor(ids[0]), params)[0].token_ids == want[0]
     assert [o.token_ids for o in llm.generate(torch.tensor([ids[0], ids[0]]), params)] == [want[0]] * 2
