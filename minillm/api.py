@@ -171,7 +171,11 @@ class LLM:
         params = params or SamplingParams()
         if self.tokenizer is None:
             raise MiniLLMError(f"{self.model_dir}: stream() needs a tokenizer to produce text")
-        (ids,) = self._prompt_ids([prompt])
+        prompts = self._prompt_ids(prompt)
+        if len(prompts) != 1:
+            raise ValueError(f"prompt: stream() takes one prompt (a str or a list of token ids), got {len(prompts)}; "
+                             "use generate() for a batch")
+        (ids,) = prompts
         eos = None if params.ignore_eos else self.config.eos_token_id
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
         got, emitted = [], 0

@@ -56,6 +56,9 @@ def test_stream_pieces_join_to_the_text(llm_hf):
     pieces = list(llm.stream("Once upon a time", params))
     assert len(pieces) > 1
     assert "".join(pieces) == llm.last_result.text == llm.generate("Once upon a time", params)[0].text
+    assert "".join(llm.stream(llm.tokenizer.encode("Once upon a time"), params)) == llm.last_result.text
+    with pytest.raises(ValueError, match=r"prompt: stream\(\) takes one prompt .*, got 2; use generate\(\)"):
+        next(llm.stream(["Once", "upon"], params))
 
 
 def test_stop_string(llm_hf):
