@@ -135,6 +135,10 @@ def cmd_generate(args):
     from .api import LLM
     from .sampling import SamplingParams
 
+    if args.prompts.count("-") > 1:
+        raise UsageError("PROMPT: '-' (read from stdin) may appear once")
+    if "-" in args.prompts and sys.stdin.isatty():
+        print("[minillm] reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
     if any(not p.strip() for p in prompts):
         raise UsageError("PROMPT: expected non-empty text (stdin was empty?)")

@@ -63,6 +63,7 @@ def test_stdin_prompt_and_batch(model):
     (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
     (["--dtype", "int8"], "invalid choice"),
+    (["-", "-"], "PROMPT: '-' (read from stdin) may appear once"),
 ])
 def test_bad_usage_exits_2(args, message):
     p = run("generate", "--model", "unused", *args, "x")
