@@ -37,8 +37,8 @@ def download(repo_id, local_dir=None):
             raise ModelLoadError(f"{repo_id}: the repo has no safetensors weights")
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
     except LocalEntryNotFoundError:
-        raise ModelLoadError(f"{repo_id}: not a local folder and not in the Hugging Face cache, and "
-                             "HF_HUB_OFFLINE is set (or the hub is unreachable)") from None
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the Hugging Face hub could not be reached"
+        raise ModelLoadError(f"{repo_id}: not a local folder and not in the Hugging Face cache, and {why}") from None
     except RepositoryNotFoundError:
         raise ModelLoadError(f"{repo_id}: no such model on the Hugging Face hub (or it is private)") from None
     return Path(path)
