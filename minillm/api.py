@@ -97,7 +97,7 @@ class LLM:
     def _prompt_ids(self, prompts):
         if hasattr(prompts, "tolist") and not isinstance(prompts, list):  # a tensor or array: (T,) or (B, T)
             prompts = prompts.tolist()
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts: expected a str, a list of str, or a list of token-id lists")

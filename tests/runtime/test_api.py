@@ -6,6 +6,7 @@ import torch
 from minillm import LLM, ContextLengthError, MiniLLMError, SamplingParams
 from tests.models import build_checkpoint, hf_generate, real_tokenizer_dir
 
+
 @pytest.fixture(scope="module")
 def llm_hf(tmp_path_factory):
     if real_tokenizer_dir() is None:
@@ -129,6 +130,7 @@ def test_tensor_prompts(llm_ids):
     assert [o.token_ids for o in llm.generate(ids, params)] == want
     assert [o.token_ids for o in llm.generate([torch.tensor(i) for i in ids], params)] == want
     assert llm.generate(torch.tensor(ids[0]), params)[0].token_ids == want[0]
+    assert llm.generate(tuple(ids[0]), params)[0].token_ids == want[0]
     assert [o.token_ids for o in llm.generate(torch.tensor([ids[0], ids[0]]), params)] == [want[0]] * 2
 
 
