@@ -27,7 +27,7 @@ def _pick_device(device):
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise MiniLLMError(f"device: {device} was asked for, but CUDA is not available on this machine "
-                           "(use --device cpu)")
+                           "(use device cpu)")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     return dev
@@ -67,6 +67,8 @@ class LLM:
             raise MiniLLMError("backend: triton on the CPU needs TRITON_INTERPRET=1 set before start "
                                "(or use backend torch)")
         self.backend = backend
+        if cuda_graphs not in (None, True, False):
+            raise ValueError(f"cuda_graphs: expected True, False or None (on CUDA), got {cuda_graphs!r}")
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
         self.config = read_config(self.model_dir)

@@ -128,6 +128,10 @@ def test_bad_arguments(tmp_path):
         LLM(str(tmp_path), device="cpu", dtype="int8")
     with pytest.raises(ValueError, match="backend: expected one of"):
         LLM(str(tmp_path), device="cpu", backend="cuda")
+    with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
+        LLM(str(tmp_path), device="tpu")
+    with pytest.raises(ValueError, match="cuda_graphs: expected True, False or None"):
+        LLM(str(tmp_path), device="cpu", cuda_graphs="yes")
 
 
 def test_download_refuses_bin_only_repos(monkeypatch, tmp_path):
