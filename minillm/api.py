@@ -27,7 +27,7 @@ def _pick_device(device):
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise MiniLLMError(f"device: {device} was asked for, but CUDA is not available on this machine "
-                           "(use device cpu)")
+                           "(use --device cpu, or device=\"cpu\" in the API)")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     return dev
