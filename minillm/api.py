@@ -97,7 +97,7 @@ class LLM:
         return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _prompt_ids(self, prompts):
-        if hasattr(prompts, "tolist") and not isinstance(prompts, list):  # a tensor or array: (T,) or (B, T)
+        if hasattr(prompts, "tolist"):  # a tensor or array: (T,) or (B, T)
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -107,16 +107,15 @@ class LLM:
         out = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
-                ids = self.encode(p)
-            elif isinstance(p, (list, tuple)) or hasattr(p, "tolist"):  # also a tensor or an array of ids
-                ids = p.tolist() if hasattr(p, "tolist") else list(p)
-            else:
+                p = self.encode(p)
+            ids = p.tolist() if hasattr(p, "tolist") else p  # a 1-D tensor too
+            if not isinstance(ids, (list, tuple)):
                 raise ValueError(f"prompts[{i}]: expected a str or a list of token ids, got {type(p).__name__}")
             if not ids:
                 raise ValueError(f"prompts[{i}]: expected at least one token")
             if not all(isinstance(t, int) and 0 <= t < V for t in ids):
                 raise ValueError(f"prompts[{i}]: expected token ids in [0, {V})")
-            out.append(ids)
+            out.append(list(ids))
         return out
 
     def _stopper(self, params):
