@@ -112,8 +112,9 @@ def build_parser():
                    help="tokens generated per sequence (default: 128)")
     b.add_argument("--engines", nargs="+", default=["minillm", "hf-eager", "hf-sdpa", "torch-compile"],
                    choices=["minillm", "hf-eager", "hf-sdpa", "torch-compile"], help="engines to run (default: all)")
-    b.add_argument("--repeats", type=_int_at_least(1), default=3, help="timed runs after the cold one")
-    b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    b.add_argument("--repeats", type=_int_at_least(1), default=3, help="timed runs after the cold one (default: 3)")
+    b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="weights and activations dtype for every engine (default: float16)")
     b.add_argument("--out", default="bench/results", help="results folder (default: bench/results)")
     b.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     return p
