@@ -137,7 +137,8 @@ class LLM:
                     ids = ids[:-1]
         decode_s = timings["decode_s"]
         metrics = {"prompt_tokens": len(prompt), "new_tokens": len(ids), "ttft_s": timings["ttft_s"],
-                   "decode_tok_s": (timings["steps"] - 1) / decode_s if decode_s > 0 else float("nan"),
+                   "decode_tok_s": ((timings["steps"] - 1) / decode_s if timings["steps"] > 1 and decode_s > 0
+                                    else float("nan")),  # the first token is prefill's
                    "batch_tok_s": n_seq * timings["steps"] / timings["total_s"], "total_s": timings["total_s"]}
         return GenerationResult(prompt, ids, text, reason, metrics)
 
@@ -159,7 +160,7 @@ class LLM:
             (B, T) tensor.
         Returns one GenerationResult per prompt: .token_ids (generated only), .text,
         .finish_reason ("stop" or "length") and .metrics (prompt_tokens, new_tokens, ttft_s,
-        decode_tok_s, batch_tok_s, total_s).
+        decode_tok_s: NaN where the one new token came from prefill, batch_tok_s, total_s).
         """
         params = params or SamplingParams()
         ids = self._prompt_ids(prompts)

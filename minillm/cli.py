@@ -4,6 +4,7 @@ Exit codes: 0 ok; 2 bad usage (argparse, invalid values); 1 runtime error, one l
 (the traceback only with --verbose).
 """
 import argparse
+import math
 import os
 import sys
 
@@ -29,6 +30,10 @@ first token, decode tokens/s.
 
 class UsageError(Exception):
     pass
+
+
+def _count(n, noun):
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _int_at_least(lo):
@@ -117,6 +122,8 @@ def build_parser():
                    help="weights and activations dtype for every engine (default: float16)")
     b.add_argument("--out", default="bench/results", help="results folder (default: bench/results)")
     b.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    for sp in sub.choices.values():  # a command's usage errors print that command's usage
+        sp.set_defaults(usage_error=sp.error)
     return p
 
 
@@ -141,8 +148,10 @@ def cmd_generate(args):
     if "-" in args.prompts and sys.stdin.isatty():
         print("[minillm] reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
-    if any(not p.strip() for p in prompts):
-        raise UsageError("PROMPT: expected non-empty text (stdin was empty?)")
+    for i, (arg, p) in enumerate(zip(args.prompts, prompts)):
+        if not p.strip():
+            where = "stdin ('-') was empty" if arg == "-" else f"prompt {i + 1} is empty"
+            raise UsageError(f"PROMPT: expected non-empty text; {where}")
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if args.greedy else args.temperature,
                             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                             seed=args.seed, stop=args.stop)
@@ -170,8 +179,10 @@ def cmd_generate(args):
     m = results[0].metrics
     n_prompt = sum(r.metrics["prompt_tokens"] for r in results)
     n_new = sum(r.metrics["new_tokens"] for r in results)
-    print(f"[minillm] {n_prompt} prompt tokens, {n_new} new tokens, time to first token {m['ttft_s'] * 1e3:.1f} ms, "
-          f"decode {m['decode_tok_s'] * len(results):,.1f} tokens/s ({llm.backend} on {llm.device})", file=sys.stderr)
+    rate = m["decode_tok_s"] * len(results)
+    decode = "no decode step" if math.isnan(rate) else f"decode {rate:,.1f} tokens/s"
+    print(f"[minillm] {_count(n_prompt, 'prompt token')}, {_count(n_new, 'new token')}, time to first token "
+          f"{m['ttft_s'] * 1e3:.1f} ms, {decode} ({llm.backend} on {llm.device})", file=sys.stderr)
     return 0
 
 
@@ -210,7 +221,7 @@ def main(argv=None):
     try:
         return {"generate": cmd_generate, "download": cmd_download, "bench": cmd_bench}[args.command](args)
     except UsageError as e:
-        parser.error(str(e))
+        args.usage_error(str(e))
     except KeyboardInterrupt:
         print("\n[minillm] interrupted", file=sys.stderr)
         return 130

@@ -30,7 +30,7 @@ def check_context(prompt_len, max_new_tokens, n_positions):
     """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
     if prompt_len + max_new_tokens - 1 > n_positions:
         raise ContextLengthError(
-            f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
+            f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds the model's context of "
             f"{n_positions} positions (at most {n_positions - prompt_len + 1} new tokens for this prompt)")
 
 

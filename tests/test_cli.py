@@ -43,6 +43,9 @@ def test_generate_streams_and_summarizes(model):
     summary = p.stderr.strip().splitlines()[-1]
     for part in ("2 prompt tokens", "12 new tokens", "time to first token", "tokens/s"):
         assert part in summary, summary
+    one = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "1", "Hi")
+    assert one.returncode == 0, one.stderr
+    assert "1 prompt token, 1 new token," in one.stderr and "no decode step" in one.stderr, one.stderr
 
 
 @needs_tokenizer
@@ -64,10 +67,17 @@ def test_stdin_prompt_and_batch(model):
     (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
     (["--dtype", "int8"], "invalid choice"),
     (["-", "-"], "PROMPT: '-' (read from stdin) may appear once"),
+    (["  "], "PROMPT: expected non-empty text; prompt 1 is empty"),
 ])
 def test_bad_usage_exits_2(args, message):
     p = run("generate", "--model", "unused", *args, "x")
     assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert_no_traceback(p)
+
+
+def test_empty_stdin_exits_2():
+    p = run("generate", "--model", "unused", "-", stdin="\n")
+    assert p.returncode == 2 and "stdin ('-') was empty" in p.stderr, p.stderr
     assert_no_traceback(p)
 
 

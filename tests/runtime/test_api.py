@@ -96,6 +96,14 @@ def test_context_length_error_before_work(llm_ids):
     llm.generate([[1] * 60], SamplingParams(max_new_tokens=5, temperature=0))  # exactly fits
 
 
+def test_one_new_token_has_no_decode_rate(llm_ids):
+    llm, hf = llm_ids
+    r = llm.generate([[5, 6]], SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))[0]
+    assert r.token_ids == hf_generate(hf, [5, 6], max_new_tokens=1, do_sample=False)
+    m = r.metrics  # the one token comes from prefill: no decode step to rate
+    assert m["new_tokens"] == 1 and m["ttft_s"] > 0 and m["decode_tok_s"] != m["decode_tok_s"]
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(temperature=-1), "temperature: expected a number >= 0"),
     (dict(top_p=0), r"top_p: expected a number in \(0, 1\]"),
