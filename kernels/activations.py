@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
+from ._tuning import launch
 
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
@@ -55,5 +56,5 @@ def gelu(x, approximate="tanh"):
     n = xc.numel()
     if n:
         BLOCK = 1024
-        _gelu_kernel[(triton.cdiv(n, BLOCK),)](xc, y, n, APPROXIMATE=approximate, BLOCK=BLOCK, num_warps=4)
+        launch(_gelu_kernel, (triton.cdiv(n, BLOCK),), xc, y, n, APPROXIMATE=approximate, BLOCK=BLOCK, num_warps=4)
     return y

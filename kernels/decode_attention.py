@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import sm_count, use_pdl
+from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 
 LOG2E = 1.4426950408889634
@@ -231,8 +231,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    _decode_attention_kernel[(B * H, splits)](
-        q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
+    launch(
+        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import use_pdl
+from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
 
 
@@ -64,8 +64,8 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
         check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
     if B:
         pdl = use_pdl(dev)
-        _append_tokens_kernel[(1,)](next_ids, out, step, tokens, pos, finished if finished is not None else pos,
-                                    B, -1 if eos is None else int(eos), out.stride(0), HAS_EOS=eos is not None,
-                                    FROM_KEYS=bool(from_keys), BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl,
-                                    num_warps=1, launch_pdl=pdl)
+        launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
+               finished if finished is not None else pos, B, -1 if eos is None else int(eos), out.stride(0),
+               HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl,
+               num_warps=1, launch_pdl=pdl)
     return out

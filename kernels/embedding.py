@@ -5,7 +5,7 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
 from ._epilogue import STATS_GROUP, _store_row_stats, check_row_stats
-from ._tuning import use_pdl
+from ._tuning import launch, use_pdl
 
 
 @triton.jit
@@ -59,8 +59,8 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
         BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
-        _embedding_kernel[(R,)](ids, pos, wte, wpe, y, stats, lens_out if lens_out is not None else pos, N,
-                                wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
-                                STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, USE_PDL=pdl,
-                                num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
+        launch(_embedding_kernel, (R,), ids, pos, wte, wpe, y, stats, lens_out if lens_out is not None else pos, N,
+               wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
+               STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, USE_PDL=pdl,
+               num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

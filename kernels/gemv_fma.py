@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from ._tuning import INTERPRET, use_pdl
+from ._tuning import INTERPRET, launch, use_pdl
 from .activations import _apply_activation
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -148,8 +148,8 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     grid = (M * triton.cdiv(N, meta["BLOCK_N"]),)
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
-    _gemv_fma_kernel[grid](
-        x2, weight, bias if bias is not None else y2, r2, y2,
+    launch(
+        _gemv_fma_kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2,
         ln_fold if ln_fold is not None else y2,
         M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),

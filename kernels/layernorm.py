@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
+from ._tuning import launch
 
 
 @triton.jit
@@ -73,8 +74,8 @@ def _launch(x, residual, weight, bias, eps, out, sum_out, affine=True):
     rows = max(1, min(16, 4096 // BLOCK_N))
     num_warps = 4 if BLOCK_N <= 1024 else 8
     grid = (triton.cdiv(M, rows),)
-    _layernorm_kernel[grid](
-        x2, r2, weight if affine else x2, bias if affine else x2, y2, s2, M, N, eps,
+    launch(
+        _layernorm_kernel, grid, x2, r2, weight if affine else x2, bias if affine else x2, y2, s2, M, N, eps,
         x2.stride(0), r2.stride(0), y2.stride(0), s2.stride(0),
         HAS_RESIDUAL=residual is not None, AFFINE=affine, ROWS_PER_PROG=rows, BLOCK_N=BLOCK_N, num_warps=num_warps,
     )

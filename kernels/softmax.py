@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
+from ._tuning import launch
 
 MAX_N = 1 << 17
 
@@ -32,5 +33,6 @@ def softmax(x):
     if x2.shape[0]:
         BLOCK_N = triton.next_power_of_2(N)
         num_warps = 4 if BLOCK_N <= 2048 else (8 if BLOCK_N <= 8192 else 16)
-        _softmax_kernel[(x2.shape[0],)](x2, y, N, x2.stride(0), y.stride(0), BLOCK_N=BLOCK_N, num_warps=num_warps)
+        launch(_softmax_kernel, (x2.shape[0],), x2, y, N, x2.stride(0), y.stride(0), BLOCK_N=BLOCK_N,
+               num_warps=num_warps)
     return y.view(x.shape)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import INTERPRET, use_pdl
+from ._tuning import INTERPRET, launch, use_pdl
 from .argmax_key import _argmax_key
 from .gemv_fma import VOCAB_N, _row_dot
 
@@ -120,8 +120,9 @@ def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
     meta = dict(config)
     programs = meta.pop("programs")
     pdl = use_pdl(x2.device)
-    _vocab_fma_kernel[(programs,)](
-        x2, weight, bias if bias is not None else y2, y2, ln_fold if ln_fold is not None else y2,
+    launch(
+        _vocab_fma_kernel, (programs,), x2, weight, bias if bias is not None else y2, y2,
+        ln_fold if ln_fold is not None else y2,
         argmax_keys if argmax_keys is not None else y2,
         N, ln_eps, x2.stride(1), weight.stride(1),
         K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None, USE_PDL=pdl,

@@ -40,7 +40,7 @@ def _fresh_memo(monkeypatch):
 
 def test_launch_keeps_a_layout_that_fits():
     k = FakeKernel(fits=4)
-    assert _tuning.launch(k, (1,), "x", BLOCK_K=64, num_stages=4) == (("x",), {"BLOCK_K": 64})
+    assert _tuning.launch(k, (1,), "x", BLOCK_K=64, num_stages=4) == (("x",), {"BLOCK_K": 64, "enable_fp_fusion": True})
     assert k.tried == [4] and _tuning._fitted_stages == {}
 
 
