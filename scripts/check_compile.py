@@ -172,7 +172,8 @@ def launched_kernels():
 
 
 def cubin_usage(kernel, cuobjdump):
-    """(registers, spill bytes) from the cubin, or (None, None) without cuobjdump."""
+    """(registers, local memory bytes a thread: spills and stack) from the cubin; (None, None)
+    without cuobjdump."""
     if cuobjdump is None:
         return None, None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -209,8 +210,10 @@ def report(log, arch, seconds):
                     f"{' (too large: pruned at run time)' if over and not fixed else ''} |")
     per_name = Counter(name for name, _ in log)
     head = [f"# Kernels compiled for sm_{arch}a (Triton {triton.__version__}, no GPU)", "",
-            f"{len(log)} kernels ({len(per_name)} functions) compiled in {seconds:.0f} s.", "",
-            "| kernel | blocks | warps | stages | shared bytes | registers | spill bytes | first launched by | launches "
+            f"`python {' '.join(['scripts/check_compile.py', *sys.argv[1:]])}`: {len(log)} kernels "
+            f"({len(per_name)} functions) compiled in {seconds:.0f} s. Local bytes: local memory a thread "
+            "(register spills, stack); first launched by: the model, dtype and step that first compiled it.", "",
+            "| kernel | blocks | warps | stages | shared bytes | registers | local bytes | first launched by | launches "
             "| layout |",
             "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     return "\n".join(head + rows) + "\n", failures
