@@ -68,7 +68,8 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
         configs = self.prune_configs(kwargs) if every_config else self.configs[:1]
         in_autotuner.append(self)
         try:
-            return [self.fn.run(*args, **kwargs, **c.all_kwargs()) for c in configs][0]
+            compiled = [self.fn.run(*args, **kwargs, **c.all_kwargs()) for c in configs]
+            return compiled[0]
         finally:
             in_autotuner.pop()
 
@@ -179,7 +180,8 @@ def cubin_usage(kernel, cuobjdump):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=False).stdout
     fields = dict(kv.split(":", 1) for line in out.splitlines() if "REG:" in line for kv in line.split())
     return int(fields.get("REG", 0)), int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0))
 
@@ -199,22 +201,22 @@ def report(log, arch, seconds):
     cuobjdump = find_cuobjdump()
     rows, failures = [], []
     for (name, _), (k, launches, fixed, blocks, first) in sorted(log.items(), key=lambda kv: (kv[0][0], kv[1][4])):
-        regs, spills = cubin_usage(k, cuobjdump)
+        regs, local = cubin_usage(k, cuobjdump)
         md = k.metadata
         over = limit is not None and md.shared > limit
         if over and fixed:
             failures.append(f"{name}: a fixed layout needs {md.shared} bytes of shared memory; sm_{arch} has {limit}")
         rows.append(f"| {name} | {blocks} | {md.num_warps} | {md.num_stages} | {md.shared:,} "
-                    f"| {regs if regs is not None else '?'} | {spills if spills is not None else '?'} | {first} "
+                    f"| {regs if regs is not None else '?'} | {local if local is not None else '?'} | {first} "
                     f"| {launches} | {'fixed' if fixed else 'autotune'}"
                     f"{' (too large: pruned at run time)' if over and not fixed else ''} |")
     per_name = Counter(name for name, _ in log)
     head = [f"# Kernels compiled for sm_{arch}a (Triton {triton.__version__}, no GPU)", "",
-            f"`python {' '.join(['scripts/check_compile.py', *sys.argv[1:]])}`: {len(log)} kernels "
-            f"({len(per_name)} functions) compiled in {seconds:.0f} s. Local bytes: local memory a thread "
-            "(register spills, stack); first launched by: the model, dtype and step that first compiled it.", "",
-            "| kernel | blocks | warps | stages | shared bytes | registers | local bytes | first launched by | launches "
-            "| layout |",
+            (f"`python {' '.join(['scripts/check_compile.py', *sys.argv[1:]])}`: {len(log)} kernels "
+             f"({len(per_name)} functions) compiled in {seconds:.0f} s. Local bytes: local memory a thread "
+             "(register spills, stack); first launched by: the model, dtype and step that first compiled it."), "",
+            ("| kernel | blocks | warps | stages | shared bytes | registers | local bytes | first launched by "
+             "| launches | layout |"),
             "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     return "\n".join(head + rows) + "\n", failures
 

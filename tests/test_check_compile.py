@@ -31,7 +31,7 @@ def test_gpu_layouts_compile_for_hopper(tmp_path):
     out = tmp_path / "compile.md"
     p = subprocess.run([sys.executable, "scripts/check_compile.py", "--models", "gpt2", "--dtypes", "float16",
                         "--batches", "1", "2", "8", "64", "--cache-lens", "128", "1024", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=540, check=False)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     assert "FAIL" not in p.stderr, p.stderr[-3000:]
     assert "FP_FUSION" not in p.stderr, "a launch left floating-point contraction to Triton's default"
