@@ -30,8 +30,9 @@ def check_context(prompt_len, max_new_tokens, n_positions):
     """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
     if prompt_len + max_new_tokens - 1 > n_positions:
         raise ContextLengthError(
-            f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds the model's context of "
-            f"{n_positions} positions (at most {n_positions - prompt_len + 1} new tokens for this prompt)")
+            f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds "
+            f"the model's context of {n_positions} positions "
+            f"(at most {n_positions - prompt_len + 1} new tokens for this prompt)")
 
 
 def cache_bucket(reach, n_positions):
