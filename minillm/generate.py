@@ -55,17 +55,17 @@ class GenerationResult:
 class _DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, max_len, device, with_seen):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.out = torch.zeros(batch, max_len, dtype=torch.int64, device=device)
+        self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
         self.graph = None
-        self.max_len = None  # cache positions decode attention covers (None: all)
+        self.max_len = max_len  # cache positions decode attention covers (None: all)
 
 
 def _bucket(n):
@@ -81,7 +81,7 @@ class Engine:
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, eos) -> _DecodeState (with its graph)
+        self._states = {}  # (batch, sampling key, eos, cache bucket) -> _DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
 
     # -- pieces -------------------------------------------------------------------------
@@ -149,8 +149,7 @@ class Engine:
         if st is None:
             c = self.model.config
             st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
-                              with_seen=params.repetition_penalty != 1.0)
-            st.max_len = max_len
+                              with_seen=params.repetition_penalty != 1.0, max_len=max_len)
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
             self._states[key] = st

@@ -76,17 +76,21 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
     JITFunction.run = run
     Autotuner.run = tune
 
-    import kernels
     from kernels import _checks, _tuning
 
     _checks.INTERPRET = True  # CPU tensors stand in for CUDA ones
-    for mod in list(sys.modules.values()):  # the GPU's answers, where launchers ask the device
-        if getattr(mod, "__name__", "").startswith("kernels"):
-            if getattr(mod, "use_pdl", None) is _tuning.use_pdl:
-                mod.use_pdl = lambda device: arch >= 90
-            if getattr(mod, "sm_count", None) is _tuning.sm_count:
-                mod.sm_count = lambda device: sms
-    return kernels
+    for mod in _kernel_modules():  # the GPU's answers, where launchers ask the device
+        if getattr(mod, "use_pdl", None) is _tuning.use_pdl:
+            mod.use_pdl = lambda device: arch >= 90
+        if getattr(mod, "sm_count", None) is _tuning.sm_count:
+            mod.sm_count = lambda device: sms
+
+
+def _kernel_modules():
+    """The modules of the package `kernels` imported so far (it imports all of them)."""
+    import kernels  # noqa: F401
+
+    return [m for name, m in list(sys.modules.items()) if name == "kernels" or name.startswith("kernels.")]
 
 
 def _last_line(e):
@@ -168,8 +172,8 @@ def launched_kernels():
     """Names of the package's kernels (its JIT functions named *_kernel; the rest are helpers)."""
     from triton.runtime.jit import JITFunction
 
-    return {obj.__name__ for mod in list(sys.modules.values()) if getattr(mod, "__name__", "").startswith("kernels")
-            for obj in vars(mod).values() if isinstance(obj, JITFunction) and obj.__name__.endswith("_kernel")}
+    return {obj.__name__ for mod in _kernel_modules() for obj in vars(mod).values()
+            if isinstance(obj, JITFunction) and obj.__name__.endswith("_kernel")}
 
 
 def cubin_usage(kernel, cuobjdump):
