@@ -41,9 +41,9 @@ for stage in "$@"; do
         MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
       done
       timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
-    profile)
+    profile)  # critical-path shares of CUDA-graph replays, as in the README's table
       for mb in "gpt2 1" "gpt2 64" "gpt2-xl 1"; do read -r m b <<< "$mb"
-        timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --out "$R" 2>&1 | tail -n 14; done ;;
+        timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --graph --out "$R" 2>&1 | tail -n 14; done ;;
     coldwarm)
       mkdir -p /tmp/cw && python3 -c "
 import sys; sys.path.insert(0, '.')
