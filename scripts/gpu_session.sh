@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One batch of GPU work for the device machine; everything lands in $OUT as a tarball + summary.
 # Stage times on a fresh H200: tests ~200 s, checks ~330 s (parity and engine checks, both dtypes),
-# bench-generate ~120 s, bench-xl ~115 s, bench-ttft ~25 s: a call holds at most 600 s.
+# bench-generate ~120 s, bench-xl ~105 s, bench-ttft ~25 s, coldwarm ~50 s, profile ~95 s; on an
+# H100: tests ~250 s, compile ~70 s, bench-generate ~165 s, bench-xl ~165 s, bench-ttft ~40 s.
+# A call holds at most 600 s.
 #   bash scripts/gpu_session.sh tests bench-kernels    # stages: see the case labels below
 set -u
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
