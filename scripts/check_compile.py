@@ -57,7 +57,7 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
         try:
             kernel = compile_run(self, *args, grid=grid, warmup=True, **kwargs)  # compile, never launch
         except Exception as e:  # noqa: BLE001 - every kernel that fails is reported, the rest go on
-            failures.append(f"{self.__name__} ({where[0]}): {type(e).__name__}: {_last_line(e)}")
+            failures.append(_failure(f"{self.__name__} ({where[0]})", e))
             return None
         blocks = " ".join(f"{k[6:]}={v}" for k, v in sorted(kwargs.items()) if k.startswith("BLOCK_"))
         entry = log.setdefault((self.__name__, kernel.hash), [kernel, 0, not in_autotuner, blocks, where[0]])
@@ -93,9 +93,17 @@ def _kernel_modules():
     return [m for name, m in list(sys.modules.items()) if name == "kernels" or name.startswith("kernels.")]
 
 
-def _last_line(e):
+def _failure(where, e):
+    """One line for a failed compile or drive: where, the error's type and its last line."""
     lines = str(e).strip().splitlines()
-    return lines[-1] if lines else ""
+    return f"{where}: {type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+def _drive(drive, failures, where, *args, **kwargs):
+    try:
+        drive(*args, where=where, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one line per failing model or library pass, the rest still run
+        failures.append(_failure(where[0], e))
 
 
 def random_weights(cfg, dtype, n_layer):
@@ -154,7 +162,7 @@ def drive_library(dtype, where):
 
     where[0] = f"library {str(dtype).removeprefix('torch.')}"
     x, w, b = r(100, 512), r(512, 384), r(384)
-    for act in (None, *kernels.ACTIVATIONS):
+    for act in kernels.ACTIVATIONS:  # (None among them)
         kernels.linear(x, w, b, activation=act, residual=r(100, 384))
     kernels.linear(r(5, 512), w, b, activation="leaky_relu", residual=r(5, 384))
     kernels.layernorm(x, r(512), r(512))
@@ -168,7 +176,7 @@ def drive_library(dtype, where):
     kernels.decode_attention(r(3, 4, 64), kc, vc, torch.full((3,), 200, dtype=torch.int32))
 
 
-def launched_kernels():
+def package_kernels():
     """Names of the package's kernels (its JIT functions named *_kernel; the rest are helpers)."""
     from triton.runtime.jit import JITFunction
 
@@ -201,13 +209,13 @@ def report(log, arch, seconds):
     """(markdown table, failures)."""
     import triton
 
-    limit = SMEM_LIMIT.get(arch)
+    limit = SMEM_LIMIT[arch]
     cuobjdump = find_cuobjdump()
     rows, failures = [], []
     for (name, _), (k, launches, fixed, blocks, first) in sorted(log.items(), key=lambda kv: (kv[0][0], kv[1][4])):
         regs, local = cubin_usage(k, cuobjdump)
         md = k.metadata
-        over = limit is not None and md.shared > limit
+        over = md.shared > limit
         if over and fixed:
             failures.append(f"{name}: a fixed layout needs {md.shared} bytes of shared memory; sm_{arch} has {limit}")
         rows.append(f"| {name} | {blocks} | {md.num_warps} | {md.num_stages} | {md.shared:,} "
@@ -253,22 +261,16 @@ def main():
         for name in args.models:
             print(f"{name} {str(dtype).removeprefix('torch.')}: ", end="", flush=True)
             before = len(log)
-            try:
-                drive_model(name, dtype, args.batches, args.cache_lens, prefills=[(1, 32), (4, 100), (1, 1024)],
-                            where=where)
-            except Exception as e:  # noqa: BLE001 - one line per failing model, the rest still run
-                failures.append(f"{where[0]}: {type(e).__name__}: {_last_line(e)}")
+            _drive(drive_model, failures, where, name, dtype, args.batches, args.cache_lens,
+                   prefills=[(1, 32), (4, 100), (1, 1024)])
             print(f"{len(log) - before} kernels", flush=True)
         if not args.no_library:
-            try:
-                drive_library(dtype, where)
-            except Exception as e:  # noqa: BLE001
-                failures.append(f"{where[0]}: {type(e).__name__}: {_last_line(e)}")
+            _drive(drive_library, failures, where, dtype)
     table, over = report(log, args.arch, time.perf_counter() - t0)
     failures += over
     if not args.no_library:
         failures += [f"{name}: never launched, so not compiled (add it to drive_library)"
-                     for name in sorted(launched_kernels() - {name for name, _ in log})]
+                     for name in sorted(package_kernels() - {name for name, _ in log})]
     if args.out:
         Path(args.out).write_text(table)
     print(table)
