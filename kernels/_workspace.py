@@ -10,9 +10,10 @@ _counters = {}
 
 
 def arrival_counters(device, n):
-    """A zeroed int32 buffer of at least n counters on `device` (grown when too small)."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
+    """A zeroed int32 buffer of at least n counters on `device` (grown when too small).
+    A grown buffer's predecessors stay referenced: a captured CUDA graph may still use one, and
+    freed, its memory could go to another tensor while the graph bumps counters in it."""
+    bufs = _counters.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]

@@ -1,0 +1,22 @@
+import gc
+import weakref
+
+import torch
+
+from kernels._workspace import arrival_counters
+
+
+def test_counters_are_zeroed_shared_and_grow_without_freeing():
+    """Every launch on a device shares one zeroed buffer; growing it keeps the old one alive,
+    since a captured CUDA graph may still bump counters in it."""
+    dev = torch.device("cpu")
+    first = arrival_counters(dev, 10)
+    assert first.dtype == torch.int32 and first.numel() >= 10 and not first.any()
+    assert arrival_counters(dev, first.numel()) is first
+    old = weakref.ref(first)
+    grown = arrival_counters(dev, first.numel() + 1)
+    assert grown.numel() > first.numel() and not grown.any()
+    del first
+    gc.collect()
+    assert old() is not None, "a grown buffer freed its predecessor"
+    assert arrival_counters(dev, 1) is grown
