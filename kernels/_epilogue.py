@@ -83,6 +83,24 @@ def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K, GROUPS_POW2: tl
 
 
 @triton.jit
+def _load_row_stats_32(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr):
+    """_load_row_stats of the 32 rows from m0, taken as two 16-row tiles. tl.sum's order follows
+    how Triton spreads the (rows, groups) tile over threads, and so the tile's height: 32 rows
+    of 8 groups add up in another order than 16 (a row's statistics, and so its bits, would
+    then differ from the 16-row layouts')."""
+    rows = m0 + tl.arange(0, 16)
+    mean_a, rstd_a = _load_row_stats(stats_ptr, rows, rows < M, stride_sm, ln_eps, K, GROUPS_POW2)
+    mean_b, rstd_b = _load_row_stats(stats_ptr, rows + 16, rows + 16 < M, stride_sm, ln_eps, K, GROUPS_POW2)
+    return _stack(mean_a, mean_b), _stack(rstd_a, rstd_b)
+
+
+@triton.jit
+def _stack(a, b):
+    """a then b, as one vector."""
+    return tl.reshape(tl.permute(tl.join(a, b), (1, 0)), (2 * a.shape[0],))
+
+
+@triton.jit
 def _mean_rstd(row_sum, row_sq, K, ln_eps):
     """Mean and 1/std from a row's sum and sum of squares over K columns (fp32)."""
     mean = row_sum / K

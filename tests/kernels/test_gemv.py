@@ -10,7 +10,8 @@ from kernels import argmax_key, gemv_config
 from kernels._tuning import sm_count
 from kernels.gemv_config import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
+from tests.kernels.helpers import (assert_rel_close, assert_same_rows, ln_linear, ln_linear_ref, poisoned, randn,
+                                  tile_rows)
 
 
 def _ref(x, w, **kw):
@@ -70,12 +71,17 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
     x = randn(SMALL_M, K, dtype=dtype, device=device)
     for cfg in (None, _cfg(chunks=3)):
         full = kernels.linear(x, w, bias, activation="gelu_tanh", _config=cfg)
-        for m in (1, 7, 12, 17, SMALL_M):  # 7 and 12 rows stage their first tile (stage_first)
-            assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh", _config=cfg), full[:m])
+        # 7 and 12 rows stage their first tile (stage_first); 17 and 32 rows of a wide layer
+        # below K = 1024 take one 32-row tile
+        for m in (1, 7, 12, 17, 32, SMALL_M):
+            part = kernels.linear(x[:m], w, bias, activation="gelu_tanh", _config=cfg)
+            same = cfg is not None or tile_rows(m, N, K, x) == tile_rows(SMALL_M, N, K, x)
+            assert_same_rows(part, full[:m], dtype, f"M = {m}", same)
     split = kernels.linear(x, w, bias, _config=_cfg(block_n=64, chunks=3, split=True))
     looped = kernels.linear(x, w, bias, _config=_cfg(block_n=128, chunks=3, split=False))
+    rows32 = kernels.linear(x, w, bias, _config={**_cfg(block_n=64, chunks=3, split=False), "BLOCK_M": 32})
     tall = kernels.linear(x, w, bias, _config={**_cfg(block_n=128, chunks=3, split=False), "BLOCK_M": 64})
-    for other, what in ((looped, "looping program"), (tall, "64-row tiles")):
+    for other, what in ((looped, "looping program"), (rows32, "32-row tiles"), (tall, "64-row tiles")):
         if ON_GPU:
             assert torch.equal(other, split), what
         else:  # numpy's matmul sums a tile of another shape in its own order (OpenBLAS picks by CPU)
@@ -123,20 +129,22 @@ def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
 
 @pytest.mark.parametrize("with_stats", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_layernorm_same_rows_at_any_batch(with_stats, dtype, device):
+@pytest.mark.parametrize("K,N", [(1100, 40), (96, 200)])
+def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device):
     """At K >= 1024 and enough rows (TALL_MIN) a folded-layernorm linear runs 64-row tiles in
-    half-chunk K steps; below, split programs (up to 16 rows) or the 16-row loop. A row gets
-    the same bits every way on the GPU (the interpreter's numpy matmul sums a K step in its own
-    order)."""
-    K, N = 1100, 40
+    half-chunk K steps; below, split programs (up to 16 rows) or the 16-row loop. A wide layer
+    below K = 1024 (gpt2's qkv and fc) runs one 32-row tile at 17-32 rows. A row gets the same
+    bits every way on the GPU (the interpreter's numpy matmul sums a K step in its own order)."""
     x = randn(SMALL_M, K, dtype=dtype, device=device, scale=2.0) + 0.5
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
     stats = ref.row_stats(x) if with_stats else None
-    assert gemv_config.decode_config(SMALL_M, N, K, x.element_size(), ln=True, sms=sm_count(x.device))["BLOCK_M"] == 64
+    rows = {m: gemv_config.decode_config(m, N, K, x.element_size(), ln=True, sms=sm_count(x.device)).get("BLOCK_M")
+            for m in (32, SMALL_M)}
+    assert rows == ({32: None, SMALL_M: 64} if K > 1000 else {32: 32, SMALL_M: None})
     full = ln_linear(x, w, bias, g, b, ln_stats=stats)
     assert_rel_close(full, ln_linear_ref(x, w, bias, g, b), dtype, f"ln tall stats {with_stats}")
-    for m in (1, 16, 17, 40, 48):  # 40 rows: the 16-row loop; 48: 64-row tiles
+    for m in (1, 16, 17, 32, 40, 48):  # K = 1100: 40 rows the 16-row loop, 48 64-row tiles
         part = ln_linear(x[:m], w, bias, g, b, ln_stats=stats[:m] if with_stats else None)
         if ON_GPU:
             assert torch.equal(part, full[:m]), f"rows differ at M = {m}"
