@@ -73,11 +73,13 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
             block_n //= 2
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
     if K < 1024 and N >= 2 * K:
-        if M <= 2 * BLOCK_M:
-            # gpt2's qkv and fc at 17-32 rows: one 32-row tile a 64-column block (its rows' bits are
-            # the 16-row tiles'). H100, alternated in one call: gpt2 batch 32 84.1k -> 85.9k tok/s
-            # (qkv) and 85.4k (fc); at 64 rows it lost (qkv -3.7%, fc even), and so did 128-column
-            # blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32-ab.md)
+        if M <= 2 * BLOCK_M and itemsize == 2:
+            # gpt2's qkv and fc at 17-32 rows: one 32-row tile a 64-column block. H100, alternated
+            # in one call: gpt2 batch 32 84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k ->
+            # 87.0k, batch 24 63.6k -> 66.0k; at 64 rows it lost (qkv -3.7%, fc even), and so did
+            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). In
+            # fp32 (CUDA-core products) a row's statistics came out another way than in the 16-row
+            # layouts, so fp32 keeps those
             return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=2 * BLOCK_M,
                         num_stages=4)
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)

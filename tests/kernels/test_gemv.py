@@ -141,7 +141,7 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device):
     stats = ref.row_stats(x) if with_stats else None
     rows = {m: gemv_config.decode_config(m, N, K, x.element_size(), ln=True, sms=sm_count(x.device)).get("BLOCK_M")
             for m in (32, SMALL_M)}
-    assert rows == ({32: None, SMALL_M: 64} if K > 1000 else {32: 32, SMALL_M: None})
+    assert rows == ({32: None, SMALL_M: 64} if K > 1000 else {32: 32 if dtype != torch.float32 else None, SMALL_M: None})
     full = ln_linear(x, w, bias, g, b, ln_stats=stats)
     assert_rel_close(full, ln_linear_ref(x, w, bias, g, b), dtype, f"ln tall stats {with_stats}")
     for m in (1, 16, 17, 32, 40, 48):  # K = 1100: 40 rows the 16-row loop, 48 64-row tiles
