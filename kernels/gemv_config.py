@@ -77,9 +77,9 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
             # gpt2's qkv and fc at 17-32 rows: one 32-row tile a 64-column block. H100, alternated
             # in one call: gpt2 batch 32 84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k ->
             # 87.0k, batch 24 63.6k -> 66.0k; at 64 rows it lost (qkv -3.7%, fc even), and so did
-            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). In
-            # fp32 (CUDA-core products) a row's statistics came out another way than in the 16-row
-            # layouts, so fp32 keeps those
+            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). fp32
+            # keeps 16-row tiles: its rows' statistics already differ between the split and the
+            # looping program at small K on the GPU (test_gemv_layernorm_same_rows_at_any_batch)
             return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=2 * BLOCK_M,
                         num_stages=4)
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
