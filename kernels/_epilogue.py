@@ -85,9 +85,10 @@ def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K, GROUPS_POW2: tl
 @triton.jit
 def _load_row_stats_32(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr):
     """_load_row_stats of the 32 rows from m0, taken as two 16-row tiles. tl.sum's order follows
-    how Triton spreads the (rows, groups) tile over threads, and so the tile's height: 32 rows
-    of 8 groups add up in another order than 16 (a row's statistics, and so its bits, would
-    then differ from the 16-row layouts')."""
+    how Triton spreads the (rows, groups) tile over threads, and so the tile's height (and the
+    warps, and the layout of what uses it): one 32-row tile of 8 groups added a row up in another
+    order than the 16-row layouts on an H100. As 16-row tiles gpt2's rows (48 groups) keep their
+    bits; rows of 6 groups still may not (gemv_config.ROWS32_MIN_K)."""
     rows = m0 + tl.arange(0, 16)
     mean_a, rstd_a = _load_row_stats(stats_ptr, rows, rows < M, stride_sm, ln_eps, K, GROUPS_POW2)
     mean_b, rstd_b = _load_row_stats(stats_ptr, rows + 16, rows + 16 < M, stride_sm, ln_eps, K, GROUPS_POW2)

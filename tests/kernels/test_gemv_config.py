@@ -53,6 +53,7 @@ def test_decode_config_32_row_tiles():
         assert cfg(16, N, 768)[0] == 16  # split programs up to 16 rows
     assert cfg(32, 768, 768, ln=False)[0] == 16 and cfg(32, 768, 3072, ln=False)[0] == 16
     assert gemv_config.decode_config(32, 2304, 768, 4, True, sms=132).get("BLOCK_M", 16) == 16  # fp32
+    assert cfg(32, 200, 96)[0] == 16  # below ROWS32_MIN_K
 
 
 def test_partial_count_errors():

@@ -8,8 +8,7 @@ import kernels
 from kernels import gemv_fma
 from kernels import reference as ref
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import (DTYPES, assert_rel_close, assert_same_rows, ln_linear, ln_linear_ref, poisoned,
-                                  randn, tile_rows)
+from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
 
 
 def _out_major(w):
@@ -157,7 +156,6 @@ def test_rows_alike_within_each_decode_path(dtype, device):
     b = randn(N, dtype=dtype, device=device)
     full = kernels.linear(x, w, b, activation="gelu_tanh")
     for m in (2, 17, 64):
-        part = kernels.linear(x[:m], w, b, activation="gelu_tanh")
-        assert_same_rows(part, full[:m], dtype, f"M = {m}", tile_rows(m, N, K, x) == tile_rows(64, N, K, x))
+        assert torch.equal(kernels.linear(x[:m], w, b, activation="gelu_tanh"), full[:m])
     alone = kernels.linear(x[:1], w, b, activation="gelu_tanh")
     assert_rel_close(alone, full[:1], dtype, "a CUDA-core row against the tensor-core row")
