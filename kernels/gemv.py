@@ -132,7 +132,7 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     mean, rstd = 0.0, 0.0
     if LN_FOLD:  # only the epilogue needs them: these loads overlap the products
-        if LN_STATS and BLOCK_M == 32:  # (as 16-row tiles: the rows' bits stay the 16-row layouts')
+        if LN_STATS and BLOCK_M == 32:  # as two 16-row tiles: see _load_row_stats_32
             mean, rstd = _load_row_stats_32(stats_in_ptr, pid_m * BLOCK_M, M, stride_si, ln_eps, K, GROUPS_POW2)
         elif LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
             mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)

@@ -30,23 +30,6 @@ def assert_rel_close(out, ref, dtype, what=""):
     assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3e} > {TOLERANCE[dtype]:.0e} ({dtype})"
 
 
-def assert_same_rows(part, full, dtype, what, same_tiles):
-    """A decode linear's rows at fewer rows (part) against the same rows of a larger launch
-    (full): bit for bit on the GPU, and in the interpreter where both launches multiply tiles
-    of the same height (numpy's matmul sums a tile of another height in its own order)."""
-    if ON_GPU or same_tiles:
-        assert torch.equal(part, full), f"{what}: rows differ"
-    else:
-        assert_rel_close(part, full, dtype, what)
-
-
-def tile_rows(M, N, K, x):
-    """The row-tile height of the decode GEMV's layout for M rows of x's dtype (gemv_config)."""
-    from kernels import gemv_config
-    from kernels._tuning import sm_count
-    return gemv_config.decode_config(M, N, K, x.element_size(), sms=sm_count(x.device)).get("BLOCK_M", 16)
-
-
 def ln_linear(x, w, bias, g, b, eps=1e-5, **kw):
     """kernels.linear of layernorm(x; g, b) as the model calls it: the layernorm folded in."""
     wf, bf, colsum = kernels.fold_layernorm(w, bias, g, b)
