@@ -71,28 +71,32 @@ def _store_row_stats(vals, rm, m_mask, n0, N, stats_ptr, stride_sm,
 
 
 @triton.jit
-def _load_row_stats(stats_ptr, rm, m_mask, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr):
-    """Mean and 1/std of rows rm (over K columns) from their partial statistics."""
-    n_groups = (K + 15) // 16
-    g = tl.arange(0, GROUPS_POW2)
-    mask = m_mask[:, None] & (g < n_groups)[None, :]
-    ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
-    row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order: deterministic
-    row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
-    return _mean_rstd(row_sum, row_sq, K, ln_eps)
+def _load_row_stats(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Mean and 1/std of the BLOCK_M rows from m0 (over K columns) from their partial statistics.
+    tl.sum's order follows how Triton spreads the (rows, groups) tile over threads, and so the
+    tile's height (and the warps, and the layout of what uses it): one 32-row tile of 8 groups
+    added a row up in another order than the 16-row layouts on an H100, so 32 rows are read as
+    two 16-row tiles. gpt2's rows (48 groups) then keep their bits; rows of 6 groups still may
+    not (gemv_config.ROWS32_MIN_K)."""
+    if BLOCK_M == 32:
+        mean_a, rstd_a = _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2, 16)
+        mean_b, rstd_b = _stats_tile(stats_ptr, m0 + 16, M, stride_sm, ln_eps, K, GROUPS_POW2, 16)
+        mean, rstd = _stack(mean_a, mean_b), _stack(rstd_a, rstd_b)
+    else:
+        mean, rstd = _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2, BLOCK_M)
+    return mean, rstd
 
 
 @triton.jit
-def _load_row_stats_32(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr):
-    """_load_row_stats of the 32 rows from m0, taken as two 16-row tiles. tl.sum's order follows
-    how Triton spreads the (rows, groups) tile over threads, and so the tile's height (and the
-    warps, and the layout of what uses it): one 32-row tile of 8 groups added a row up in another
-    order than the 16-row layouts on an H100. As 16-row tiles gpt2's rows (48 groups) keep their
-    bits; rows of 6 groups still may not (gemv_config.ROWS32_MIN_K)."""
-    rows = m0 + tl.arange(0, 16)
-    mean_a, rstd_a = _load_row_stats(stats_ptr, rows, rows < M, stride_sm, ln_eps, K, GROUPS_POW2)
-    mean_b, rstd_b = _load_row_stats(stats_ptr, rows + 16, rows + 16 < M, stride_sm, ln_eps, K, GROUPS_POW2)
-    return _stack(mean_a, mean_b), _stack(rstd_a, rstd_b)
+def _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr, ROWS: tl.constexpr):
+    rm = m0 + tl.arange(0, ROWS)
+    n_groups = (K + 15) // 16
+    g = tl.arange(0, GROUPS_POW2)
+    mask = (rm < M)[:, None] & (g < n_groups)[None, :]
+    ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
+    row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order for a layout: deterministic
+    row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
+    return _mean_rstd(row_sum, row_sq, K, ln_eps)
 
 
 @triton.jit

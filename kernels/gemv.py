@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _load_row_stats_32,
-                        _row_stats, _store_row_stats, row_stats_block)
+from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
+                        _store_row_stats, row_stats_block)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key
@@ -132,10 +132,8 @@ def _gemv_kernel(
     x_rows = x_ptr + rm[:, None] * stride_xm
     mean, rstd = 0.0, 0.0
     if LN_FOLD:  # only the epilogue needs them: these loads overlap the products
-        if LN_STATS and BLOCK_M == 32:  # as two 16-row tiles: see _load_row_stats_32
-            mean, rstd = _load_row_stats_32(stats_in_ptr, pid_m * BLOCK_M, M, stride_si, ln_eps, K, GROUPS_POW2)
-        elif LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
-            mean, rstd = _load_row_stats(stats_in_ptr, rm, m_mask, stride_si, ln_eps, K, GROUPS_POW2)
+        if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
+            mean, rstd = _load_row_stats(stats_in_ptr, pid_m * BLOCK_M, M, stride_si, ln_eps, K, GROUPS_POW2, BLOCK_M)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
     acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, acc0, stride_xk, stride_wk, stride_wn, K, True,

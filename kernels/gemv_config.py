@@ -19,7 +19,9 @@ TALL_MIN = 48 * 1024
 # groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
 NARROW_N = 1024
 # the least K of a wide layer that takes one 32-row tile at 17-32 rows (gpt2's qkv and fc, K = 768;
-# decode_config): at K = 96 its rows' statistics added up another way than the 16-row layouts'
+# decode_config). There a row's bits match the 16-row layouts' in fp16 and fp32 (12 random draws,
+# H100); at K = 96 its statistics added up another way, as the split and looping 16-row programs'
+# already do (test_gemv_layernorm_same_rows_at_any_batch)
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
@@ -80,10 +82,8 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
             # gpt2's qkv and fc at 17-32 rows: one 32-row tile a 64-column block. H100, alternated
             # in one call: gpt2 batch 32 84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k ->
             # 87.0k, batch 24 63.6k -> 66.0k; at 64 rows it lost (qkv -3.7%, fc even), and so did
-            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). A row's
-            # bits match the 16-row layouts' at gpt2's K in fp16 and fp32 (12 random draws each,
-            # H100), not at K = 96, where the split and looping programs already differ
-            # (test_gemv_layernorm_same_rows_at_any_batch): hence ROWS32_MIN_K, and fp16/bf16 only
+            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). Bits: see
+            # ROWS32_MIN_K (fp32 keeps 16-row tiles too)
             return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=2 * BLOCK_M,
                         num_stages=4)
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
