@@ -34,6 +34,7 @@ SHAPES = [  # (name, M, K, N, folded layernorm)
     ("gpt2 mlp-out", 1, 3072, 768, False), ("gpt2 lm_head", 1, 768, 50257, True),
     ("gpt2 qkv", 64, 768, 2304, True), ("gpt2 attn-out", 64, 768, 768, False), ("gpt2 fc", 64, 768, 3072, True),
     ("gpt2 mlp-out", 64, 3072, 768, False), ("gpt2 lm_head", 64, 768, 50257, True),
+    ("gpt2 qkv", 32, 768, 2304, True), ("gpt2 fc", 32, 768, 3072, True),  # where 32-row tiles run
     ("xl qkv", 1, 1600, 4800, True), ("xl attn-out", 1, 1600, 1600, False), ("xl fc", 1, 1600, 6400, True),
     ("xl mlp-out", 1, 6400, 1600, False),
     ("xl qkv", 64, 1600, 4800, True), ("xl attn-out", 64, 1600, 1600, False), ("xl fc", 64, 1600, 6400, True),
@@ -60,7 +61,9 @@ def sweep_configs(M, N, K):
                     cands.append((bn, bk, 64, False, warps))
     seen, out = set(), []
     tall = [config_dict(c) | {"BLOCK_M": 64} for c in cands if M > 16]  # one 64-row tl.dot
-    for cfg in [config_dict(c) for c in cands] + tall:
+    # 32-row looping tiles in four stages, decode_config's layout at 17-32 rows (32 x 64 tiles)
+    rows32 = [config_dict(c) | {"BLOCK_M": 32, "num_stages": 4} for c in cands if M > 16 and not c[3]]
+    for cfg in [config_dict(c) for c in cands] + tall + rows32:
         cfg["CHUNKS"] = gemv_config.chunk_count(K, cfg["BLOCK_K"], cfg["CHUNKS"])
         if M > 16 and cfg["SPLIT"] and cfg["CHUNKS"] > 4 and "BLOCK_M" not in cfg:
             continue  # the fp32 partials of 64 rows in 16-row tiles outweigh the weights
