@@ -62,7 +62,7 @@ def sweep_configs(M, N, K):
     seen, out = set(), []
     tall = [config_dict(c) | {"BLOCK_M": 64} for c in cands if M > 16]  # one 64-row tl.dot
     # 32-row looping tiles in four stages, decode_config's layout at 17-32 rows (32 x 64 tiles)
-    rows32 = [config_dict(c) | {"BLOCK_M": 32, "num_stages": 4} for c in cands if M > 16 and not c[3]]
+    rows32 = [config_dict(c) | {"BLOCK_M": 32, "num_stages": 4} for c in cands if M > 16 and not c[3]]  # c[3]: SPLIT
     for cfg in [config_dict(c) for c in cands] + tall + rows32:
         cfg["CHUNKS"] = gemv_config.chunk_count(K, cfg["BLOCK_K"], cfg["CHUNKS"])
         if M > 16 and cfg["SPLIT"] and cfg["CHUNKS"] > 4 and "BLOCK_M" not in cfg:
