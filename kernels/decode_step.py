@@ -17,7 +17,7 @@ from .embedding import _embed_row, check_outputs, check_tables, embed_meta
 
 @triton.jit
 def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr,
-                          wte_ptr, wpe_ptr, x_ptr, stats_ptr, lens_ptr, eos, N, n_pos,
+                          wte_ptr, wpe_ptr, x_ptr, stats_ptr, lens_ptr, eos, N, n_vocab, n_pos,
                           stride_ob, stride_te, stride_pe, stride_xm, stride_sm,
                           HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr, EMBED: tl.constexpr,
                           STATS_OUT: tl.constexpr, LENS_OUT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -42,7 +42,7 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     if LENS_OUT:
         tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
     if EMBED:  # the next step's input row and its statistics: no embedding launch there
-        _embed_row(nxt.to(tl.int64), pos.to(tl.int64), row, wte_ptr, wpe_ptr, x_ptr, stats_ptr, N, n_pos,
+        _embed_row(nxt.to(tl.int64), pos.to(tl.int64), row, wte_ptr, wpe_ptr, x_ptr, stats_ptr, N, n_vocab, n_pos,
                    stride_te, stride_pe, stride_xm, stride_sm, BLOCK_N, STATS_OUT)
 
 
@@ -93,7 +93,7 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
         launch(_append_tokens_kernel, (B,), next_ids, out, step, tokens, pos,
                finished if finished is not None else pos, *tables, stats,
                lens_out if lens_out is not None else pos, -1 if eos is None else int(eos),
-               tables[0].shape[1], tables[1].shape[0], out.stride(0), *(t.stride(0) for t in tables),
+               tables[0].shape[1], tables[0].shape[0], tables[1].shape[0], out.stride(0), *(t.stride(0) for t in tables),
                stats.stride(0), HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), EMBED=embed,
                STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, BLOCK_N=BLOCK_N, USE_PDL=pdl,
                num_warps=warps, launch_pdl=pdl)

@@ -9,16 +9,18 @@ from ._tuning import launch, use_pdl
 
 
 @triton.jit
-def _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_pos, stride_te, stride_pe, stride_ym,
-               stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr):
-    """y[row] = wte[tok] + wpe[pos] (int64 scalars), and the row's partial statistics. A
-    position past wpe's last row adds nothing: append_tokens embeds the last step's token too,
-    whose position may lie one past the context, and nobody reads that row."""
+def _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_vocab, n_pos, stride_te, stride_pe,
+               stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr):
+    """y[row] = wte[tok] + wpe[pos] (int64 scalars), and the row's partial statistics. An index
+    outside its table adds nothing, so a bad id never reads out of bounds; and append_tokens
+    embeds the last step's token too, whose position may lie one past the context (nobody reads
+    that row)."""
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask, other=0.0).to(tl.float32)
-    in_wpe = pos + 0 * cols < n_pos  # as a vector: the interpreter cannot mask with a scalar
-    p = tl.load(wpe_ptr + pos * stride_pe + cols, mask=mask & in_wpe, other=0.0).to(tl.float32)
+    zero = 0 * cols  # the interpreter cannot mask with a scalar: compare as vectors
+    in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)
+    e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask & in_wte, other=0.0).to(tl.float32)
+    p = tl.load(wpe_ptr + pos * stride_pe + cols, mask=mask & (pos + zero < n_pos), other=0.0).to(tl.float32)
     y = (e + p).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row * stride_ym + cols, y, mask=mask)
     if STATS_OUT:  # partial statistics for the first layer's layernorm (see _epilogue.py)
@@ -28,8 +30,8 @@ def _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_pos, stri
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens_ptr, N, n_pos, stride_te, stride_pe,
-                      stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr,
+def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens_ptr, N, n_vocab, n_pos,
+                      stride_te, stride_pe, stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr,
                       LENS_OUT: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0)
     if USE_PDL:  # may start while the previous kernel runs: wait for its writes (ids, pos)
@@ -39,8 +41,8 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens
     pos = tl.load(pos_ptr + row).to(tl.int64)
     if LENS_OUT:  # a decode step's sequence lengths, without a launch of their own
         tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
-    _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_pos, stride_te, stride_pe, stride_ym,
-               stride_sm, BLOCK_N, STATS_OUT)
+    _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_vocab, n_pos, stride_te, stride_pe,
+               stride_ym, stride_sm, BLOCK_N, STATS_OUT)
 
 
 def embed_meta(N):
@@ -70,7 +72,8 @@ def check_outputs(wte, R, out, stats_out, lens_out, out_name="out"):
 
 def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     """wte[ids] + wpe[pos] for 1-D int tensors ids and pos of equal length; returns (len, C).
-    Ids and positions are trusted to be in range (the runtime validates them on the host).
+    The runtime validates ids and positions on the host; one outside its table (a NaN's argmax)
+    adds zeros instead of reading out of bounds.
     stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics.
     lens_out: an int32/int64 tensor shaped like pos that receives pos + 1 (in a decode step,
     the sequence lengths decode attention needs)."""
@@ -87,7 +90,7 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
         launch(_embedding_kernel, (R,), ids, pos, wte, wpe, y, stats, lens_out if lens_out is not None else pos, N,
-               wpe.shape[0], wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
+               wte.shape[0], wpe.shape[0], wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
                STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, USE_PDL=pdl,
                num_warps=warps, launch_pdl=pdl)
     return y

@@ -181,8 +181,11 @@ class GPT:
         input, filled ahead by append_tokens (its wte/wpe/x_out, stats_out, lens_out) and passed
         to decode as `embedded`: the step then runs no embedding launch of its own."""
         c, dev = self.config, self.device
-        return (torch.zeros(batch, c.n_embd, dtype=self.dtype, device=dev),
-                self.ops.decode_row_stats(batch, c.n_embd, dev), torch.ones(batch, dtype=torch.int32, device=dev))
+        stats = self.ops.decode_row_stats(batch, c.n_embd, dev)
+        if stats is not None:
+            stats.zero_()  # a zero row's: a step run before any append (graph warm-up) stays finite
+        return torch.zeros(batch, c.n_embd, dtype=self.dtype, device=dev), stats, \
+            torch.ones(batch, dtype=torch.int32, device=dev)
 
     def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None, embedded=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each

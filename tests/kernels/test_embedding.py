@@ -25,6 +25,15 @@ def test_embedding(R, V, P, C, dtype, device):
     torch.testing.assert_close(stats.cpu(), ref.row_stats(expect).cpu(), rtol=1e-5, atol=1e-4)
 
 
+def test_embedding_ids_outside_wte_read_nothing(device):
+    """An id outside wte (the argmax of NaN logits, say) adds zeros: no read out of bounds."""
+    wte, wpe = randn(50, 24, device=device), randn(8, 24, device=device)
+    ids = torch.tensor([50, 2 ** 31 - 1, -1, 3], device=device)
+    pos = torch.tensor([0, 5, 7, 2], device=device)
+    y = kernels.embedding(ids, pos, wte, wpe)
+    assert torch.equal(y[:3], wpe[pos[:3]]) and torch.equal(y[3], wte[3] + wpe[2])
+
+
 def test_embedding_errors(device):
     wte, wpe = randn(10, 8, device=device), randn(4, 8, device=device)
     ids = torch.zeros(3, dtype=torch.int64, device=device)
