@@ -3,30 +3,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
+from ._checks import check_device_usable, check_tensor
 from ._epilogue import STATS_GROUP, _store_row_stats, check_row_stats
 from ._tuning import launch, use_pdl
-
-
-@triton.jit
-def _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_vocab, n_pos, stride_te, stride_pe,
-               stride_ym, stride_sm, BLOCK_N: tl.constexpr, STATS_OUT: tl.constexpr):
-    """y[row] = wte[tok] + wpe[pos] (int64 scalars), and the row's partial statistics. An index
-    outside its table adds nothing, so a bad id never reads out of bounds; and append_tokens
-    embeds the last step's token too, whose position may lie one past the context (nobody reads
-    that row)."""
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    zero = 0 * cols  # the interpreter cannot mask with a scalar: compare as vectors
-    in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)
-    e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask & in_wte, other=0.0).to(tl.float32)
-    p = tl.load(wpe_ptr + pos * stride_pe + cols, mask=mask & (pos + zero < n_pos), other=0.0).to(tl.float32)
-    y = (e + p).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + row * stride_ym + cols, y, mask=mask)
-    if STATS_OUT:  # partial statistics for the first layer's layernorm (see _epilogue.py)
-        rows = row + tl.arange(0, 1)
-        vals = tl.where(mask, y.to(tl.float32), 0.0)[None, :]
-        _store_row_stats(vals, rows, rows >= 0, 0, N, stats_ptr, stride_sm, 1, BLOCK_N)
 
 
 @triton.jit
@@ -41,56 +20,54 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens
     pos = tl.load(pos_ptr + row).to(tl.int64)
     if LENS_OUT:  # a decode step's sequence lengths, without a launch of their own
         tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
-    _embed_row(tok, pos, row, wte_ptr, wpe_ptr, y_ptr, stats_ptr, N, n_vocab, n_pos, stride_te, stride_pe,
-               stride_ym, stride_sm, BLOCK_N, STATS_OUT)
-
-
-def embed_meta(N):
-    """(BLOCK_N, num_warps) of a row of N columns, for every kernel that embeds rows."""
-    BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
-    return BLOCK_N, 4 if BLOCK_N <= 1024 else 8
-
-
-def check_tables(wte, wpe):
-    check_tensor("wte", wte, ndim=2, last_contiguous=True)
-    check_device_usable("wte", wte)
-    check_tensor("wpe", wpe, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
-    if wpe.shape[1] != wte.shape[1]:
-        raise ValueError(f"wpe: expected {wte.shape[1]} columns like wte, got {wpe.shape[1]}")
-
-
-def check_outputs(wte, R, out, stats_out, lens_out, out_name="out"):
-    """The checks of R embedded rows' outputs: out (R, C) and the optional stats_out, lens_out."""
-    check_tensor(out_name, out, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
-    check_shape(out_name, out, (R, wte.shape[1]))
-    check_row_stats("stats_out", stats_out, R, wte.shape[1], wte.device)
-    if lens_out is not None:
-        check_tensor("lens_out", lens_out, ndim=1, dtypes=(torch.int32, torch.int64), device=wte.device)
-        if lens_out.shape != (R,) or lens_out.stride(0) != 1:
-            raise ValueError(f"lens_out: expected a contiguous ({R},) tensor, got shape {tuple(lens_out.shape)}")
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    # an index outside its table (a NaN row's argmax, say) adds zeros: never a read out of
+    # bounds, which would end the process's CUDA context. As vectors: the interpreter cannot
+    # mask with a scalar
+    zero = 0 * cols
+    in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)
+    in_wpe = (pos + zero >= 0) & (pos + zero < n_pos)
+    e = tl.load(wte_ptr + tok * stride_te + cols, mask=mask & in_wte, other=0.0).to(tl.float32)
+    p = tl.load(wpe_ptr + pos * stride_pe + cols, mask=mask & in_wpe, other=0.0).to(tl.float32)
+    y = (e + p).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * stride_ym + cols, y, mask=mask)
+    if STATS_OUT:  # partial statistics for the first layer's layernorm (see _epilogue.py)
+        rows = row + tl.arange(0, 1)
+        vals = tl.where(mask, y.to(tl.float32), 0.0)[None, :]
+        _store_row_stats(vals, rows, rows >= 0, 0, N, stats_ptr, stride_sm, 1, BLOCK_N)
 
 
 def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     """wte[ids] + wpe[pos] for 1-D int tensors ids and pos of equal length; returns (len, C).
-    The runtime validates ids and positions on the host; one outside its table (a NaN's argmax)
-    adds zeros instead of reading out of bounds.
+    The runtime validates prompt ids and positions on the host; an index outside its table
+    embeds as zeros instead of reading out of bounds.
     stats_out: a `new_row_stats(len, C)` buffer for the rows' partial statistics.
     lens_out: an int32/int64 tensor shaped like pos that receives pos + 1 (in a decode step,
     the sequence lengths decode attention needs)."""
-    check_tables(wte, wpe)
+    check_tensor("wte", wte, ndim=2, last_contiguous=True)
+    check_device_usable("wte", wte)
+    check_tensor("wpe", wpe, ndim=2, dtypes=(wte.dtype,), device=wte.device, last_contiguous=True)
     for name, t in (("ids", ids), ("pos", pos)):
         check_tensor(name, t, ndim=1, dtypes=(torch.int32, torch.int64), device=wte.device)
     if pos.shape != ids.shape:
         raise ValueError(f"pos: expected shape {tuple(ids.shape)}, got {tuple(pos.shape)}")
+    if wpe.shape[1] != wte.shape[1]:
+        raise ValueError(f"wpe: expected {wte.shape[1]} columns like wte, got {wpe.shape[1]}")
     R, N = ids.shape[0], wte.shape[1]
     y = torch.empty((R, N), dtype=wte.dtype, device=wte.device) if out is None else out
-    check_outputs(wte, R, y, stats_out, lens_out)
+    check_row_stats("stats_out", stats_out, R, N, wte.device)
+    if lens_out is not None:
+        check_tensor("lens_out", lens_out, ndim=1, dtypes=(torch.int32, torch.int64), device=wte.device)
+        if lens_out.shape != pos.shape or lens_out.stride(0) != 1:
+            raise ValueError(f"lens_out: expected a contiguous tensor of shape {tuple(pos.shape)}, "
+                             f"got shape {tuple(lens_out.shape)}")
     if R:
-        BLOCK_N, warps = embed_meta(N)
+        BLOCK_N = max(STATS_GROUP, triton.next_power_of_2(N))
         pdl = use_pdl(wte.device)
         stats = stats_out if stats_out is not None else y
         launch(_embedding_kernel, (R,), ids, pos, wte, wpe, y, stats, lens_out if lens_out is not None else pos, N,
                wte.shape[0], wpe.shape[0], wte.stride(0), wpe.stride(0), y.stride(0), stats.stride(0), BLOCK_N=BLOCK_N,
                STATS_OUT=stats_out is not None, LENS_OUT=lens_out is not None, USE_PDL=pdl,
-               num_warps=warps, launch_pdl=pdl)
+               num_warps=4 if BLOCK_N <= 1024 else 8, launch_pdl=pdl)
     return y

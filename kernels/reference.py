@@ -182,23 +182,14 @@ def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False,
-                  wte=None, wpe=None, x_out=None, stats_out=None, lens_out=None):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False):
     if from_keys:
         keys, next_ids = next_ids, argmax_index(next_ids)
         keys.fill_(EMPTY)
-    out.scatter_(1, step[:, None], next_ids[:, None])
+    out.index_copy_(1, step, next_ids[:, None])
     if eos is not None:
         finished |= next_ids == eos
     tokens.copy_(next_ids)
     pos.add_(1)
     step.add_(1)
-    if x_out is not None:  # a position past wpe (the last step's token) embeds as wte alone
-        inside = (pos < wpe.shape[0])[:, None]
-        p = torch.where(inside, wpe[pos.clamp(max=wpe.shape[0] - 1).long()].float(), 0.0)
-        x_out.copy_((wte[next_ids].float() + p).to(wte.dtype))
-        if stats_out is not None:
-            stats_out.copy_(row_stats(x_out))
-    if lens_out is not None:
-        lens_out.copy_(pos + 1)
     return out

@@ -55,16 +55,13 @@ class GenerationResult:
 class _DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, model, batch, with_seen, max_len=None):
-        c, device = model.config, model.device
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.out = torch.zeros(batch, c.n_positions, dtype=torch.int64, device=device)
-        self.step = torch.zeros(batch, dtype=torch.int64, device=device)  # out's next column, per row
-        # the step's input (x, statistics, lengths), embedded by the previous step's append_tokens
-        self.embedded = model.decode_input(batch)
+        self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
+        self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.seen = torch.zeros(batch, c.vocab_size, dtype=torch.bool, device=device) if with_seen else None
+        self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
         self.graph = None
@@ -132,28 +129,27 @@ class Engine:
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
-        decode = self.model.decode
         if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
-            decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys, embedded=st.embedded)
+            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
-            nxt = sample(decode(st.tokens, st.pos, cache, st.max_len, embedded=st.embedded), params, st.seen)
+            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
             self._advance(st, nxt, eos)
 
     def _advance(self, st, nxt, eos, from_keys=False):
         if st.seen is not None:
             st.seen.scatter_(1, nxt[:, None], True)
-        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1; and the next
-        # step's input: x = wte[nxt] + wpe[pos] with its statistics, lengths = pos + 1
-        m, (x, stats, lens) = self.model, st.embedded
-        m.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos, st.finished if eos is not None else None, eos,
-                            from_keys=from_keys, wte=m.wte, wpe=m.wpe, x_out=x, stats_out=stats, lens_out=lens)
+        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
+        self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
+                                     st.finished if eos is not None else None, eos, from_keys=from_keys)
 
     def _state(self, batch, params, eos, max_len=None):
         key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
         if st is None:
-            st = _DecodeState(self.model, batch, with_seen=params.repetition_penalty != 1.0, max_len=max_len)
+            c = self.model.config
+            st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
+                              with_seen=params.repetition_penalty != 1.0, max_len=max_len)
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
             self._states[key] = st

@@ -176,37 +176,20 @@ class GPT:
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
         return self._logits(last)
 
-    def decode_input(self, batch):
-        """Buffers (x (B, C), row statistics or None, lengths (B,) int32) for a decode step's
-        input, filled ahead by append_tokens (its wte/wpe/x_out, stats_out, lens_out) and passed
-        to decode as `embedded`: the step then runs no embedding launch of its own."""
-        c, dev = self.config, self.device
-        stats = self.ops.decode_row_stats(batch, c.n_embd, dev)
-        if stats is not None:
-            stats.zero_()  # a zero row's: a step run before any append (graph warm-up) stays finite
-        return torch.zeros(batch, c.n_embd, dtype=self.dtype, device=dev), stats, \
-            torch.ones(batch, dtype=torch.int32, device=dev)
-
-    def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None, embedded=None):
+    def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
         token's key/value at pos[b] and returns logits (B, V). max_len (> every pos) narrows the
         cache the attention kernel splits over, so short contexts launch fewer idle programs.
         argmax_keys (B,) int64, holding kernels.argmax_key.EMPTY: each row's argmax is max-ed in as a
-        key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it).
-        embedded: decode_input's buffers, already holding these tokens' embeddings (then tokens
-        is not read); the step overwrites x."""
+        key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it)."""
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
-        if embedded is None:
-            seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
-            # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
-            st_a = ops.decode_row_stats(B, C, tokens.device)
-            x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
-        else:
-            x, st_a, seq_lens = embedded
-        st_b = ops.decode_row_stats(B, C, tokens.device)
+        seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
+        # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
+        st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         early = early_roles(B, cuda_core=st_a is None)
+        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)

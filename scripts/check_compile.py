@@ -145,14 +145,10 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             keys = torch.empty(B, dtype=torch.int64)
             model.decode(tokens, pos, cache, L, argmax_keys=keys)
             model.decode(tokens, pos, cache, L)
-            out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(B, dtype=torch.int64), \
+            out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), \
                 torch.zeros(B, dtype=torch.bool)
-            x, stats, lens = model.decode_input(B)
-            kernels.append_tokens(keys, out, step, tokens, pos, finished, cfg.eos_token_id, from_keys=True,
-                                  wte=model.wte, wpe=model.wpe, x_out=x, stats_out=stats, lens_out=lens)
-            model.decode(tokens, pos, cache, L, argmax_keys=keys, embedded=(x, stats, lens))
-            kernels.append_tokens(tokens.long(), out, step, tokens, pos,  # a sampled step's
-                                  wte=model.wte, wpe=model.wpe, x_out=x, stats_out=stats, lens_out=lens)
+            kernels.append_tokens(keys, out, step, tokens, pos, finished, cfg.eos_token_id, from_keys=True)
+            kernels.append_tokens(keys, out, step, tokens, pos)
 
 
 def drive_library(dtype, where):

@@ -102,7 +102,6 @@ def main():
         sys.exit(f"profile_decode: --context {args.context}: expected {WARMUP_STEPS + args.steps // 2 + 1} to "
                  f"{st.max_len - (args.steps + 1) // 2 + 1} for {args.steps} steps (cache bucket {st.max_len})")
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
-    st.embedded[2].fill_(first)  # its lengths (append_tokens writes them for the steps after)
     st.step.zero_()
     cache = engine.cache_for(args.batch)
     step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))

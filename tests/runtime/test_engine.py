@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 
-from kernels.reference import row_stats
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, cache_bucket
 from tests.conftest import ON_GPU
@@ -93,19 +92,3 @@ def test_batch_invariance(path, dtype):
     prompts = _prompts(64, SIZE["vocab_size"], seed=1)
     alone = llm.generate([prompts[20]], params)[0].token_ids
     assert llm.generate(prompts, params)[20].token_ids == alone
-
-
-@pytest.mark.parametrize("batch", [1, 4])
-def test_decode_input_starts_as_a_zero_row(path, batch):
-    """A step's static input before any append_tokens has filled it (a graph's warm-up steps
-    run then) is a valid zero row: statistics that match it, and finite logits."""
-    if not ON_GPU:
-        pytest.importorskip("triton")
-    model = LLM(path, device="cuda" if ON_GPU else "cpu", dtype="float32").model
-    x, stats, lens = model.decode_input(batch)
-    assert not x.any() and (lens == 1).all()
-    if stats is not None:
-        assert torch.equal(stats, row_stats(x))
-    zeros = torch.zeros(batch, dtype=torch.int32, device=x.device)
-    logits = model.decode(zeros, zeros, model.new_cache(batch, 8), embedded=(x, stats, lens))
-    assert torch.isfinite(logits).all()
