@@ -22,9 +22,9 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens
         tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    # an index outside its table (a NaN row's argmax, say) adds zeros: never a read out of
-    # bounds, which would end the process's CUDA context. As vectors: the interpreter cannot
-    # mask with a scalar
+    # an index outside its table adds zeros: never a read out of bounds, which would end the
+    # process's CUDA context (a NaN in a row can make the fused argmax give the vocabulary size).
+    # Compared as vectors: the interpreter cannot mask with a scalar
     zero = 0 * cols
     in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)
     in_wpe = (pos + zero >= 0) & (pos + zero < n_pos)
