@@ -165,8 +165,14 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)
 
 
+def _table_rows(table, index):
+    """table[index] in fp32, zeros for an index outside the table (as the kernel reads them)."""
+    inside = (index >= 0) & (index < table.shape[0])
+    return torch.where(inside[:, None], table[index.clamp(0, table.shape[0] - 1).long()].float(), 0.0)
+
+
 def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
-    y = _into((wte[ids].float() + wpe[pos].float()).to(wte.dtype), out)
+    y = _into((_table_rows(wte, ids) + _table_rows(wpe, pos)).to(wte.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))
     if lens_out is not None:
