@@ -26,6 +26,10 @@ class ContextLengthError(ValueError):
     """Prompt plus new tokens do not fit the model's context."""
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """A step's logits were NaN, so its argmax named no token."""
+
+
 def check_context(prompt_len, max_new_tokens, n_positions):
     """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
     if prompt_len + max_new_tokens - 1 > n_positions:
@@ -33,6 +37,18 @@ def check_context(prompt_len, max_new_tokens, n_positions):
             f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds "
             f"the model's context of {n_positions} positions "
             f"(at most {n_positions - prompt_len + 1} new tokens for this prompt)")
+
+
+def check_vocab(out, vocab_size):
+    """Every generated id (lists per sequence) lies in the vocabulary. The tensor-core lm_head's
+    fused argmax gives a row of NaN logits the id past it: say so rather than decode it. (The
+    CUDA-core head and torch's argmax pick a real id there: NaN logits are not caught in general.)"""
+    for b, ids in enumerate(out):
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise NonFiniteLogitsError(
+                f"sequence {b}, new token {bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
+                "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
 
 
 def cache_bucket(reach, n_positions):
@@ -224,6 +240,7 @@ class Engine:
                 done = self._done(st, B, stop_check, n, eos)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
+        check_vocab(out, c.vocab_size)
         timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
         yield "done", out, timings
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.generate import SYNC_EVERY, cache_bucket
+from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -92,3 +92,15 @@ def test_batch_invariance(path, dtype):
     prompts = _prompts(64, SIZE["vocab_size"], seed=1)
     alone = llm.generate([prompts[20]], params)[0].token_ids
     assert llm.generate(prompts, params)[20].token_ids == alone
+
+
+
+def test_ids_outside_the_vocabulary_end_with_a_clear_error():
+    """The tensor-core lm_head's fused argmax gives a row of NaN logits the id past the
+    vocabulary (on the GPU this once ended in an illegal address): generation says so instead
+    of decoding it."""
+    check_vocab([[1, 2], [255, 0]], 256)
+    with pytest.raises(NonFiniteLogitsError, match="sequence 1, new token 1: id 256 is outside the vocabulary of 256"):
+        check_vocab([[1, 2], [3, 256]], 256)
+    with pytest.raises(NonFiniteLogitsError, match="id -1"):
+        check_vocab([[-1]], 256)
