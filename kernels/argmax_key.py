@@ -9,10 +9,12 @@ torch.argmax):
 
 ordered() maps an fp32 value to an int32 with the same order: the bits of a positive float
 already order as integers; a negative float's lower 31 bits count the wrong way, so they are
-flipped. -0.0 is taken as +0.0 (the two tie in torch), and a NaN's key ranks above every
-other (torch's argmax returns a NaN's index; the fused lm_head's per-tile maximum does not
-promise to pick a NaN, as the reduction before keys did not). EMPTY is below every key: a key
-buffer holds it before the lm_head's launch, and whoever reads the keys (append_tokens) resets it.
+flipped. -0.0 is taken as +0.0 (the two tie in torch). A row that holds a NaN names no token:
+its key is NO_TOKEN's, the NaN value word (above every other) with the index N, the row's
+length, whichever column the NaN is in. So the runtime sees NaN logits as an id outside the
+vocabulary (minillm.generate.check_vocab) instead of a token picked from them (torch's argmax
+returns a NaN's index). EMPTY is below every key: a key buffer holds it before the lm_head's
+launch, and whoever reads the keys (append_tokens) resets it.
 """
 import torch
 import triton
@@ -33,6 +35,13 @@ def _argmax_key(value, index):
 
 
 @triton.jit
+def _no_token_if_nan(vmax, index, has_nan, N):
+    """(value, index) of a row's maximum with NaN rows made (NaN, N): a row's key names no token
+    if any of its values is NaN (a maximum over values with a NaN may skip it)."""
+    return tl.where(has_nan, float("nan"), vmax), tl.where(has_nan, N, index)
+
+
+@triton.jit
 def _empty_keys(BLOCK: tl.constexpr):
     """BLOCK keys of EMPTY (-2**63: -1 shifted into the sign bit)."""
     return tl.full((BLOCK,), -1, tl.int64) << 63
@@ -45,9 +54,11 @@ def _key_index(key):
 
 
 def row_keys(y):
-    """Keys of the argmax of each row of y (..., N), in torch: for rows no fused kernel covers."""
-    index = y.argmax(dim=-1)  # the first index among equal maxima
+    """Keys of the argmax of each row of y (..., N), in torch: for rows no fused kernel covers.
+    A row with a NaN gets index N (no token), as the fused kernels give it."""
+    index = y.argmax(dim=-1)  # the first index among equal maxima (a NaN's, in a NaN row)
     value = y.gather(-1, index[..., None])[..., 0].float()
+    index = torch.where(torch.isnan(value), y.shape[-1], index)
     value = torch.where(value == 0, torch.zeros_like(value), value)
     bits = value.view(torch.int32)
     bits = torch.where(torch.isnan(value), torch.full_like(bits, INDEX_BITS), bits)

@@ -35,7 +35,7 @@ from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _
                         _store_row_stats, row_stats_block)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
-from .argmax_key import _argmax_key
+from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_config import BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, stage_first
 from .gemv_fma import fma_config, gemv_fma
 from .vocab_fma import vocab_config, vocab_fma
@@ -187,6 +187,7 @@ def _gemv_kernel(
             v = tl.where(tile_mask, y, float("-inf"))
             vmax = tl.max(v, axis=1)
             vidx = tl.min(tl.where(v == vmax[:, None], rn[None, :], N), axis=1)
+            vmax, vidx = _no_token_if_nan(vmax, vidx, tl.max((v != v).to(tl.int32), axis=1) > 0, N)
             tl.atomic_max(key_ptr + rm, _argmax_key(vmax, vidx), mask=m_mask, sem="relaxed")
 
 

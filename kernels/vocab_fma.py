@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, launch, use_pdl
-from .argmax_key import _argmax_key
+from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
@@ -103,13 +103,14 @@ def _vocab_fma_kernel(
         y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD)
         if ARGMAX:
             v = tl.where(n_mask, y, float("-inf"))
-            better = v > best  # NaN never wins (argmax_key.py: no promise to pick one)
+            better = (v > best) | (v != v)  # a NaN stays (nothing is > NaN): the row names no token
             best = tl.where(better, v, best)
             best_col = tl.where(better, rn, best_col)
         w = w_next
     if ARGMAX:
         vmax = tl.max(best, axis=0)
         col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
+        vmax, col = _no_token_if_nan(vmax, col, tl.max((best != best).to(tl.int32), axis=0) > 0, N)
         tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
 
 

@@ -40,9 +40,9 @@ def check_context(prompt_len, max_new_tokens, n_positions):
 
 
 def check_vocab(out, vocab_size):
-    """Every generated id (lists per sequence) lies in the vocabulary. The tensor-core lm_head's
-    fused argmax gives a row of NaN logits the id past it: say so rather than decode it. (The
-    CUDA-core head and torch's argmax pick a real id there: NaN logits are not caught in general.)"""
+    """Every generated id (lists per sequence) lies in the vocabulary. A row of logits with a
+    NaN names no token (id V: kernels/argmax_key.py, sampling.sample): say so, rather than
+    decode an id picked from NaN."""
     for b, ids in enumerate(out):
         bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
         if bad is not None:

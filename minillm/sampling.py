@@ -93,13 +93,16 @@ def process_logits(logits, params: SamplingParams, seen=None):
 
 def sample(logits, params: SamplingParams, seen=None):
     """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
-    softmax(processed scores) through the default generator of the logits' device."""
+    softmax(processed scores) through the default generator of the logits' device. A row of
+    logits with a NaN names no token: id V, as the fused argmax (kernels/argmax_key.py)."""
     import torch
 
     scores = process_logits(logits, params, seen)
     if params.greedy:
-        return scores.argmax(dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    q = torch.empty_like(probs).exponential_(1)  # the draw torch.multinomial(probs, 1) makes
-    return (probs / q).argmax(dim=-1)
+        ids = scores.argmax(dim=-1)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+        q = torch.empty_like(probs).exponential_(1)  # the draw torch.multinomial(probs, 1) makes
+        ids = (probs / q).argmax(dim=-1)
+    return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
 

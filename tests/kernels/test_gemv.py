@@ -224,6 +224,26 @@ def test_linear_fused_argmax(M, N, cfg, dtype, device):
     assert torch.equal(keys, first)
 
 
+@pytest.mark.parametrize("M,cfg", [(5, _cfg(chunks=2)), (20, _cfg(block_n=16)), (70, None)])
+def test_linear_fused_argmax_nan_rows_name_no_token(M, cfg, device):
+    """A row with a NaN gets index N, no token, in the fused argmax as in the prefill rows'
+    torch argmax: row 1 all NaN (through x), then every row with one NaN column (through the
+    bias) beside a clear maximum, which a maximum that skips NaN would pick."""
+    K, N = 16, 300
+    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
+    x[1, 3] = float("nan")
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, argmax_keys=keys, _config=cfg)
+    expect = y.argmax(dim=-1)
+    expect[1] = N
+    assert torch.isnan(y[1]).all() and torch.equal(argmax_key.argmax_index(keys), expect)
+    bias = randn(N, device=device)
+    bias[40], bias[250] = 50.0, float("nan")
+    keys.fill_(argmax_key.EMPTY)
+    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    assert (argmax_key.argmax_index(keys) == N).all()
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_gemv_prefetched_residual_in_place(split, device):
     """prefetch_residual reads the residual up front; in place (out=residual) the finishing

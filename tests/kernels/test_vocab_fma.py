@@ -70,6 +70,21 @@ def test_vocab_head_all_minus_inf(device):
     assert argmax_key.argmax_index(keys).item() == 0 == y[0].argmax().item()
 
 
+@pytest.mark.parametrize("cols", [[N_ODD - 1], [7, 3000]])
+def test_vocab_head_nan_names_no_token(cols, device):
+    """A NaN logit anywhere in the row (one program's last column, or two programs') makes the
+    key name no token: index N, whatever the other columns hold."""
+    K = 16
+    x = randn(1, K, device=device)
+    w = randn(K, N_ODD, device=device).t().contiguous().t()
+    bias = randn(N_ODD, device=device)
+    bias[100] = 50.0  # a clear maximum elsewhere
+    bias[cols] = float("nan")
+    keys = _keys(device)
+    kernels.linear(x, w, bias, argmax_keys=keys)
+    assert argmax_key.argmax_index(keys).item() == N_ODD
+
+
 def test_vocab_routing(device, monkeypatch):
     """linear sends one row of an out-major vocabulary head without residual, activation or
     statistics out here; anything else goes to the tensor-core GEMV, with the same logits."""

@@ -95,10 +95,30 @@ def test_batch_invariance(path, dtype):
 
 
 
+
+@pytest.mark.parametrize("n,params", [
+    (1, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
+    (3, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
+    (2, SamplingParams(max_new_tokens=3, temperature=0.8, seed=1, ignore_eos=True)),
+])
+def test_nan_logits_end_with_a_clear_error(path, n, params):
+    """NaN logits name no token in every argmax (the lm_head's fused one, torch's for the first
+    token and for draws): generation ends with NonFiniteLogitsError instead of ids picked from NaN."""
+    if not ON_GPU:
+        pytest.importorskip("triton")
+    llm = LLM(path, device="cuda" if ON_GPU else "cpu", dtype="float32")
+    llm.model.lm_head[1].fill_(float("nan"))  # the lm_head's fp32 bias: every logit NaN
+    with pytest.raises(NonFiniteLogitsError, match=r"sequence 0, new token 0: id \d+ is outside the vocabulary"):
+        llm.generate(_prompts(n, SIZE["vocab_size"]), params)
+    bias = llm.model.lm_head[1]
+    bias.copy_(torch.randn(bias.shape, generator=torch.Generator().manual_seed(0)))
+    bias[7] = float("nan")  # one NaN column beside finite logits: still no token
+    with pytest.raises(NonFiniteLogitsError):
+        llm.generate(_prompts(n, SIZE["vocab_size"]), params)
+
+
 def test_ids_outside_the_vocabulary_end_with_a_clear_error():
-    """The tensor-core lm_head's fused argmax gives a row of NaN logits the id past the
-    vocabulary (on the GPU this once ended in an illegal address): generation says so instead
-    of decoding it."""
+    """check_vocab: every id in [0, V), else one clear error naming the sequence and token."""
     check_vocab([[1, 2], [255, 0]], 256)
     with pytest.raises(NonFiniteLogitsError, match="sequence 1, new token 1: id 256 is outside the vocabulary of 256"):
         check_vocab([[1, 2], [3, 256]], 256)
