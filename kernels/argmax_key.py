@@ -13,7 +13,8 @@ flipped. -0.0 is taken as +0.0 (the two tie in torch). A row that holds a NaN na
 its key is NO_TOKEN's, the NaN value word (above every other) with the index N, the row's
 length, whichever column the NaN is in. So the runtime sees NaN logits as an id outside the
 vocabulary (minillm.generate.check_vocab) instead of a token picked from them (torch's argmax
-returns a NaN's index). EMPTY is below every key: a key buffer holds it before the lm_head's
+returns a NaN's index). The one-row vocabulary head (vocab_fma.py) tells such a row by its
+input only: there a NaN weight or bias goes unnoticed. EMPTY is below every key: a key buffer holds it before the lm_head's
 launch, and whoever reads the keys (append_tokens) resets it.
 """
 import torch
