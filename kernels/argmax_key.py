@@ -9,13 +9,16 @@ torch.argmax):
 
 ordered() maps an fp32 value to an int32 with the same order: the bits of a positive float
 already order as integers; a negative float's lower 31 bits count the wrong way, so they are
-flipped. -0.0 is taken as +0.0 (the two tie in torch). A row that holds a NaN names no token:
-its key is NO_TOKEN's, the NaN value word (above every other) with the index N, the row's
-length, whichever column the NaN is in. So the runtime sees NaN logits as an id outside the
-vocabulary (minillm.generate.check_vocab) instead of a token picked from them (torch's argmax
-returns a NaN's index). The one-row vocabulary head (vocab_fma.py) tells such a row by its
-input only: there a NaN weight or bias goes unnoticed. EMPTY is below every key: a key buffer holds it before the lm_head's
-launch, and whoever reads the keys (append_tokens) resets it.
+flipped. -0.0 is taken as +0.0 (the two tie in torch).
+
+A row that holds a NaN names no token: its key has the NaN value word (above every other) and
+the index N, the row's length, whichever column the NaN is in. So the runtime sees NaN logits
+as an id outside the vocabulary (minillm.generate.check_vocab) instead of a token picked from
+them (torch's argmax returns a NaN's index). The one-row vocabulary head (vocab_fma.py) tells
+such a row by its input only: there a NaN weight or bias goes unnoticed.
+
+EMPTY is below every key: a key buffer holds it before the lm_head's launch, and whoever reads
+the keys (append_tokens) resets it.
 """
 import torch
 import triton
