@@ -23,7 +23,7 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     # an index outside its table adds zeros: never a read out of bounds, which would end the
-    # process's CUDA context (a NaN in a row can make the fused argmax give the vocabulary size).
+    # process's CUDA context (an argmax over NaN logits gives the vocabulary size: no token).
     # Compared as vectors: the interpreter cannot mask with a scalar
     zero = 0 * cols
     in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)

@@ -39,15 +39,15 @@ def check_context(prompt_len, max_new_tokens, n_positions):
             f"(at most {n_positions - prompt_len + 1} new tokens for this prompt)")
 
 
-def check_vocab(out, vocab_size):
-    """Every generated id (lists per sequence) lies in the vocabulary. A row of logits with a
-    NaN names no token (id V: kernels/argmax_key.py, sampling.sample): say so, rather than
-    decode an id picked from NaN."""
+def check_vocab(out, vocab_size, first=0):
+    """Every generated id (lists per sequence, from new token `first` on) lies in the
+    vocabulary. A row of logits with a NaN names no token (id V: kernels/argmax_key.py,
+    sampling.sample): say so, rather than decode an id picked from NaN."""
     for b, ids in enumerate(out):
         bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise NonFiniteLogitsError(
-                f"sequence {b}, new token {bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
+                f"sequence {b}, new token {first + bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
                 "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
 
 
@@ -224,6 +224,7 @@ class Engine:
         first_ids = first.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
         if stream:
+            check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
             yield "step", first_ids[:B]
 
         n = 1
@@ -235,7 +236,9 @@ class Engine:
                 self.decode_one_token(st, params, cache, eos)
             n += 1
             if stream:
-                yield "step", st.tokens[:B].tolist()
+                ids = st.tokens[:B].tolist()
+                check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
+                yield "step", ids
             if stream or n % SYNC_EVERY == 0:
                 done = self._done(st, B, stop_check, n, eos)
         out = st.out[:B, :n].tolist()

@@ -115,6 +115,8 @@ def test_nan_logits_end_with_a_clear_error(path, n, params):
     bias[7] = float("nan")  # one NaN column beside finite logits: still no token
     with pytest.raises(NonFiniteLogitsError):
         llm.generate(_prompts(n, SIZE["vocab_size"]), params)
+    with pytest.raises(NonFiniteLogitsError, match="sequence 0, new token 0"):  # streamed: before the id shows
+        next(llm.engine.steps(_prompts(n, SIZE["vocab_size"]), params, stream=True))
 
 
 def test_ids_outside_the_vocabulary_end_with_a_clear_error():
@@ -122,5 +124,5 @@ def test_ids_outside_the_vocabulary_end_with_a_clear_error():
     check_vocab([[1, 2], [255, 0]], 256)
     with pytest.raises(NonFiniteLogitsError, match="sequence 1, new token 1: id 256 is outside the vocabulary of 256"):
         check_vocab([[1, 2], [3, 256]], 256)
-    with pytest.raises(NonFiniteLogitsError, match="id -1"):
-        check_vocab([[-1]], 256)
+    with pytest.raises(NonFiniteLogitsError, match="sequence 0, new token 5: id -1"):
+        check_vocab([[-1]], 256, first=5)
