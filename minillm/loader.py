@@ -142,7 +142,13 @@ def load_weights(model_dir, cfg: GPTConfig, device, dtype):
                     got = tuple(f.get_slice(key).get_shape())
                     if got != shapes[name]:
                         raise ModelLoadError(f"{path}: tensor {key} has shape {got}, expected {shapes[name]}")
-                    weights[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    t = f.get_tensor(key).to(device=device, dtype=dtype)
+                    if not torch.isfinite(t).all():  # NaN logits later, or garbage tokens: say it here
+                        bad = int((~torch.isfinite(t)).sum())
+                        raise ModelLoadError(f"{path}: tensor {key} holds {bad} NaN or inf value(s) in "
+                                             f"{str(dtype).removeprefix('torch.')} (NaN in the file, or values "
+                                             "too large for the dtype)")
+                    weights[name] = t
                     origin[name] = path
         except SafetensorError as e:
             raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({e})") from None

@@ -101,6 +101,17 @@ def test_wrong_shape(tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
+@pytest.mark.parametrize("value,dtype", [(float("nan"), "float32"), (1e6, "float16")])
+def test_non_finite_weights(tmp_path, value, dtype):
+    """A NaN in the file, or a value past float16's range, is named at load: no NaN logits later."""
+    build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd["transformer.h.1.mlp.c_fc.weight"][3, 5] = value
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=rf"h\.1\.mlp\.c_fc\.weight holds 1 NaN or inf value\(s\) in {dtype}"):
+        LLM(str(tmp_path), device="cpu", dtype=dtype)
+
+
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     with pytest.raises(ModelLoadError, match="unsupported architecture LlamaForCausalLM; minillm supports GPT2LMHeadModel"):
