@@ -15,7 +15,8 @@ A row that holds a NaN names no token: its key has the NaN value word (above eve
 the index N, the row's length, whichever column the NaN is in. So the runtime sees NaN logits
 as an id outside the vocabulary (minillm.generate.check_vocab) instead of a token picked from
 them (torch's argmax returns a NaN's index). The one-row vocabulary head (vocab_fma.py) tells
-such a row by its input only (the loader refuses weights that are not finite).
+such a row by its folded layernorm's statistics only (the model's lm_head always has one, and
+the loader refuses weights that are not finite).
 
 EMPTY is below every key: a key buffer holds it before the lm_head's launch, and whoever reads
 the keys (append_tokens) resets it.

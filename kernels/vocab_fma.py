@@ -112,7 +112,8 @@ def _vocab_fma_kernel(
         col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
         # NaN or inf in x leaves no logit finite: the row names no token. Free, from the layernorm's
         # statistics; a per-logit test cost 0.9% at gpt2 batch 1 (H100). The loader refuses
-        # weights that are not finite, so a NaN weight or bias is not looked for here
+        # weights that are not finite, so a NaN weight or bias is not looked for here (nor NaN
+        # input without a folded layernorm: the model's lm_head always has one)
         not_finite = (mean * 0.0 != 0.0) | (rstd * 0.0 != 0.0)  # v * 0 is NaN for a NaN or inf v
         vmax, col = _no_token_if_nan(vmax, col, not_finite, N)
         tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")

@@ -243,7 +243,8 @@ class Engine:
                 done = self._done(st, B, stop_check, n, eos)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
-        check_vocab(out, c.vocab_size)
+        if not stream:  # streamed ids were checked as they came
+            check_vocab(out, c.vocab_size)
         timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
         yield "done", out, timings
 
@@ -261,4 +262,5 @@ class Engine:
         if stop_check is None:
             return False
         ids = st.out[:B, :n].tolist()
+        check_vocab(ids, self.model.config.vocab_size)  # before stop_check decodes them
         return all(f or stop_check(b, ids[b]) for b, f in enumerate(finished))

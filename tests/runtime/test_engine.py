@@ -118,6 +118,13 @@ def test_nan_logits_end_with_a_clear_error(path, n, params):
     with pytest.raises(NonFiniteLogitsError, match="sequence 0, new token 0"):  # streamed: before the id shows
         next(llm.engine.steps(_prompts(n, SIZE["vocab_size"]), params, stream=True))
 
+    def stop_check(b, ids):  # stop strings decode the ids: none may be past the vocabulary
+        assert max(ids) < SIZE["vocab_size"], "an id past the vocabulary reached stop_check"
+        return False
+
+    with pytest.raises(NonFiniteLogitsError):
+        llm.engine.generate(_prompts(n, SIZE["vocab_size"]), params, stop_check=stop_check)
+
 
 def test_ids_outside_the_vocabulary_end_with_a_clear_error():
     """check_vocab: every id in [0, V), else one clear error naming the sequence and token."""
