@@ -6,6 +6,7 @@ output write, EOS flags, next input and position) is captured once per (batch bu
 mode) as a CUDA graph and replayed per token. The host reads the device back only every
 SYNC_EVERY steps (stop checks) or every step when streaming.
 """
+import array
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,16 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
 LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def padded_ids(prompts, T):
+    """(B, T) int64 on the host: each prompt's ids, then zeros. Built through array.array, which
+    reads a list of Python ints 4-14x faster than torch.tensor (1 x 1024 ids: 47 against 169 us;
+    64 x 32: 71 against 963 us), and this is on the time to first token's path."""
+    flat = array.array("q", bytes(8 * len(prompts) * T))
+    for i, p in enumerate(prompts):
+        flat[i * T:i * T + len(p)] = array.array("q", p)
+    return torch.frombuffer(flat, dtype=torch.int64).view(len(prompts), T)
 
 
 class ContextLengthError(ValueError):
@@ -116,9 +127,7 @@ class Engine:
         if graphed:
             T = next(t for t in (*PREFILL_BUCKETS, T) if t >= T)
             T = min(T, self.model.config.n_positions)
-        ids = torch.zeros(B, T, dtype=torch.int64)
-        for i, p in enumerate(prompts):
-            ids[i, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        ids = padded_ids(prompts, T)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
         if not graphed:
             ids, lens = ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True)
