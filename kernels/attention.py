@@ -5,6 +5,9 @@ BLOCK_N blocks, keeping a running max and running sum (online softmax), so the T
 matrix never exists. Blocks wholly below the causal diagonal and inside the sequence skip the
 masking work; only the diagonal and tail blocks pay for it.
 
+Prefill also fills the KV cache here (k_out, v_out): each program copies the keys and values at
+its own query rows, so every position is written once, with no copy kernels of its own.
+
 Ragged batches: prompts are right-padded to a common T, and `seq_lens[b]` hides key positions
 >= seq_lens[b] from every query of sequence b. Query rows past the end still get finite output
 (they see the valid keys), which the caller ignores.
@@ -57,11 +60,12 @@ def _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_le
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, ko_ptr, vo_ptr,
     H, T, T_BUCKET, D, qk_scale,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    stride_kob, stride_koh, stride_kot, stride_vob, stride_voh, stride_vot,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, KV_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -79,6 +83,13 @@ def _attention_kernel(
     v_base = v_ptr + b * stride_vb + h * stride_vh
     q_mask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
     q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=q_mask, other=0.0)
+    if KV_OUT:  # the keys and values at this block's query rows into the cache (each row once)
+        k_own = tl.load(k_base + offs_m[:, None] * stride_kt + offs_d[None, :], mask=q_mask, other=0.0)
+        v_own = tl.load(v_base + offs_m[:, None] * stride_vt + offs_d[None, :], mask=q_mask, other=0.0)
+        tl.store(ko_ptr + b * stride_kob + h * stride_koh + offs_m[:, None] * stride_kot + offs_d[None, :], k_own,
+                 mask=q_mask)
+        tl.store(vo_ptr + b * stride_vob + h * stride_voh + offs_m[:, None] * stride_vot + offs_d[None, :], v_own,
+                 mask=q_mask)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -107,12 +118,14 @@ _CONFIGS = _configs()
 _attention_tuned = autotune(_CONFIGS, key=["T_BUCKET", "D", "CAUSAL"])(_attention_kernel)
 
 
-def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
     """softmax(q k^T * scale [+ causal / length masks]) v without materializing the scores.
 
     q, k, v: (B, H, T, D), any strides but a contiguous head dim; D from 16 to 256.
     seq_lens: optional (B,) int tensor of valid lengths (>= 1) for right-padded batches.
     out: optional (B, H, T, D) destination, e.g. a transposed view of a (B, T, H, D) buffer.
+    k_out, v_out: optional (B, H, T, D) tensors (views of a KV cache) that receive copies of k
+    and v, all T positions (padding too), in the same launch.
     """
     check_tensor("q", q, ndim=4, last_contiguous=True)
     check_device_usable("q", q)
@@ -131,17 +144,27 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
     check_tensor("out", o, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
         raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    if (k_out is None) != (v_out is None):
+        raise ValueError("k_out, v_out: expected both or neither")
+    for name, t in (("k_out", k_out), ("v_out", v_out)):
+        if t is not None:
+            check_tensor(name, t, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
+            if t.shape != q.shape:
+                raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    kv_out = k_out is not None
+    ko, vo = (k_out, v_out) if kv_out else (o, o)
     if T == 0 or B * H == 0:
         return o
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), B * H)
     kernel, meta = pick(_attention_tuned, _CONFIGS)
     launch(
-        kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o,
+        kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o, ko, vo,
         H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        CAUSAL=bool(causal), HAS_LENS=seq_lens is not None,
+        ko.stride(0), ko.stride(1), ko.stride(2), vo.stride(0), vo.stride(1), vo.stride(2),
+        CAUSAL=bool(causal), HAS_LENS=seq_lens is not None, KV_OUT=kv_out,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_D=max(16, triton.next_power_of_2(D)), **meta,
     )

@@ -123,9 +123,14 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return y
 
 
-def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None):
-    """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding)."""
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
+    """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding).
+    k_out, v_out (B, H, T, D): receive copies of k and v (a KV cache's prefill rows)."""
     B, H, T, D = q.shape
+    if k_out is not None:
+        k_out.copy_(k)
+    if v_out is not None:
+        v_out.copy_(v)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = (q.float() @ k.float().transpose(-1, -2)) * scale  # (B, H, T, T)
     mask = torch.zeros(B, 1, T, T, dtype=torch.bool, device=q.device)

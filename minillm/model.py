@@ -167,8 +167,9 @@ class GPT:
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a).view(B, T, 3, H, D)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (B, H, T, D) views
-            cache.update(i, 0, k, v)
-            ops.attention(q, k, v, causal=True, seq_lens=seq_lens, out=y.transpose(1, 2))
+            k_cache, v_cache = cache.layer(i, B, T)  # attention copies k, v into positions 0..T
+            ops.attention(q, k, v, causal=True, seq_lens=seq_lens, out=y.transpose(1, 2),
+                          k_out=k_cache, v_out=v_cache)
             x = self._attention_out(blk, y.view(B * T, C), x, st_b)
             x = self._mlp(blk, x, st_b, st_a)
         if all_logits:

@@ -59,6 +59,23 @@ def test_attention_strided_views_and_scale(device):
     assert_rel_close(buf.transpose(1, 2), _ref(q, k, v, True, 0.3), torch.float32)
 
 
+@pytest.mark.parametrize("B,H,T,D,L", [(2, 3, 37, 32, 50), (1, 2, 1, 16, 4)] + ([(2, 12, 300, 64, 1024)] if ON_GPU else []))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_fills_kv_cache(B, H, T, D, L, dtype, device):
+    """k_out/v_out as views of a (n_layer, B, H, L, D) cache (positions 0..T of one layer): every
+    position gets k and v exactly, padding rows too; nothing outside the views is touched, and
+    the attention itself is unchanged."""
+    qkv = randn(B, T, 3, H, D, dtype=dtype, device=device)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # strided, as the model's views
+    kc, vc = (poisoned((2, B, H, L, D), dtype, device) for _ in range(2))
+    lens = torch.tensor([T, max(1, T // 3)][:B], dtype=torch.int32, device=device)
+    o = kernels.attention(q, k, v, causal=True, seq_lens=lens, k_out=kc[1, :, :, :T], v_out=vc[1, :, :, :T])
+    assert torch.equal(kc[1, :, :, :T], k) and torch.equal(vc[1, :, :, :T], v)
+    assert kc[0].isnan().all() and vc[0].isnan().all() and kc[1, :, :, T:].isnan().all()
+    assert vc[1, :, :, T:].isnan().all()
+    assert_rel_close(o, _ref(q, k, v, True, seq_lens=lens), dtype, "attention with the cache write")
+
+
 def test_attention_errors(device):
     q = randn(1, 2, 4, 16, device=device)
     with pytest.raises(ValueError, match="k, v: expected the shape of q"):
@@ -70,3 +87,7 @@ def test_attention_errors(device):
         kernels.attention(q, q, q, seq_lens=torch.ones(3, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="k: expected dtype"):
         kernels.attention(q, q.half(), q)
+    with pytest.raises(ValueError, match="k_out, v_out: expected both or neither"):
+        kernels.attention(q, q, q, k_out=torch.empty_like(q))
+    with pytest.raises(ValueError, match=r"v_out: expected shape \(1, 2, 4, 16\)"):
+        kernels.attention(q, q, q, k_out=torch.empty_like(q), v_out=randn(1, 2, 5, 16, device=device))
