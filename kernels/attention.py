@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_tensor
+from ._checks import check_device_usable, check_shape, check_tensor
 from ._tuning import INTERPRET, autotune, launch, pick
 
 LOG2E = 1.4426950408889634
@@ -142,15 +142,13 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
             raise ValueError(f"seq_lens: expected shape ({B},), got {tuple(seq_lens.shape)}")
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
-    if o.shape != q.shape:
-        raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    check_shape("out", o, q.shape)
     if (k_out is None) != (v_out is None):
         raise ValueError("k_out, v_out: expected both or neither")
     for name, t in (("k_out", k_out), ("v_out", v_out)):
         if t is not None:
             check_tensor(name, t, ndim=4, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
-            if t.shape != q.shape:
-                raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
+            check_shape(name, t, q.shape)
     kv_out = k_out is not None
     ko, vo = (k_out, v_out) if kv_out else (o, o)
     if T == 0 or B * H == 0:

@@ -13,7 +13,8 @@ BACKENDS = {"triton": kernels, "torch": kernels.reference}
 
 
 class KVCache:
-    """Preallocated keys and values for every layer: (n_layer, B, H, L, D) each."""
+    """Preallocated keys and values for every layer: (n_layer, B, H, L, D) each. The kernels
+    write it: prefill attention (k_out, v_out) and each decode step's attention (k_new, v_new)."""
 
     def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device):
         shape = (n_layer, batch, n_head, max_len, head_dim)
@@ -31,12 +32,6 @@ class KVCache:
     @property
     def nbytes(self):
         return 2 * self.k.numel() * self.k.element_size()
-
-    def update(self, layer, pos, k, v):
-        """Write k, v (B, H, T, D) at positions pos..pos+T of rows 0..B of `layer`."""
-        B, _, T, _ = k.shape
-        self.k[layer, :B, :, pos:pos + T] = k
-        self.v[layer, :B, :, pos:pos + T] = v
 
     def layer(self, layer, batch, length=None):
         """(k, v) views (batch, H, length, D) of one layer: the first `batch` rows and positions."""
