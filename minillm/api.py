@@ -6,9 +6,10 @@ import warnings
 import torch
 
 from .generate import ContextLengthError, Engine, GenerationResult
-from .loader import ModelLoadError, load_tokenizer, load_weights, read_config, resolve
+from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT
 from .sampling import SamplingParams
+from .tokenizer import load_tokenizer
 
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}

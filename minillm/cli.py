@@ -138,11 +138,6 @@ def _add_runtime_args(p):
 
 
 def cmd_generate(args):
-    import warnings
-
-    from .api import LLM
-    from .sampling import SamplingParams
-
     if args.prompts.count("-") > 1:
         raise UsageError("PROMPT: '-' (read from stdin) may appear once")
     if "-" in args.prompts and sys.stdin.isatty():
@@ -152,6 +147,11 @@ def cmd_generate(args):
         if not p.strip():
             where = "stdin ('-') was empty" if arg == "-" else f"prompt {i + 1} is empty"
             raise UsageError(f"PROMPT: expected non-empty text; {where}")
+    import warnings  # torch and the engine load only once the arguments are known to be good
+
+    from .api import LLM
+    from .sampling import SamplingParams
+
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if args.greedy else args.temperature,
                             top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                             seed=args.seed, stop=args.stop)

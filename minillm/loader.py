@@ -163,12 +163,3 @@ def load_weights(model_dir, cfg: GPTConfig, device, dtype):
                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return weights
 
-
-def load_tokenizer(model_dir):
-    """The folder's tokenizer, or None when it has no tokenizer files."""
-    d = Path(model_dir)
-    if not ((d / "tokenizer.json").is_file() or ((d / "vocab.json").is_file() and (d / "merges.txt").is_file())):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(d))
