@@ -14,6 +14,8 @@
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
   folded layernorm skip reading whole rows
+- sample_logits: a sampled step's logits processing and draw (top-k from 1 to
+  SAMPLE_MAX_TOP_K), transformers' formulas, in two launches
 - softmax, gelu: row softmax and elementwise GELU
 """
 from ._epilogue import new_row_stats
@@ -28,9 +30,11 @@ from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
 from .reference import fold_layernorm
+from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
+from .sampling import sample_logits
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
            "decode_attention_proj", "decode_row_stats", "embedding", "fold_layernorm", "gelu", "layernorm", "linear",
-           "new_row_stats", "softmax"]
+           "new_row_stats", "SAMPLE_MAX_TOP_K", "sample_logits", "softmax"]
 __version__ = "0.1.0"

@@ -30,13 +30,24 @@ INDEX_BITS = 2 ** 31 - 1  # indices 0 .. 2**31 - 1; the low word stores INDEX_BI
 
 
 @triton.jit
-def _argmax_key(value, index):
-    """Keys of fp32 values at int32 column indices (elementwise)."""
+def _ordered(value):
+    """fp32 values as int32 words in the same order (NaN above everything, -0.0 as +0.0)."""
     bits = value.to(tl.int32, bitcast=True)
     bits = tl.where(value == 0.0, 0, bits)
     bits = tl.where(value != value, 2147483647, bits)  # NaN
-    ordered = tl.where(bits < 0, bits ^ 2147483647, bits)
-    return (ordered.to(tl.int64) << 32) | (2147483647 - index).to(tl.int64)
+    return tl.where(bits < 0, bits ^ 2147483647, bits)
+
+
+@triton.jit
+def _from_ordered(ordered):
+    """The fp32 values of _ordered words (flipping the lower 31 bits back is the same xor)."""
+    return tl.where(ordered < 0, ordered ^ 2147483647, ordered).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _argmax_key(value, index):
+    """Keys of fp32 values at int32 column indices (elementwise)."""
+    return (_ordered(value).to(tl.int64) << 32) | (2147483647 - index).to(tl.int64)
 
 
 @triton.jit

@@ -204,3 +204,38 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
     pos.add_(1)
     step.add_(1)
     return out
+
+
+SAMPLE_MAX_TOP_K = 2 ** 62  # plain torch takes any top_k
+
+
+def sampling_scores(logits, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, seen=None):
+    """transformers' logits processors in its order and formulas: repetition penalty (on the
+    columns seen (B, V) bool marks), temperature, top-k (scores below the k-th largest masked,
+    ties kept), top-p (the ascending running sum of the softmax <= 1 - top_p masked, the
+    largest kept). logits (B, V) -> fp32 scores (B, V), -inf where masked."""
+    scores = logits.float()
+    if penalty != 1.0 and seen is not None:
+        scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k:
+        k = min(top_k, scores.shape[-1])
+        kth = torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, stable=True)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - top_p)
+        drop_sorted[..., -1:] = False  # keep at least one token
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
+    """Token ids (B,) int64: argmax(softmax(sampling_scores(...)) / q) with q (B, V) ~ Exp(1),
+    the draw torch.multinomial(p, 1) makes. A row with a NaN logit names no token: id V."""
+    probs = torch.softmax(sampling_scores(logits, temperature, top_k, top_p, penalty, seen), dim=-1)
+    ids = torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], (probs / q).argmax(dim=-1))
+    return _into(ids, out)

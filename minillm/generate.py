@@ -159,7 +159,7 @@ class Engine:
             self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
-            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen)
+            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen, self.model.ops)
             self._advance(st, nxt, eos)
 
     def _advance(self, st, nxt, eos, from_keys=False):
@@ -228,7 +228,7 @@ class Engine:
             for b, p in enumerate(padded):
                 st.seen[b, torch.tensor(p, device=dev)] = True
         logits, lens = self.prefill(padded, cache)
-        first = sample(logits, params, st.seen)
+        first = sample(logits, params, st.seen, self.model.ops)
         st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
         self._advance(st, first, eos)
         first_ids = first.tolist()  # the one sync every run needs: time to first token

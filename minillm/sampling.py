@@ -63,46 +63,32 @@ def _real(x):
 
 
 def process_logits(logits, params: SamplingParams, seen=None):
-    """transformers' logits processors, in its order. logits (B, V) -> float32 scores (B, V).
-    seen (B, V) bool marks the tokens of each prompt and output so far."""
-    import torch
+    """transformers' logits processors, in its order (kernels.reference.sampling_scores).
+    logits (B, V) -> float32 scores (B, V). seen (B, V) bool marks the tokens of each prompt and
+    output so far."""
+    from kernels.reference import sampling_scores
 
-    if params.greedy and (params.repetition_penalty == 1.0 or seen is None):
-        return logits  # argmax of fp16 and of its exact fp32 upcast agree: skip the copy
-    scores = logits.float()
-    if params.repetition_penalty != 1.0 and seen is not None:
-        p = params.repetition_penalty
-        scores = torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
     if params.greedy:
-        return scores
-    if params.temperature != 1.0:
-        scores = scores / params.temperature
-    if params.top_k:
-        k = min(params.top_k, scores.shape[-1])
-        kth = torch.topk(scores, k)[0][..., -1, None]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= (1 - params.top_p)
-        drop_sorted[..., -1:] = False  # keep at least one token
-        drop = drop_sorted.scatter(1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return scores
+        if params.repetition_penalty == 1.0 or seen is None:
+            return logits  # argmax of fp16 and of its exact fp32 upcast agree: skip the copy
+        return sampling_scores(logits, penalty=params.repetition_penalty, seen=seen)
+    return sampling_scores(logits, params.temperature, params.top_k, params.top_p, params.repetition_penalty, seen)
 
 
-def sample(logits, params: SamplingParams, seen=None):
+def sample(logits, params: SamplingParams, seen=None, ops=None):
     """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
-    softmax(processed scores) through the default generator of the logits' device. A row of
-    logits with a NaN names no token: id V, as the fused argmax (kernels/argmax_key.py)."""
+    softmax(processed scores) through the default generator of the logits' device. ops: the
+    model's kernel backend; its fused `sample_logits` takes top_k from 1 to its MAX_TOP_K
+    (kernels/sampling.py), plain torch the rest. A row of logits with a NaN names no token: id V,
+    as the fused argmax (kernels/argmax_key.py)."""
     import torch
 
-    scores = process_logits(logits, params, seen)
-    if params.greedy:
-        ids = scores.argmax(dim=-1)
-    else:
-        probs = torch.softmax(scores, dim=-1)
-        q = torch.empty_like(probs).exponential_(1)  # the draw torch.multinomial(probs, 1) makes
-        ids = (probs / q).argmax(dim=-1)
-    return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
+    import kernels.reference
 
+    if params.greedy:
+        ids = process_logits(logits, params, seen).argmax(dim=-1)
+        return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
+    q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1)  # multinomial's draw
+    fused = ops is not None and 1 <= params.top_k <= getattr(ops, "SAMPLE_MAX_TOP_K", 0)
+    return (ops if fused else kernels.reference).sample_logits(
+        logits, q, params.top_k, params.temperature, params.top_p, params.repetition_penalty, seen)

@@ -1,0 +1,211 @@
+"""A sampled decode step's logits processing and draw for top-k sampling, in two launches.
+
+transformers' processors in its order (repetition penalty, temperature, top-k, top-p), its
+softmax, and the draw argmax(p / q) with q ~ Exp(1), the draw torch.multinomial makes. The
+caller draws q with torch (minillm.sampling.sample), so the random stream is the one
+transformers consumes. In torch the same work is about twenty kernels a step (topk's radix
+passes, a sort for top-p, softmax, argmax, the NaN test), most of them one block per row over
+the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 24-25 here.
+
+- _tile_candidates_kernel, one program per (tile, row): the processed scores of BLOCK_V columns,
+  their K_TILE-th largest (the tile's cut, from a top-k of fp32 words), and the columns above
+  the cut, then those at it, listed as (value, column) keys while K_TILE slots last. Also
+  whether the tile has a NaN, and whether ties at its cut were left unlisted.
+- _sample_kernel, one program per row: the K_TILE largest of the tiles' lists (sorted). Their
+  k-th value is the row's k-th largest, exactly (every tile listed at least its k largest).
+  Kept are all scores >= it; ties stay, since transformers masks `scores < kth`. Then top-p runs
+  on the kept scores' sorted running sums, and the draw runs over the survivors, reading q at
+  their columns only.
+
+Ties at the k-th value that some list left out (a tile's cut equal to it with ties unlisted, or
+the row's list full of them) send the row to a scan: its ties are counted, and drawn among in a
+second pass (slow, exact; a constant row gets there). Ties that top-p splits are dropped lowest
+column first, as a stable ascending sort orders them (transformers' torch.sort on CUDA).
+
+The sums (softmax's, top-p's) add in another order than torch's, so a draw can differ from
+transformers' where two candidates' p / q lie within a rounding of each other, or a running
+sum within one of 1 - top_p.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ._checks import check_device_usable, check_shape, check_tensor
+from ._tuning import INTERPRET, launch
+from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
+
+MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
+BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
+# num_warps of the two kernels: the best of 2/4/8 and 8/16 at batch 1 and 64 (gpt2's vocabulary,
+# H200: 24.2 and 127.9 us a call; bench/results/h200/sampler.md)
+TILE_WARPS, SAMPLE_WARPS = 8, 16
+
+
+@triton.jit
+def _processed(logits_ptr, seen_ptr, cols, valid, penalty, temperature, HAS_PENALTY: tl.constexpr):
+    """fp32 scores of a tile of logits after the repetition penalty and the temperature, as
+    transformers computes them (IEEE divisions), and the tile's NaN mask."""
+    x = tl.load(logits_ptr + cols, mask=valid, other=0.0).to(tl.float32)
+    if HAS_PENALTY:
+        seen = tl.load(seen_ptr + cols, mask=valid, other=0) != 0
+        x = tl.where(seen, tl.where(x < 0, x * penalty, tl.div_rn(x, penalty)), x)
+    return tl.div_rn(x, temperature), (x != x) & valid
+
+
+@triton.jit
+def _decode(keys):
+    """(value, column) of candidate keys: ordered(value) << 32 | column."""
+    return _from_ordered((keys >> 32).to(tl.int32)), (keys & 4294967295).to(tl.int32)
+
+
+@triton.jit
+def _tile_candidates_kernel(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, V, NT, penalty, temperature,
+                            stride_lb, stride_sb, HAS_PENALTY: tl.constexpr, BLOCK_V: tl.constexpr,
+                            K_TILE: tl.constexpr):
+    t = tl.program_id(0)
+    b = tl.program_id(1)
+    cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
+    valid = cols < V
+    s, nan = _processed(logits_ptr + b * stride_lb, seen_ptr + b * stride_sb, cols, valid, penalty, temperature,
+                        HAS_PENALTY)
+    ok = valid & ~nan
+    # the tile's K_TILE-th largest score: a top-k of fp32 words, cheaper than of (value, column) keys
+    cut = tl.min(tl.topk(tl.where(ok, s, float("-inf")), K_TILE), axis=0)
+    above = ok & (s > cut)  # fewer than K_TILE: all listed, first
+    tie = ok & (s == cut)  # listed after them while slots last (lowest columns first)
+    n_above = tl.sum(above.to(tl.int32), axis=0)
+    slot = tl.where(above, tl.cumsum(above.to(tl.int32), axis=0), n_above + tl.cumsum(tie.to(tl.int32), axis=0)) - 1
+    listed = (above | tie) & (slot < K_TILE)
+    base = cand_ptr + (b * NT + t) * K_TILE
+    tl.store(base + slot, (_ordered(s).to(tl.int64) << 32) | cols.to(tl.int64), mask=listed)
+    n = n_above + tl.sum(tie.to(tl.int32), axis=0)
+    slots = tl.arange(0, K_TILE)
+    tl.store(base + slots, _empty_keys(K_TILE), mask=slots >= n)  # a tile with fewer columns than slots
+    # bit 0: a NaN in the tile; bit 1: ties at the cut left unlisted
+    tl.store(flags_ptr + b * NT + t, tl.max(nan.to(tl.int32), axis=0) | (n > K_TILE).to(tl.int32) * 2)
+    tl.store(cut_ptr + b * NT + t, cut)
+
+
+if INTERPRET:  # the interpreter has no libdevice; numpy's exp rounds as well
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x)
+else:
+    @triton.jit
+    def _exp(x):
+        return libdevice.exp(x)  # expf's rounding, as torch's softmax (tl.exp is approximate)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, out_ptr,
+                   V, NT, k, penalty, temperature, drop_mass,
+                   stride_lb, stride_sb, stride_qb,
+                   HAS_PENALTY: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                   NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0)
+    logits_ptr += b * stride_lb
+    seen_ptr += b * stride_sb
+    q_ptr += b * stride_qb
+    c = tl.arange(0, BLOCK_C)
+    keys = tl.load(cand_ptr + b * NT * K_TILE + c, mask=c < NT * K_TILE, other=0)
+    keys = tl.topk(tl.where(c < NT * K_TILE, keys, _empty_keys(BLOCK_C)), K_TILE)  # the row's K_TILE largest
+    r = tl.arange(0, K_TILE)
+    empty = _empty_keys(K_TILE)
+    listed = keys != empty
+    v, col = _decode(keys)
+    top = tl.max(tl.where(r == 0, v, float("-inf")), axis=0)  # softmax's max
+    kth = tl.max(tl.where(r == k - 1, v, float("-inf")), axis=0)
+    tiles = tl.arange(0, NT_POW2)
+    flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0)
+    cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=0.0)
+    has_nan = tl.max(flags & 1, axis=0) > 0
+    # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
+    overflow = tl.max((((flags & 2) != 0) & (cut == kth)).to(tl.int32), axis=0)
+    # or the row's list ends inside the tie group: more listed ties than K_TILE holds
+    overflow += tl.max(((r == K_TILE - 1) & listed & (v == kth)).to(tl.int32), axis=0)
+
+    above = listed & (v > kth)
+    e = tl.where(listed & (v >= kth), _exp(v - top), 0.0)
+    ties = tl.full((), 0, tl.int32)  # tied columns at kth outside the lists (overflow only)
+    dropped = tl.full((), 0, tl.int32)  # of those, how many top-p drops (the lowest columns)
+    e_tie = _exp(kth - top)
+    if overflow > 0:  # every column > kth is listed; count the ties in the row instead
+        e = tl.where(above, e, 0.0)
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            s, row_nan = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
+            ties += tl.sum(((s == kth) & (cols < V)).to(tl.int32), axis=0)
+    total = tl.sum(e, axis=0) + ties.to(tl.float32) * e_tie
+    if HAS_TOP_P:  # keep where the ascending running sum passes 1 - top_p; the largest always
+        p = tl.div_rn(e, total)
+        p_tie = tl.div_rn(e_tie, total)
+        running = tl.cumsum(p, axis=0, reverse=True) + ties.to(tl.float32) * p_tie
+        e = tl.where((running > drop_mass) | (r == 0), e, 0.0)
+        # the j-th unlisted tie's running sum is j * p_tie; the last one stays if nothing is above
+        dropped_f = tl.floor(drop_mass / tl.maximum(p_tie, 1e-38))  # finite: a float, then clamped
+        dropped = tl.minimum(dropped_f, ties.to(tl.float32)).to(tl.int32)
+        dropped = tl.where((top == kth) & (ties > 0), tl.minimum(dropped, ties - 1), dropped)
+        total = tl.sum(e, axis=0) + (ties - dropped).to(tl.float32) * e_tie
+    drawn = e > 0.0
+    q = tl.load(q_ptr + col, mask=drawn, other=1.0)
+    best = tl.max(tl.where(drawn, _argmax_key(tl.div_rn(tl.div_rn(e, total), q), col), empty), axis=0)
+    if overflow > 0:  # the unlisted ties past the dropped ones
+        p_tie = tl.div_rn(e_tie, total)
+        seen_ties = tl.full((), 0, tl.int32)
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            s, row_nan = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
+            tie = (s == kth) & (cols < V)
+            rank = seen_ties + tl.cumsum(tie.to(tl.int32), axis=0)
+            ok = tie & (rank > dropped)
+            qv = tl.load(q_ptr + cols, mask=ok, other=1.0)
+            cand = tl.where(ok, _argmax_key(tl.div_rn(p_tie, qv), cols), _empty_keys(BLOCK_V))
+            best = tl.maximum(best, tl.max(cand, axis=0))
+            seen_ties += tl.sum(tie.to(tl.int32), axis=0)
+    tl.store(out_ptr + b, tl.where(has_nan, V, _key_index(best)).to(tl.int64))
+
+
+def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
+    """Token ids (B,) int64 drawn from logits (B, V) as transformers samples: the processors,
+    softmax, then argmax(p / q) with q (B, V) fp32 ~ Exp(1). top_k from 1 to MAX_TOP_K (the
+    fused path); penalty applies to the columns seen (B, V) bool marks. A row with a NaN logit
+    names no token: id V."""
+    check_tensor("logits", logits, ndim=2, last_contiguous=True)
+    check_device_usable("logits", logits)
+    B, V = logits.shape
+    dev = logits.device
+    check_tensor("q", q, ndim=2, dtypes=(torch.float32,), device=dev, last_contiguous=True)
+    check_shape("q", q, (B, V))
+    if seen is not None:
+        check_tensor("seen", seen, ndim=2, dtypes=(torch.bool,), device=dev, last_contiguous=True)
+        check_shape("seen", seen, (B, V))
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise ValueError(f"top_k: expected an integer from 1 to {MAX_TOP_K} (larger ones run in torch), got {top_k!r}")
+    for name, x, ok in (("temperature", temperature, temperature > 0), ("top_p", top_p, 0 < top_p <= 1),
+                        ("penalty", penalty, penalty > 0)):
+        if not ok:
+            raise ValueError(f"{name}: expected a number {'in (0, 1]' if name == 'top_p' else '> 0'}, got {x!r}")
+    out = torch.empty(B, dtype=torch.int64, device=dev) if out is None else out
+    check_tensor("out", out, ndim=1, dtypes=(torch.int64,), device=dev)
+    check_shape("out", out, (B,))
+    if B == 0:
+        return out
+    k = min(top_k, V)
+    k_tile = max(16, triton.next_power_of_2(k))
+    block_v = max(k_tile, min(BLOCK_V, triton.next_power_of_2(V)))
+    nt = triton.cdiv(V, block_v)
+    cand = torch.empty((B, nt, k_tile), dtype=torch.int64, device=dev)
+    flags = torch.empty((B, nt), dtype=torch.int32, device=dev)
+    cut = torch.empty((B, nt), dtype=torch.float32, device=dev)
+    has_penalty = seen is not None and penalty != 1.0
+    seen_arg = seen if has_penalty else flags
+    stride_sb = seen.stride(0) if has_penalty else 0
+    launch(_tile_candidates_kernel, (nt, B), logits, seen_arg, cand, flags, cut, V, nt, float(penalty),
+           float(temperature),
+           logits.stride(0), stride_sb, HAS_PENALTY=has_penalty, BLOCK_V=block_v, K_TILE=k_tile, num_warps=TILE_WARPS)
+    launch(_sample_kernel, (B,), logits, seen_arg, q, cand, flags, cut, out, V, nt, k, float(penalty), float(temperature),
+           1.0 - float(top_p), logits.stride(0), stride_sb, q.stride(0),
+           HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
+           NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, num_warps=SAMPLE_WARPS)
+    return out

@@ -1,0 +1,103 @@
+"""kernels/sampling.py against kernels.reference.sample_logits (transformers' processors, softmax
+and argmax(p / q)) on the same q: the ids must be equal. Shapes stay small for the interpreter
+(each call sorts in Python there); the GPU runs the vocabulary of gpt2 too."""
+import pytest
+import torch
+
+import kernels
+from kernels import reference as ref
+from kernels.sampling import MAX_TOP_K
+from tests.conftest import ON_GPU
+
+
+def _inputs(B, V, device, dtype=torch.float16, scale=3.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, V, generator=g) * scale).to(dtype).to(device)
+    q = torch.empty(B, V).exponential_(1, generator=g).to(device)
+    seen = (torch.rand(B, V, generator=g) < 0.1).to(device)
+    return logits, q, seen
+
+
+def _check(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None):
+    out = torch.full((logits.shape[0],), -7, dtype=torch.int64, device=logits.device)  # poisoned
+    got = kernels.sample_logits(logits, q, top_k, temperature, top_p, penalty, seen, out=out)
+    expect = ref.sample_logits(logits, q, top_k, temperature, top_p, penalty, seen)
+    assert got is out and torch.equal(got, expect), (got.tolist(), expect.tolist())
+    return got
+
+
+CASES = [  # (B, V, top_k, temperature, top_p, penalty)
+    (1, 777, 50, 1.0, 1.0, 1.0),    # transformers' default top_k; V not a power of two
+    (3, 1000, 1, 0.7, 1.0, 1.0),    # top_k 1: the argmax
+    (2, 1500, 10, 0.7, 0.9, 1.3),   # every processor, several tiles
+    (2, 300, MAX_TOP_K, 1.3, 0.95, 1.0),  # the largest top_k the kernel takes
+    (1, 100, 64, 1.0, 0.5, 1.0),    # top_k larger than... V-sized tiles
+    (2, 40, 50, 1.0, 1.0, 1.0),     # top_k past V: all of them
+]
+
+
+@pytest.mark.parametrize("B,V,top_k,temperature,top_p,penalty", CASES)
+def test_sample_logits_matches_reference(B, V, top_k, temperature, top_p, penalty, device):
+    logits, q, seen = _inputs(B, V, device, seed=V)
+    _check(logits, q, top_k, temperature, top_p, penalty, seen)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter takes minutes over a 50257-token vocabulary")
+@pytest.mark.parametrize("B", [1, 64])
+@pytest.mark.parametrize("top_k,top_p", [(50, 1.0), (50, 0.95), (128, 0.9), (5, 1.0)])
+def test_sample_logits_gpt2_vocabulary(B, top_k, top_p, device):
+    for seed in range(3):
+        logits, q, seen = _inputs(B, 50257, device, seed=seed)
+        _check(logits, q, top_k, 0.8, top_p, 1.2, seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_logits_dtypes(dtype, device):
+    logits, q, _ = _inputs(2, 600, device, dtype=dtype, seed=5)
+    _check(logits, q, 20, 0.9, 0.9)
+
+
+def test_ties(device):
+    """Scores rounded to a coarse grid tie everywhere; a constant row ties across the whole
+    vocabulary (more columns at the k-th value than any tile lists: the kernel scans the row),
+    and top-p then splits the tie group (lowest columns dropped first, as a stable sort). 80 ties
+    at the top of a row outnumber the row's merged list even where no tile's list is full."""
+    logits, q, _ = _inputs(4, 600, device, scale=2.0, seed=9)  # two tiles in the interpreter
+    logits = (logits.float() * 2).round() / 2  # values on a 0.5 grid: many ties at the k-th
+    logits[1] = 0.0
+    logits[2, :] = -1.0
+    logits[2, 123] = 0.5  # one column above a tie group that fills the vocabulary
+    logits[0, 100:140] = logits[0, 520:560] = 9.0  # 80 ties at the top, 40 in each interpreter tile
+    logits[3, :100] = 9.0
+    logits[3, 500] = 12.0  # above a tile's tie group whose lower columns fill its list
+    for top_k, top_p in ((50, 1.0), (50, 0.001), (3, 0.9)):
+        _check(logits, q, top_k, 1.0, top_p)
+
+
+def test_non_finite(device):
+    """A NaN anywhere in a row names no token (id V); -inf logits are never drawn."""
+    logits, q, _ = _inputs(3, 500, device, seed=2)
+    logits[0, 77] = float("nan")
+    logits[1, :480] = float("-inf")
+    got = _check(logits, q, 50, 1.0, 0.9)
+    assert got[0] == 500 and got[1] >= 480
+
+
+def test_sample_logits_errors(device):
+    logits, q, seen = _inputs(2, 100, device)
+    bad = [
+        (dict(top_k=0), "top_k: expected an integer from 1 to 128"),
+        (dict(top_k=MAX_TOP_K + 1), "top_k: expected an integer from 1 to 128"),
+        (dict(top_k=True), "top_k: expected an integer"),
+        (dict(temperature=0.0), "temperature: expected a number > 0"),
+        (dict(top_p=1.5), r"top_p: expected a number in \(0, 1\]"),
+        (dict(penalty=0.0), "penalty: expected a number > 0"),
+        (dict(q=q.half()), r"q: expected dtype in \(float32\)"),
+        (dict(q=q[:1]), r"q: expected shape \(2, 100\)"),
+        (dict(seen=seen.int()), r"seen: expected dtype in \(bool\)"),
+        (dict(out=torch.empty(3, dtype=torch.int64, device=device)), r"out: expected shape \(2,\)"),
+    ]
+    for kw, msg in bad:
+        args = dict(logits=logits, q=q, top_k=50) | kw
+        with pytest.raises(ValueError, match=msg):
+            kernels.sample_logits(**args)
