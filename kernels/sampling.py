@@ -202,10 +202,10 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     seen_arg = seen if has_penalty else flags
     stride_sb = seen.stride(0) if has_penalty else 0
     launch(_tile_candidates_kernel, (nt, B), logits, seen_arg, cand, flags, cut, V, nt, float(penalty),
-           float(temperature),
-           logits.stride(0), stride_sb, HAS_PENALTY=has_penalty, BLOCK_V=block_v, K_TILE=k_tile, num_warps=TILE_WARPS)
-    launch(_sample_kernel, (B,), logits, seen_arg, q, cand, flags, cut, out, V, nt, k, float(penalty), float(temperature),
-           1.0 - float(top_p), logits.stride(0), stride_sb, q.stride(0),
+           float(temperature), logits.stride(0), stride_sb,
+           HAS_PENALTY=has_penalty, BLOCK_V=block_v, K_TILE=k_tile, num_warps=TILE_WARPS)
+    launch(_sample_kernel, (B,), logits, seen_arg, q, cand, flags, cut, out, V, nt, k, float(penalty),
+           float(temperature), 1.0 - float(top_p), logits.stride(0), stride_sb, q.stride(0),
            HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
            NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, num_warps=SAMPLE_WARPS)
     return out

@@ -78,9 +78,9 @@ def process_logits(logits, params: SamplingParams, seen=None):
 def sample(logits, params: SamplingParams, seen=None, ops=None):
     """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
     softmax(processed scores) through the default generator of the logits' device. ops: the
-    model's kernel backend; its fused `sample_logits` takes top_k from 1 to its MAX_TOP_K
-    (kernels/sampling.py), plain torch the rest. A row of logits with a NaN names no token: id V,
-    as the fused argmax (kernels/argmax_key.py)."""
+    model's kernel backend; its `sample_logits` takes top_k from 1 to its SAMPLE_MAX_TOP_K
+    (kernels/sampling.py: 128), plain torch (kernels.reference) the rest. A row of logits with a
+    NaN names no token: id V, as the fused argmax (kernels/argmax_key.py)."""
     import torch
 
     import kernels.reference
