@@ -31,8 +31,7 @@ CASES = [  # (B, V, top_k, temperature, top_p, penalty)
     (3, 1000, 1, 0.7, 1.0, 1.0),    # top_k 1: the argmax
     (2, 1500, 10, 0.7, 0.9, 1.3),   # every processor, several tiles
     (2, 300, MAX_TOP_K, 1.3, 0.95, 1.0),  # the largest top_k the kernel takes
-    (1, 100, 64, 1.0, 0.5, 1.0),    # top_k larger than... V-sized tiles
-    (2, 40, 50, 1.0, 1.0, 1.0),     # top_k past V: all of them
+    (2, 40, 50, 1.0, 0.5, 1.0),     # top_k past V: all of them
 ]
 
 
@@ -53,7 +52,7 @@ def test_sample_logits_gpt2_vocabulary(B, top_k, top_p, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sample_logits_dtypes(dtype, device):
-    logits, q, _ = _inputs(2, 600, device, dtype=dtype, seed=5)
+    logits, q, _ = _inputs(2, 300, device, dtype=dtype, seed=5)
     _check(logits, q, 20, 0.9, 0.9)
 
 
