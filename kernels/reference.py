@@ -237,5 +237,9 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     """Token ids (B,) int64: argmax(softmax(sampling_scores(...)) / q) with q (B, V) ~ Exp(1),
     the draw torch.multinomial(p, 1) makes. A row with a NaN logit names no token: id V."""
     probs = torch.softmax(sampling_scores(logits, temperature, top_k, top_p, penalty, seen), dim=-1)
-    ids = torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], (probs / q).argmax(dim=-1))
-    return _into(ids, out)
+    return _into(no_token_if_nan(logits, (probs / q).argmax(dim=-1)), out)
+
+
+def no_token_if_nan(logits, ids):
+    """ids (B,) with the rows of logits (B, V) that hold a NaN made V: no token (argmax_key.py)."""
+    return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)

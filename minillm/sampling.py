@@ -86,9 +86,8 @@ def sample(logits, params: SamplingParams, seen=None, ops=None):
     import kernels.reference
 
     if params.greedy:
-        ids = process_logits(logits, params, seen).argmax(dim=-1)
-        return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
+        return kernels.reference.no_token_if_nan(logits, process_logits(logits, params, seen).argmax(dim=-1))
     q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1)  # multinomial's draw
-    fused = ops is not None and 1 <= params.top_k <= getattr(ops, "SAMPLE_MAX_TOP_K", 0)
-    return (ops if fused else kernels.reference).sample_logits(
-        logits, q, params.top_k, params.temperature, params.top_p, params.repetition_penalty, seen)
+    ops = ops if ops is not None and 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K else kernels.reference
+    return ops.sample_logits(logits, q, params.top_k, params.temperature, params.top_p, params.repetition_penalty,
+                             seen)
