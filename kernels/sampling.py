@@ -11,11 +11,12 @@ the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p),
   their K_TILE-th largest (the tile's cut, from a top-k of fp32 words), and the columns above
   the cut, then those at it, listed as (value, column) keys while K_TILE slots last. Also
   whether the tile has a NaN, and whether ties at its cut were left unlisted.
-- _sample_kernel, one program per row: the K_TILE largest of the tiles' lists (sorted). Their
-  k-th value is the row's k-th largest, exactly (every tile listed at least its k largest).
-  Kept are all scores >= it; ties stay, since transformers masks `scores < kth`. Then top-p runs
-  on the kept scores' sorted running sums, and the draw runs over the survivors, reading q at
-  their columns only.
+- _sample_kernel, one program per row: the k-th largest score of the tiles' lists is the row's,
+  exactly (every tile listed at least its k largest). Kept are all scores >= it; ties stay,
+  since transformers masks `scores < kth`. With top-p, the K_TILE largest keys (sorted) give the
+  kept scores' running sums; without, a top-k of the lists' fp32 values gives the k-th (cheaper
+  than of the keys: a call at batch 1 23.5 -> 21.9 us on an H200). The draw runs over the
+  survivors, reading q at their columns only.
 
 Ties at the k-th value that some list left out (a tile's cut equal to it with ties unlisted, or
 the row's list full of them) send the row to a scan: its ties are counted, and drawn among in a
@@ -37,9 +38,9 @@ from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _or
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
 BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
-# num_warps of the two kernels: the best of 2/4/8 and 8/16 at batch 1 and 64 (gpt2's vocabulary,
-# H200: 24.2 and 127.9 us a call; bench/results/h200/sampler.md)
-TILE_WARPS, SAMPLE_WARPS = 8, 16
+# num_warps of the two kernels: the best of 2/4/8/16 and 8/16 at batch 1, 8 and 64 (gpt2's
+# vocabulary, H200: 20.8, 28.5 and 114.7 us a call at top_k 50; bench/results/h200/sampler.md)
+TILE_WARPS, SAMPLE_WARPS = 16, 16
 
 
 @triton.jit
@@ -109,21 +110,31 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
     q_ptr += b * stride_qb
     c = tl.arange(0, BLOCK_C)
     keys = tl.load(cand_ptr + b * NT * K_TILE + c, mask=c < NT * K_TILE, other=0)
-    keys = tl.topk(tl.where(c < NT * K_TILE, keys, _empty_keys(BLOCK_C)), K_TILE)  # the row's K_TILE largest
-    r = tl.arange(0, K_TILE)
-    empty = _empty_keys(K_TILE)
+    keys = tl.where(c < NT * K_TILE, keys, _empty_keys(BLOCK_C))
+    if HAS_TOP_P:  # top-p sums the kept scores in order: the row's K_TILE largest keys, sorted
+        keys = tl.topk(keys, K_TILE)
+        r = tl.arange(0, K_TILE)
+        empty = _empty_keys(K_TILE)
+    else:  # the whole lists stay, unordered
+        r = c
+        empty = _empty_keys(BLOCK_C)
     listed = keys != empty
     v, col = _decode(keys)
-    top = tl.max(tl.where(r == 0, v, float("-inf")), axis=0)  # softmax's max
-    kth = tl.max(tl.where(r == k - 1, v, float("-inf")), axis=0)
+    if HAS_TOP_P:
+        top = tl.max(tl.where(r == 0, v, float("-inf")), axis=0)  # softmax's max
+        kth = tl.max(tl.where(r == k - 1, v, float("-inf")), axis=0)
+    else:  # the k-th largest from a top-k of the fp32 values alone: cheaper than of the keys
+        v = tl.where(listed, v, float("-inf"))
+        top = tl.max(v, axis=0)
+        kth = tl.max(tl.where(tl.arange(0, K_TILE) == k - 1, tl.topk(v, K_TILE), float("-inf")), axis=0)
     tiles = tl.arange(0, NT_POW2)
     flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0)
     cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=0.0)
     has_nan = tl.max(flags & 1, axis=0) > 0
     # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
     overflow = tl.max((((flags & 2) != 0) & (cut == kth)).to(tl.int32), axis=0)
-    # or the row's list ends inside the tie group: more listed ties than K_TILE holds
-    overflow += tl.max(((r == K_TILE - 1) & listed & (v == kth)).to(tl.int32), axis=0)
+    if HAS_TOP_P:  # or the row's sorted list ends inside the tie group: more listed ties than K_TILE
+        overflow += tl.max(((r == K_TILE - 1) & listed & (v == kth)).to(tl.int32), axis=0)
 
     above = listed & (v > kth)
     e = tl.where(listed & (v >= kth), _exp(v - top), 0.0)

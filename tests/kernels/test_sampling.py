@@ -32,6 +32,8 @@ CASES = [  # (B, V, top_k, temperature, top_p, penalty)
     (2, 1500, 10, 0.7, 0.9, 1.3),   # every processor, several tiles
     (2, 300, MAX_TOP_K, 1.3, 0.95, 1.0),  # the largest top_k the kernel takes
     (2, 40, 50, 1.0, 0.5, 1.0),     # top_k past V: all of them
+    (2, 300, MAX_TOP_K, 0.8, 1.0, 1.2),  # without top-p the k-th value comes from the lists' values
+    (2, 40, 50, 1.0, 1.0, 1.0),     # past V without top-p
 ]
 
 
@@ -53,7 +55,8 @@ def test_sample_logits_gpt2_vocabulary(B, top_k, top_p, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sample_logits_dtypes(dtype, device):
     logits, q, _ = _inputs(2, 300, device, dtype=dtype, seed=5)
-    _check(logits, q, 20, 0.9, 0.9)
+    for top_p in (0.9, 1.0):
+        _check(logits, q, 20, 0.9, top_p)
 
 
 def test_ties(device):
@@ -78,8 +81,9 @@ def test_non_finite(device):
     logits, q, _ = _inputs(3, 500, device, seed=2)
     logits[0, 77] = float("nan")
     logits[1, :480] = float("-inf")
-    got = _check(logits, q, 50, 1.0, 0.9)
-    assert got[0] == 500 and got[1] >= 480
+    for top_p in (0.9, 1.0):
+        got = _check(logits, q, 50, 1.0, top_p)
+        assert got[0] == 500 and got[1] >= 480
 
 
 def test_sample_logits_errors(device):
