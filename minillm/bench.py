@@ -1,5 +1,6 @@
 """Generation benchmark: minillm against transformers (eager, sdpa) and a torch.compile peer, in
-one run on the same weights. Greedy, EOS ignored, so every engine generates the same count.
+one run on the same weights. Greedy by default, or sampled with the same settings in every
+engine; EOS ignored, so every engine generates the same count.
 
 Per (engine, model, batch): time to first token (prefill), decode tokens/s, the cold first run
 (compilation / autotuning / graph capture) apart from the warm median of repeats, peak memory,
@@ -67,13 +68,20 @@ def _timed(fn, repeats):
     return cold, statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def run_minillm(cfg, weights, ids, new, repeats):
+def decoding(sampling):
+    """The rows' name for how tokens were picked: "greedy", or the sampling settings."""
+    if not sampling:
+        return "greedy"
+    return "sampled (temperature {temperature:g}, top_k {top_k}, top_p {top_p:g})".format(**sampling)
+
+
+def run_minillm(cfg, weights, ids, new, repeats, sampling=None):
     from .generate import Engine
     from .model import GPT
     from .sampling import SamplingParams
 
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True)
-    params = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=new, ignore_eos=True, **(sampling or dict(temperature=0)))
     prompts = ids.tolist()
 
     def once():
@@ -83,10 +91,10 @@ def run_minillm(cfg, weights, ids, new, repeats):
     return _timed(once, repeats)
 
 
-def run_hf(hf, impl, ids, new, repeats):
+def run_hf(hf, impl, ids, new, repeats, sampling=None):
     hf.config._attn_implementation = impl
     mask = torch.ones_like(ids)
-    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, eos_token_id=None)
+    kw = dict(attention_mask=mask, do_sample=bool(sampling), pad_token_id=0, eos_token_id=None, **(sampling or {}))
 
     def once():
         _sync()
@@ -103,18 +111,18 @@ def run_hf(hf, impl, ids, new, repeats):
         return _timed(once, repeats)
 
 
-def new_peer(cfg, weights, ids, new):
+def new_peer(cfg, weights, ids, new, sampling=None):
     """The torch-compile peer for prompts ids (B, T) and `new` tokens, its cache as long as what
     runs (gpt-fast style). Compiled from a clean state, as in a process of its own: the graphs
     and guards earlier peers left on the same step function are dropped first."""
     from .torch_peer import TorchPeer
 
     torch._dynamo.reset()
-    return TorchPeer(cfg, weights, ids.shape[0], max_len=ids.shape[1] + new)
+    return TorchPeer(cfg, weights, ids.shape[0], max_len=ids.shape[1] + new, sampling=sampling)
 
 
-def run_peer(cfg, weights, ids, new, repeats):
-    peer = new_peer(cfg, weights, ids, new)
+def run_peer(cfg, weights, ids, new, repeats, sampling=None):
+    peer = new_peer(cfg, weights, ids, new, sampling)
 
     def once():
         _sync()
@@ -131,11 +139,13 @@ def run_peer(cfg, weights, ids, new, repeats):
 
 
 def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS, engines=ENGINES,
-          repeats=3, dtype=torch.float16, log=print):
-    """Run the matrix on the current CUDA device; returns the list of result rows."""
+          repeats=3, dtype=torch.float16, sampling=None, log=print):
+    """Run the matrix on the current CUDA device; returns the list of result rows. sampling:
+    None (greedy) or dict(temperature=, top_k=, top_p=) for every engine, temperature > 0."""
     env = environment()
     bw = copy_bandwidth()
-    log(f"{env['device']}: copy bandwidth {bw:.0f} GB/s (read + write); torch {env['torch']}, triton {env['triton']}")
+    log(f"{env['device']}: copy bandwidth {bw:.0f} GB/s (read + write); torch {env['torch']}, triton {env['triton']}; "
+        f"{decoding(sampling)}")
     rows = []
     for model in models:
         cfg, hf, weights = build(model, "cuda", dtype)
@@ -151,14 +161,15 @@ def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_token
                 torch.cuda.reset_peak_memory_stats()
                 try:
                     if engine == "minillm":
-                        cold, ttft, dec = run_minillm(cfg, weights, ids, new, repeats)
+                        cold, ttft, dec = run_minillm(cfg, weights, ids, new, repeats, sampling)
                     elif engine == "torch-compile":
-                        cold, ttft, dec = run_peer(cfg, weights, ids, new, repeats)
+                        cold, ttft, dec = run_peer(cfg, weights, ids, new, repeats, sampling)
                     else:
-                        cold, ttft, dec = run_hf(hf, engine[3:], ids, new, repeats)
+                        cold, ttft, dec = run_hf(hf, engine[3:], ids, new, repeats, sampling)
                 except Exception as e:  # a peer that fails is reported, not fatal
                     log(f"{engine} {model} batch {batch}: failed: {type(e).__name__}: {str(e)[:200]}")
-                    rows.append({"engine": engine, "model": model, "batch": batch, "error": str(e)[:500], **env})
+                    rows.append({"engine": engine, "model": model, "batch": batch, "error": str(e)[:500],
+                                 "decoding": decoding(sampling), **env})
                     continue
                 steps = max(new - 1, 1)
                 step_s = dec / steps
@@ -170,7 +181,7 @@ def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_token
                        "step_ms": step_s * 1e3 if decodes else None, "floor_ms": floor * 1e3,
                        "floor_fraction": floor / step_s if decodes else None, "cold_s": cold,
                        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "copy_gbs": bw,
-                       "dtype": str(dtype).replace("torch.", ""), **env}
+                       "dtype": str(dtype).replace("torch.", ""), "decoding": decoding(sampling), **env}
                 rows.append(row)
                 log(_line(row))
         del hf, weights
@@ -188,9 +199,9 @@ def _line(r):
             f"floor {_fmt(r['floor_fraction'], '.2f')}  cold {r['cold_s']:5.1f} s")
 
 
-def _setting(rows, key, fmt):
+def _setting(rows, key, fmt, default=None):
     """One run setting for the chart's title: its value if every row shares it."""
-    values = {r[key] for r in rows}
+    values = {r.get(key, default) for r in rows}
     return fmt(values.pop()) if len(values) == 1 else f"mixed {key}"
 
 
@@ -222,7 +233,8 @@ def chart(rows, path):
     ax.set_ylabel("decode tokens/s (log)")
     setting = ", ".join([_setting(ok, "dtype", str), _setting(ok, "prompt_len", "prompt {}".format),
                          _setting(ok, "new_tokens", "{} new tokens".format)])
-    ax.set_title(f"greedy decode, {setting} — {ok[0]['device']}", fontsize=9)
+    mode = _setting(ok, "decoding", str, default="greedy")  # (rows of older runs have no "decoding": greedy)
+    ax.set_title(f"{mode} decode, {setting} — {ok[0]['device']}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -244,9 +256,11 @@ def table(rows):
 
 
 def summary(rows):
-    """The results table, then the same-run ratios and targets (minillm/targets.py) if any."""
+    """How tokens were picked, the results table, then the same-run ratios and targets
+    (minillm/targets.py: greedy rows only) if any."""
     extra = report(rows)
-    return table(rows) + (f"\n\n{extra}" if extra else "")
+    head = f"Decoding: {_setting(rows, 'decoding', str, default='greedy')}.\n\n"
+    return head + table(rows) + (f"\n\n{extra}" if extra else "")
 
 
 def write(rows, out_dir):

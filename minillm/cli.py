@@ -106,7 +106,9 @@ def build_parser():
                        "peer on the same weights; writes bench/results/generate-<device>.json, a PNG and a table.",
                        epilog="examples:\n  minillm bench --model gpt2 --batch 1 8 64\n"
                        "  minillm bench --model gpt2-xl --batch 1 --engines minillm torch-compile\n"
-                       "  minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm",
+                       "  minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm\n"
+                       "  minillm bench --model gpt2 --batch 1 64 --temperature 1 --top-k 50   # sampled, as generate's "
+                       "default",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--model", nargs="+", default=["gpt2"], help="preset names (random weights: gpt2, gpt2-medium, "
                    "gpt2-large, gpt2-xl, distilgpt2) or checkpoint folders (default: gpt2)")
@@ -120,6 +122,12 @@ def build_parser():
     b.add_argument("--repeats", type=_int_at_least(1), default=3, help="timed runs after the cold one (default: 3)")
     b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                    help="weights and activations dtype for every engine (default: float16)")
+    b.add_argument("--temperature", type=_number(lo=0), default=0.0,
+                   help="0: greedy decoding (default); > 0 samples, in every engine")
+    b.add_argument("--top-k", type=_int_at_least(0), default=None,
+                   help="with --temperature > 0: keep the k likeliest tokens, 0 disables (default: 50)")
+    b.add_argument("--top-p", type=_number(lo=0, hi=1, lo_open=True), default=None,
+                   help="with --temperature > 0: nucleus sampling mass in (0, 1] (default: 1.0)")
     b.add_argument("--out", default="bench/results", help="results folder (default: bench/results)")
     b.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     for sp in sub.choices.values():  # a command's usage errors print that command's usage
@@ -196,6 +204,12 @@ def cmd_download(args):
 
 
 def cmd_bench(args):
+    sampling = None
+    if args.temperature > 0:
+        sampling = dict(temperature=args.temperature, top_k=50 if args.top_k is None else args.top_k,
+                        top_p=1.0 if args.top_p is None else args.top_p)
+    elif args.top_k is not None or args.top_p is not None:
+        raise UsageError("--top-k/--top-p: expected --temperature > 0 with them (temperature 0 is greedy)")
     import torch
 
     from .bench import bench, summary, write
@@ -203,7 +217,7 @@ def cmd_bench(args):
     if not torch.cuda.is_available():
         raise RuntimeError("bench: needs a CUDA GPU (none is available)")
     rows = bench(models=args.model, batches=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                 engines=args.engines, repeats=args.repeats, dtype=getattr(torch, args.dtype),
+                 engines=args.engines, repeats=args.repeats, dtype=getattr(torch, args.dtype), sampling=sampling,
                  log=lambda s: print(s, file=sys.stderr))
     path = write(rows, args.out)
     print(summary(rows))

@@ -36,14 +36,15 @@ TARGETS = (
 
 
 def _key(r):
-    return r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype")
+    return r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype"), r.get("decoding", "greedy")
 
 
-def _find(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16"):
+def _find(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16", decoding="greedy"):
     """The row of `engine` at that setting that measured what is asked (tok/s past one new
-    token, TTFT otherwise), or None."""
+    token, TTFT otherwise), or None. The targets are for greedy decoding (rows of runs before
+    the benchmark sampled have no "decoding": greedy)."""
     for r in rows:
-        if "error" in r or r["engine"] != engine or _key(r) != (model, batch, prompt_len, new_tokens, dtype):
+        if "error" in r or r["engine"] != engine or _key(r) != (model, batch, prompt_len, new_tokens, dtype, decoding):
             continue
         if new_tokens == 1 or r.get("tok_s"):
             return r

@@ -3,14 +3,19 @@ the whole decode step (layers, lm_head, argmax) compiled by torch.compile (Induc
 kernels) and replayed as one CUDA graph per step. That is what mode="reduce-overhead" does,
 without its per-call Python work (guards, cudagraph-tree bookkeeping): at GPT-2's size that work
 outlasted the GPU's (0.56 to 1.8 ms a step, by host), so the peer's speed followed the host.
-Greedy only; same weights dict as minillm."""
+Greedy, or sampled as transformers samples (its processors in plain torch, compiled with the
+step, and the draw torch.multinomial makes: argmax(p / q), q ~ Exp(1) drawn in the graph). Same
+weights dict as minillm."""
 import torch
 import torch.nn.functional as F
 
+from kernels.reference import sampling_scores
+
 
 class TorchPeer:
-    def __init__(self, config, weights, batch, max_len=None):
-        self.c, self.w = config, weights
+    def __init__(self, config, weights, batch, max_len=None, sampling=None):
+        """sampling: None (greedy) or dict(temperature=, top_k=, top_p=), temperature > 0."""
+        self.c, self.w, self.sampling = config, weights, sampling
         c = config
         L = max_len or c.n_positions
         shape = (batch, c.n_head, L, c.head_dim)
@@ -28,6 +33,7 @@ class TorchPeer:
         self.tok = torch.zeros(batch, dtype=torch.long, device=dev)
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
         self.out = torch.zeros(batch, L, dtype=torch.long, device=dev)
+        self.q = torch.empty(batch, c.vocab_size, device=dev) if sampling else None  # the step's draw
         self.first = 0  # position of start()'s ids
         self.graph = None
 
@@ -43,10 +49,19 @@ class TorchPeer:
         f = F.gelu(torch.addmm(w[p + "mlp.c_fc.bias"], m.view(B * T, C), w[p + "mlp.c_fc.weight"]), approximate="tanh")
         return x + torch.addmm(w[p + "mlp.c_proj.bias"], f, w[p + "mlp.c_proj.weight"]).view(B, T, C)
 
-    def _head(self, x):
+    def _head(self, x, q):
         x = F.layer_norm(x, (self.c.n_embd,), self.w["ln_f.weight"], self.w["ln_f.bias"], self.c.layer_norm_epsilon)
         head = self.w.get("lm_head.weight", self.w["wte.weight"])  # tied unless the checkpoint has its own
-        return (x @ head.t()).argmax(-1)
+        logits = x @ head.t()
+        if not self.sampling:
+            return logits.argmax(-1)
+        s = self.sampling
+        probs = torch.softmax(sampling_scores(logits, s["temperature"], s["top_k"], s["top_p"]), dim=-1)
+        return (probs / q).argmax(-1)
+
+    def _draw(self):
+        """q for the next token (sampled runs): from the default generator, as multinomial draws."""
+        return self.q.exponential_(1) if self.sampling else None
 
     def prefill(self, ids):
         """ids (B, T), all of one length (the benchmark's prompts). Returns next ids (B,)."""
@@ -59,10 +74,11 @@ class TorchPeer:
 
         for i in range(self.c.n_layer):
             x = self._block(i, x, attend)
-        return self._head(x[:, -1])
+        return self._head(x[:, -1], self._draw())
 
-    def _decode(self, tokens, pos):
-        """tokens (B,), pos () int64 tensor: one step for all rows at the same position."""
+    def _decode(self, tokens, pos, q):
+        """tokens (B,), pos () int64 tensor, q (B, V) or None: one step for all rows at the same
+        position."""
         x = (self.w["wte.weight"][tokens] + self.w["wpe.weight"].index_select(0, pos.view(1)))[:, None]  # (B, 1, C)
         mask = (self.positions <= pos)[None, None, None, :]  # (1, 1, 1, L)
 
@@ -73,7 +89,7 @@ class TorchPeer:
 
         for i in range(self.c.n_layer):
             x = self._block(i, x, attend)
-        return self._head(x[:, 0])
+        return self._head(x[:, 0], q)
 
     def _capture(self):
         """Compile and warm up at the current (tok, pos), then capture one step: the next ids
@@ -83,11 +99,11 @@ class TorchPeer:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.compiled(self.tok, self.pos)
+                self.compiled(self.tok, self.pos, self.q)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.tok.copy_(self.compiled(self.tok, self.pos))
+            self.tok.copy_(self.compiled(self.tok, self.pos, self._draw()))
             self.pos.add_(1)
             self.out.index_copy_(1, self.pos.view(1), self.tok[:, None])
 

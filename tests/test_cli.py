@@ -75,6 +75,17 @@ def test_bad_usage_exits_2(args, message):
     assert_no_traceback(p)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--top-p", "0.9"], "--top-k/--top-p: expected --temperature > 0 with them"),
+    (["--temperature", "-1"], "--temperature: expected a number >= 0"),
+    (["--temperature", "1", "--top-k", "-2"], "--top-k: expected an integer >= 0"),
+])
+def test_bench_bad_sampling_exits_2(args, message):
+    p = run("bench", *args)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert_no_traceback(p)
+
+
 def test_empty_stdin_exits_2():
     p = run("generate", "--model", "unused", "-", stdin="\n")
     assert p.returncode == 2 and "stdin ('-') was empty" in p.stderr, p.stderr

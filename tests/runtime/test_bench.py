@@ -48,14 +48,31 @@ def test_chart_title_names_the_run(tmp_path, monkeypatch):
     assert "bfloat16" in titles[0] and "prompt 64" in titles[0] and "16 new tokens" in titles[0]
     assert chart([_row(prompt_len=32), _row(batch=8, prompt_len=64)], path)
     assert "mixed prompt_len" in titles[1]
+    assert titles[0].startswith("greedy decode")  # rows of older runs, without "decoding"
+    sampled = "sampled (temperature 0.8, top_k 50, top_p 0.95)"
+    assert chart([_row() | {"decoding": sampled}], path)
+    assert titles[2].startswith(sampled + " decode")
+
+
+def test_summary_names_the_decoding():
+    from minillm.bench import decoding, summary
+
+    assert decoding(None) == "greedy"
+    mode = decoding(dict(temperature=0.8, top_k=50, top_p=0.95))
+    assert mode == "sampled (temperature 0.8, top_k 50, top_p 0.95)"
+    assert summary([_row() | {"decoding": mode}]).startswith(f"Decoding: {mode}.")
+    assert summary([_row()]).startswith("Decoding: greedy.")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the torch.compile peer runs CUDA graphs: GPU only")
-@pytest.mark.parametrize("tie", [True, False])
-def test_torch_compile_peer_matches_transformers(tie, tmp_path):
-    """The benchmark's torch-compile peer does the work it is timed on: its greedy ids equal
-    transformers' (peaked fp32 test model, tied or own lm_head), for two batch sizes compiled
-    one after the other in one process, as the benchmark runs them."""
+@pytest.mark.parametrize("tie,sampling", [(True, None), (False, None),
+                                          (True, dict(temperature=0.9, top_k=20, top_p=0.9)),
+                                          (False, dict(temperature=1.0, top_k=50, top_p=1.0))])
+def test_torch_compile_peer_matches_transformers(tie, sampling, tmp_path):
+    """The benchmark's torch-compile peer does the work it is timed on: its ids equal
+    transformers' (peaked fp32 test model, tied or own lm_head), greedy and sampled from the same
+    seed, for two batch sizes compiled one after the other in one process, as the benchmark runs
+    them."""
     from minillm.bench import build, new_peer
 
     build_checkpoint(tmp_path / "m", n_layer=2, n_head=4, n_embd=64, vocab_size=500, tie=tie)
@@ -63,8 +80,10 @@ def test_torch_compile_peer_matches_transformers(tie, tmp_path):
     torch.manual_seed(1)
     for batch in (1, 3):
         ids = torch.randint(0, cfg.vocab_size, (batch, 7), device="cuda")
+        torch.manual_seed(2)
         expect = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
-                             do_sample=False, pad_token_id=0, eos_token_id=None)[:, 7:]
+                             do_sample=bool(sampling), pad_token_id=0, eos_token_id=None, **(sampling or {}))[:, 7:]
+        torch.manual_seed(2)
         with torch.inference_mode():
-            out = new_peer(cfg, weights, ids, 12).generate(ids, 12)
+            out = new_peer(cfg, weights, ids, 12, sampling).generate(ids, 12)
         assert torch.equal(out, expect), f"batch {batch}"

@@ -10,7 +10,8 @@ def _row(engine, tok_s, model="gpt2", batch=1, prompt_len=32, new_tokens=128, dt
             "prefill_tok_s": batch * prompt_len / (extra.get("ttft_ms", 0.5) * 1e-3),
             "step_ms": 1e3 * batch / tok_s if decodes else None,
             "floor_fraction": extra.get("floor", 0.45) if engine == "minillm" and decodes else None,
-            "cold_s": 1.0, "device": "NVIDIA H100 80GB HBM3"}
+            "cold_s": 1.0, "device": "NVIDIA H100 80GB HBM3",
+            **({"decoding": extra["decoding"]} if "decoding" in extra else {})}
 
 
 def _by_name(results):
@@ -54,6 +55,21 @@ def test_check_ignores_other_settings():
             _row("minillm", 6000.0, prompt_len=64), _row("hf-eager", 100.0, prompt_len=64)]
     assert all(met is None for _, _, met in check(rows))
     assert "Targets" not in report(rows) and "Same-run ratios" in report(rows)
+
+
+def test_sampled_rows_measure_no_target_but_keep_their_ratios():
+    """The targets are for greedy decoding; a sampled run still compares its engines, pairing
+    rows of the same decoding only. Rows without "decoding" (older runs) are greedy."""
+    sampled = "sampled (temperature 1, top_k 50, top_p 1)"
+    rows = [_row("minillm", 5000.0, decoding=sampled), _row("hf-eager", 100.0, decoding=sampled),
+            _row("torch-compile", 1000.0)]  # greedy: not this setting's peer
+    assert all(met is None for _, _, met in check(rows))
+    lines = ratios(rows).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[header.index("x hf-eager")] == "50.0x" and cells[header.index("x torch-compile")] == "-"
+    greedy = [_row("minillm", 6000.0, floor=0.51), _row("hf-eager", 150.0, decoding="greedy")]
+    assert _by_name(check(greedy))["gpt2 batch 1 >= 40x transformers eager"][1] is True
 
 
 def test_written_table_carries_the_report(tmp_path, monkeypatch):
