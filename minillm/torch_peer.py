@@ -1,5 +1,5 @@
 """The best plain PyTorch offers, as a benchmark peer: GPT-2 over a static KV cache with SDPA,
-the whole decode step (layers, lm_head, argmax) compiled by torch.compile (Inductor's Triton
+the whole decode step (layers, lm_head, argmax or draw) compiled by torch.compile (Inductor's Triton
 kernels) and replayed as one CUDA graph per step. That is what mode="reduce-overhead" does,
 without its per-call Python work (guards, cudagraph-tree bookkeeping): at GPT-2's size that work
 outlasted the GPU's (0.56 to 1.8 ms a step, by host), so the peer's speed followed the host.
