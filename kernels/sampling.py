@@ -145,7 +145,7 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
         e = tl.where(above, e, 0.0)
         for start in range(0, V, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            s, row_nan = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
+            s, _ = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
             ties += tl.sum(((s == kth) & (cols < V)).to(tl.int32), axis=0)
     total = tl.sum(e, axis=0) + ties.to(tl.float32) * e_tie
     if HAS_TOP_P:  # keep where the ascending running sum passes 1 - top_p; the largest always
@@ -166,7 +166,7 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
         seen_ties = tl.full((), 0, tl.int32)
         for start in range(0, V, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
-            s, row_nan = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
+            s, _ = _processed(logits_ptr, seen_ptr, cols, cols < V, penalty, temperature, HAS_PENALTY)
             tie = (s == kth) & (cols < V)
             rank = seen_ties + tl.cumsum(tie.to(tl.int32), axis=0)
             ok = tie & (rank > dropped)

@@ -204,10 +204,13 @@ def cmd_download(args):
 
 
 def cmd_bench(args):
+    from .sampling import SamplingParams  # (no torch): its defaults are generate's
+
     sampling = None
     if args.temperature > 0:
-        sampling = dict(temperature=args.temperature, top_k=50 if args.top_k is None else args.top_k,
-                        top_p=1.0 if args.top_p is None else args.top_p)
+        sampling = dict(temperature=args.temperature,
+                        top_k=SamplingParams.top_k if args.top_k is None else args.top_k,
+                        top_p=SamplingParams.top_p if args.top_p is None else args.top_p)
     elif args.top_k is not None or args.top_p is not None:
         raise UsageError("--top-k/--top-p: expected --temperature > 0 with them (temperature 0 is greedy)")
     import torch
