@@ -16,6 +16,8 @@
   folded layernorm skip reading whole rows
 - sample_logits: a sampled step's logits processing and draw (top-k from 1 to
   SAMPLE_MAX_TOP_K), transformers' formulas, in two launches
+- exponential / ExponentialNoise: torch's CUDA exponential_ values from the generator's state,
+  so the sampler computes its noise at the drawn columns only (torch_exponential_matches checks)
 - softmax, gelu: row softmax and elementwise GELU
 """
 from ._epilogue import new_row_stats
@@ -29,12 +31,14 @@ from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
+from .noise import ExponentialNoise, exponential, new_exponential_noise, torch_exponential_matches
 from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
 from .sampling import sample_logits
 from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
-           "decode_attention_proj", "decode_row_stats", "embedding", "fold_layernorm", "gelu", "layernorm", "linear",
-           "new_row_stats", "SAMPLE_MAX_TOP_K", "sample_logits", "softmax"]
+           "decode_attention_proj", "decode_row_stats", "embedding", "exponential", "ExponentialNoise",
+           "fold_layernorm", "gelu", "layernorm", "linear", "new_exponential_noise", "new_row_stats",
+           "SAMPLE_MAX_TOP_K", "sample_logits", "softmax", "torch_exponential_matches"]
 __version__ = "0.1.0"

@@ -8,15 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_tensor
+from ._checks import check_device_usable, check_shape, check_tensor
 from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
 
 
 @triton.jit
-def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, B, eos, stride_ob,
-                          HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr, BLOCK_B: tl.constexpr,
-                          USE_PDL: tl.constexpr):
+def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, noise_ptr, B, eos,
+                          stride_ob, noise_increment, HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
+                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -35,11 +35,14 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
         done = tl.load(finished_ptr + rows, mask=mask) != 0
         tl.store(finished_ptr + rows, done | (nxt == eos), mask=mask)
     tl.store(step_ptr, step + 1)
+    if HAS_NOISE:  # the sampler read the generator state: advance it as exponential_ would
+        tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
     """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
-    finished[b] |= next_ids[b] == eos; then step += 1. All on the device, no sync.
+    finished[b] |= next_ids[b] == eos; then step += 1; with noise (the ExponentialNoise the
+    step's sampler drew from), its offset += its increment. All on the device, no sync.
 
     next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
     finished: (B,) bool (with eos, an int token id).
@@ -62,10 +65,14 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
         raise ValueError("finished/eos: expected both or neither")
     if finished is not None:
         check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
+    if noise is not None:
+        check_tensor("noise.state", noise.state, ndim=1, dtypes=(torch.int64,), device=dev)
+        check_shape("noise.state", noise.state, (2,))
     if B:
         pdl = use_pdl(dev)
         launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
-               finished if finished is not None else pos, B, -1 if eos is None else int(eos), out.stride(0),
-               HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl,
-               num_warps=1, launch_pdl=pdl)
+               finished if finished is not None else pos, noise.state if noise is not None else step, B,
+               -1 if eos is None else int(eos), out.stride(0), noise.increment if noise is not None else 0,
+               HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
+               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out

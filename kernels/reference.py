@@ -193,7 +193,9 @@ def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
+    if noise is not None:
+        noise.state[1:].add_(noise.increment)
     if from_keys:
         keys, next_ids = next_ids, argmax_index(next_ids)
         keys.fill_(EMPTY)
@@ -235,7 +237,10 @@ def sampling_scores(logits, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, se
 
 def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
     """Token ids (B,) int64: argmax(softmax(sampling_scores(...)) / q) with q (B, V) ~ Exp(1),
-    the draw torch.multinomial(p, 1) makes. A row with a NaN logit names no token: id V."""
+    the draw torch.multinomial(p, 1) makes (or an ExponentialNoise: torch's values, see
+    exponential). A row with a NaN logit names no token: id V."""
+    if not isinstance(q, torch.Tensor):
+        q = exponential(q, logits.shape)
     probs = torch.softmax(sampling_scores(logits, temperature, top_k, top_p, penalty, seen), dim=-1)
     return _into(no_token_if_nan(logits, (probs / q).argmax(dim=-1)), out)
 
@@ -243,3 +248,43 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
 def no_token_if_nan(logits, ids):
     """ids (B,) with the rows of logits (B, V) that hold a NaN made V: no token (argmax_key.py)."""
     return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
+
+
+def _mul_hi_lo(a, b):
+    """(a * b) >> 32 and (a * b) mod 2^32 of 32-bit values held in int64 (no 64-bit overflow)."""
+    p_lo, p_hi = (a & 0xFFFF) * b, (a >> 16) * b  # each < 2^48
+    return (p_hi + (p_lo >> 16)) >> 16, (((p_hi & 0xFFFF) << 16) + p_lo) & 0xFFFFFFFF
+
+
+def _philox4x32_10(c, key):
+    """curand's Philox4x32-10 of counters c (4 int64 tensors of 32-bit words) and key (2 ints)."""
+    k0, k1 = key
+    for _ in range(10):
+        hi0, lo0 = _mul_hi_lo(c[0], 0xD2511F53)
+        hi1, lo1 = _mul_hi_lo(c[2], 0xCD9E8D57)
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return c
+
+
+def exponential(noise, shape, out=None):
+    """The float32 values torch's CUDA exponential_(1) gives a fresh contiguous tensor of shape
+    from the generator state noise.state = (seed bits, offset). On CUDA that is torch's own
+    draw. Elsewhere the same Philox words in noise's layout (kernels/noise.py has the
+    derivation), with an accurate log where CUDA takes __logf: q a few ulps off, never another
+    word."""
+    seed, offset = (int(v) for v in noise.state.tolist())
+    seed &= (1 << 64) - 1
+    if noise.state.device.type == "cuda":
+        g = torch.Generator(noise.state.device).manual_seed(seed)
+        g.set_offset(offset)
+        return _into(torch.empty(shape, device=noise.state.device).exponential_(1, generator=g), out)
+    flat = torch.arange(math.prod(shape), dtype=torch.int64, device=noise.state.device)
+    call, word, thread = flat // (4 * noise.threads), (flat // noise.threads) % 4, flat % noise.threads
+    ctr = offset // 4 + call
+    r = _philox4x32_10([ctr & 0xFFFFFFFF, ctr >> 32, thread & 0xFFFFFFFF, thread >> 32],
+                       (seed & 0xFFFFFFFF, seed >> 32))
+    r = torch.stack(r).gather(0, word[None])[0]
+    u = r.float() * 2.0 ** -32 + 2.0 ** -33  # the product is exact, so no FMA question
+    q = torch.where(u >= 1 - 2.0 ** -24, torch.full_like(u, 2.0 ** -24), -torch.log(u))
+    return _into(q.view(shape), out)

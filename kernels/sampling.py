@@ -1,9 +1,10 @@
 """A sampled decode step's logits processing and draw for top-k sampling, in two launches.
 
 transformers' processors in its order (repetition penalty, temperature, top-k, top-p), its
-softmax, and the draw argmax(p / q) with q ~ Exp(1), the draw torch.multinomial makes. The
-caller draws q with torch (minillm.sampling.sample), so the random stream is the one
-transformers consumes. In torch the same work is about twenty kernels a step (topk's radix
+softmax, and the draw argmax(p / q) with q ~ Exp(1), the draw torch.multinomial makes. q is
+the (B, V) tensor torch's exponential_ fills, or, on CUDA, those values computed at the drawn
+columns only from the generator's state (kernels/noise.py), so the random stream is the one
+transformers consumes either way. In torch the same work is about twenty kernels a step (topk's radix
 passes, a sort for top-p, softmax, argmax, the NaN test), most of them one block per row over
 the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 24-25 here.
 
@@ -35,6 +36,7 @@ from triton.language.extra import libdevice
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._tuning import INTERPRET, launch
 from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
+from .noise import ExponentialNoise, _exponential_at, torch_exponential_layout
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
 BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
@@ -99,15 +101,27 @@ else:
 
 
 @triton.jit
+def _noise_at(q_ptr, row_start, cols, mask, noise_threads, IN_KERNEL: tl.constexpr):
+    """q at a row's columns: torch's exponential_ values computed here (q_ptr is the generator
+    state; row_start the row's first element) or read from the q tensor."""
+    if IN_KERNEL:
+        q = _exponential_at(q_ptr, row_start + cols, noise_threads)
+    else:
+        q = tl.load(q_ptr + cols, mask=mask, other=1.0)
+    return q
+
+
+@triton.jit
 def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, out_ptr,
                    V, NT, k, penalty, temperature, drop_mass,
-                   stride_lb, stride_sb, stride_qb,
+                   stride_lb, stride_sb, stride_qb, noise_threads,
                    HAS_PENALTY: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                   NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr):
+                   NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
     b = tl.program_id(0)
     logits_ptr += b * stride_lb
     seen_ptr += b * stride_sb
-    q_ptr += b * stride_qb
+    q_ptr += b * stride_qb  # stride 0 with NOISE: the generator state
+    row_start = b * V  # int32: with NOISE, B x V < 2^31
     c = tl.arange(0, BLOCK_C)
     keys = tl.load(cand_ptr + b * NT * K_TILE + c, mask=c < NT * K_TILE, other=0)
     keys = tl.where(c < NT * K_TILE, keys, _empty_keys(BLOCK_C))
@@ -159,7 +173,7 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
         dropped = tl.where((top == kth) & (ties > 0), tl.minimum(dropped, ties - 1), dropped)
         total = tl.sum(e, axis=0) + (ties - dropped).to(tl.float32) * e_tie
     drawn = e > 0.0
-    q = tl.load(q_ptr + col, mask=drawn, other=1.0)
+    q = _noise_at(q_ptr, row_start, col, drawn, noise_threads, NOISE)
     best = tl.max(tl.where(drawn, _argmax_key(tl.div_rn(tl.div_rn(e, total), q), col), empty), axis=0)
     if overflow > 0:  # the unlisted ties past the dropped ones
         p_tie = tl.div_rn(e_tie, total)
@@ -170,7 +184,7 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
             tie = (s == kth) & (cols < V)
             rank = seen_ties + tl.cumsum(tie.to(tl.int32), axis=0)
             ok = tie & (rank > dropped)
-            qv = tl.load(q_ptr + cols, mask=ok, other=1.0)
+            qv = _noise_at(q_ptr, row_start, cols, ok, noise_threads, NOISE)
             cand = tl.where(ok, _argmax_key(tl.div_rn(p_tie, qv), cols), _empty_keys(BLOCK_V))
             best = tl.maximum(best, tl.max(cand, axis=0))
             seen_ties += tl.sum(tie.to(tl.int32), axis=0)
@@ -179,15 +193,25 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
 
 def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
     """Token ids (B,) int64 drawn from logits (B, V) as transformers samples: the processors,
-    softmax, then argmax(p / q) with q (B, V) fp32 ~ Exp(1). top_k from 1 to MAX_TOP_K (the
-    fused path); penalty applies to the columns seen (B, V) bool marks. A row with a NaN logit
-    names no token: id V."""
+    softmax, then argmax(p / q) with q (B, V) fp32 ~ Exp(1), or q an ExponentialNoise
+    (kernels/noise.py): torch's exponential_ values computed at the drawn columns only. top_k
+    from 1 to MAX_TOP_K (the fused path); penalty applies to the columns seen (B, V) bool marks.
+    A row with a NaN logit names no token: id V."""
     check_tensor("logits", logits, ndim=2, last_contiguous=True)
     check_device_usable("logits", logits)
     B, V = logits.shape
     dev = logits.device
-    check_tensor("q", q, ndim=2, dtypes=(torch.float32,), device=dev, last_contiguous=True)
-    check_shape("q", q, (B, V))
+    in_kernel = isinstance(q, ExponentialNoise)
+    if in_kernel:
+        check_tensor("q.state", q.state, ndim=1, dtypes=(torch.int64,), device=dev)
+        if B * V >= 2 ** 31:
+            raise ValueError(f"q: the in-kernel noise takes fewer than 2**31 logits, got {B} x {V}")
+        if (q.threads, q.increment) != torch_exponential_layout(B * V, dev):
+            raise ValueError(f"q: expected the noise layout of {B} x {V} elements, got threads {q.threads}, "
+                             f"increment {q.increment}")
+    else:
+        check_tensor("q", q, ndim=2, dtypes=(torch.float32,), device=dev, last_contiguous=True)
+        check_shape("q", q, (B, V))
     if seen is not None:
         check_tensor("seen", seen, ndim=2, dtypes=(torch.bool,), device=dev, last_contiguous=True)
         check_shape("seen", seen, (B, V))
@@ -215,8 +239,10 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     launch(_tile_candidates_kernel, (nt, B), logits, seen_arg, cand, flags, cut, V, nt, float(penalty),
            float(temperature), logits.stride(0), stride_sb,
            HAS_PENALTY=has_penalty, BLOCK_V=block_v, K_TILE=k_tile, num_warps=TILE_WARPS)
-    launch(_sample_kernel, (B,), logits, seen_arg, q, cand, flags, cut, out, V, nt, k, float(penalty),
-           float(temperature), 1.0 - float(top_p), logits.stride(0), stride_sb, q.stride(0),
+    launch(_sample_kernel, (B,), logits, seen_arg, q.state if in_kernel else q, cand, flags, cut, out, V, nt, k,
+           float(penalty), float(temperature), 1.0 - float(top_p), logits.stride(0), stride_sb,
+           0 if in_kernel else q.stride(0), q.threads if in_kernel else 0,
            HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
-           NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, num_warps=SAMPLE_WARPS)
+           NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, NOISE=in_kernel,
+           num_warps=SAMPLE_WARPS)
     return out

@@ -14,7 +14,7 @@ import torch
 
 from kernels.argmax_key import EMPTY
 
-from .sampling import SamplingParams, sample
+from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -83,7 +83,7 @@ class GenerationResult:
 class _DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
@@ -94,6 +94,7 @@ class _DecodeState:
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
+        self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
 
 
 def _bucket(n):
@@ -159,7 +160,8 @@ class Engine:
             self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
-            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen, self.model.ops)
+            nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen, self.model.ops,
+                         st.noise)
             self._advance(st, nxt, eos)
 
     def _advance(self, st, nxt, eos, from_keys=False):
@@ -167,15 +169,16 @@ class Engine:
             st.seen.scatter_(1, nxt[:, None], True)
         # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
-                                     st.finished if eos is not None else None, eos, from_keys=from_keys)
+                                     st.finished if eos is not None else None, eos, from_keys=from_keys,
+                                     noise=st.noise.draw if st.noise is not None else None)
 
     def _state(self, batch, params, eos, max_len=None):
         key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
         if st is None:
-            c = self.model.config
-            st = _DecodeState(batch, c.vocab_size, c.n_positions, self.model.device,
-                              with_seen=params.repetition_penalty != 1.0, max_len=max_len)
+            c, dev = self.model.config, self.model.device
+            st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
+                              max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
             self._states[key] = st
@@ -221,42 +224,50 @@ class Engine:
         t0 = time.perf_counter()
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        st.step.zero_()
-        st.finished.zero_()
-        if st.seen is not None:
-            st.seen.zero_()
-            for b, p in enumerate(padded):
-                st.seen[b, torch.tensor(p, device=dev)] = True
-        logits, lens = self.prefill(padded, cache)
-        first = sample(logits, params, st.seen, self.model.ops)
-        st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
-        self._advance(st, first, eos)
-        first_ids = first.tolist()  # the one sync every run needs: time to first token
-        t_first = time.perf_counter()
-        if stream:
-            check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
-            yield "step", first_ids[:B]
-
-        n = 1
-        done = self._done(st, B, stop_check, n, eos)
-        while n < params.max_new_tokens and not done:
-            if st.graph is not None:
-                st.graph.replay()
-            else:
-                self.decode_one_token(st, params, cache, eos)
-            n += 1
+        if st.noise is not None:
+            st.noise.load()
+        try:
+            st.step.zero_()
+            st.finished.zero_()
+            if st.seen is not None:
+                st.seen.zero_()
+                for b, p in enumerate(padded):
+                    st.seen[b, torch.tensor(p, device=dev)] = True
+            logits, lens = self.prefill(padded, cache)
+            first = sample(logits, params, st.seen, self.model.ops, st.noise)
+            st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
+            self._advance(st, first, eos)
+            first_ids = first.tolist()  # the one sync every run needs: time to first token
+            t_first = time.perf_counter()
             if stream:
-                ids = st.tokens[:B].tolist()
-                check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
-                yield "step", ids
-            if stream or n % SYNC_EVERY == 0:
-                done = self._done(st, B, stop_check, n, eos)
-        out = st.out[:B, :n].tolist()
-        t_end = time.perf_counter()
-        if not stream:  # streamed ids were checked as they came
-            check_vocab(out, c.vocab_size)
-        timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
-        yield "done", out, timings
+                check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
+                yield "step", first_ids[:B]
+
+            n = 1
+            done = self._done(st, B, stop_check, n, eos)
+            while n < params.max_new_tokens and not done:
+                if st.graph is not None:
+                    st.graph.replay()
+                else:
+                    self.decode_one_token(st, params, cache, eos)
+                n += 1
+                if stream:
+                    ids = st.tokens[:B].tolist()
+                    check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
+                    yield "step", ids
+                if stream or n % SYNC_EVERY == 0:
+                    done = self._done(st, B, stop_check, n, eos)
+            out = st.out[:B, :n].tolist()
+            t_end = time.perf_counter()
+            if st.noise is not None:
+                st.noise.store()  # before the caller sees the ids (and may draw more)
+            if not stream:  # streamed ids were checked as they came
+                check_vocab(out, c.vocab_size)
+            timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
+            yield "done", out, timings
+        finally:  # an early exit (an error, the caller closing the stream) also hands the state back
+            if st.noise is not None:
+                st.noise.store()
 
     def generate(self, prompts, params: SamplingParams, stop_check=None):
         """steps() run to the end: returns (ids per sequence, timings)."""

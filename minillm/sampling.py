@@ -7,7 +7,12 @@ draw `torch.multinomial(p, 1)` makes, so with the same seed the ids equal transf
 the decode step's CUDA graph.
 """
 import math
+import os
+import warnings
 from dataclasses import dataclass, field
+
+# MINILLM_KERNEL_NOISE=0: draw q with torch's exponential_ on CUDA too (A/B timing, checks)
+KERNEL_NOISE = os.environ.get("MINILLM_KERNEL_NOISE", "1") != "0"
 
 
 @dataclass
@@ -75,19 +80,74 @@ def process_logits(logits, params: SamplingParams, seen=None):
     return sampling_scores(logits, params.temperature, params.top_k, params.top_p, params.repetition_penalty, seen)
 
 
-def sample(logits, params: SamplingParams, seen=None, ops=None):
+def sample(logits, params: SamplingParams, seen=None, ops=None, noise=None):
     """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
     softmax(processed scores) through the default generator of the logits' device. ops: the
     model's kernel backend; its `sample_logits` takes top_k from 1 to its SAMPLE_MAX_TOP_K
-    (kernels/sampling.py: 128), plain torch (kernels.reference) the rest. A row of logits with a
-    NaN names no token: id V, as the fused argmax (kernels/argmax_key.py)."""
+    (kernels/sampling.py: 128), plain torch (kernels.reference) the rest. noise: a loaded
+    KernelNoise for this shape (the caller advances it, append_tokens(noise=)), else q is drawn
+    here. A row of logits with a NaN names no token: id V, as the fused argmax
+    (kernels/argmax_key.py)."""
     import torch
 
     import kernels.reference
 
     if params.greedy:
         return kernels.reference.no_token_if_nan(logits, process_logits(logits, params, seen).argmax(dim=-1))
-    q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1)  # multinomial's draw
+    if noise is not None:
+        q = noise.draw
+    else:
+        q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1)  # multinomial's
     ops = ops if ops is not None and 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K else kernels.reference
     return ops.sample_logits(logits, q, params.top_k, params.temperature, params.top_p, params.repetition_penalty,
                              seen)
+
+
+class KernelNoise:
+    """The noise q of a batch's sampled steps, computed inside the sampler kernel at the drawn
+    columns (kernels/noise.py) from the CUDA generator's (seed, offset), which live on the device
+    while the steps run: each step's append_tokens advances the offset, and store() hands the
+    advance back to torch's generator. The ids, and the generator's state after, are the ones
+    drawing q with torch gives, without that (B, V) draw and the two fills a graph replay runs
+    for a generator it captured.
+
+    An offset that is not a multiple of 4 (torch never makes one; Generator.set_offset can) is
+    taken as the next multiple of 4."""
+
+    def __init__(self, ops, batch, vocab, device):
+        import torch
+
+        self.draw = ops.new_exponential_noise(batch * vocab, device)
+        self.generator = torch.cuda.default_generators[device.index if device.index is not None
+                                                       else torch.cuda.current_device()]
+        self.start = None
+
+    @classmethod
+    def new(cls, ops, params, batch, vocab, device):
+        """A KernelNoise where the sampler can draw in-kernel and this torch's exponential_ is the
+        formula's (checked once per shape), else None: q is drawn with torch."""
+        if (not KERNEL_NOISE or params.greedy or device.type != "cuda" or not hasattr(ops, "new_exponential_noise")
+                or not 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K or batch * vocab >= 2 ** 31):
+            return None
+        if not ops.torch_exponential_matches(device, batch * vocab):
+            warnings.warn("minillm: this torch's exponential_ does not draw as kernels/noise.py computes; sampling "
+                          "draws its noise with torch instead (slower)", RuntimeWarning, stacklevel=2)
+            return None
+        return cls(ops, batch, vocab, device)
+
+    def load(self):
+        """Take the generator's state: call before the first draw."""
+        import torch
+
+        from kernels.noise import seed_bits
+
+        g = self.generator
+        self.start = -(-g.get_offset() // 4) * 4
+        self.draw.state.copy_(torch.tensor([seed_bits(g.initial_seed()), self.start]))
+
+    def store(self):
+        """Advance torch's generator by what the steps since load() drew (syncs)."""
+        if self.start is not None:
+            used = int(self.draw.state[1]) - self.start
+            self.generator.set_offset(self.generator.get_offset() + used)
+            self.start = None

@@ -46,6 +46,21 @@ def test_append_tokens_from_argmax_keys(B, device):
         assert state[4][0] and (keys == argmax_key.EMPTY).all()
 
 
+def test_append_tokens_advances_noise(device):
+    """With the step's ExponentialNoise, its offset moves on by the layout's increment (as
+    torch's generator would after exponential_); its seed stays."""
+    from kernels.noise import new_exponential_noise
+
+    for ops in (kernels, ref):
+        state = _state(3, 12, device)
+        noise = new_exponential_noise(3 * 50257, device)
+        noise.state.copy_(torch.tensor([-5, 16]))
+        for _ in range(2):
+            ops.append_tokens(torch.tensor([1, 2, 3], device=device), *state[:4], noise=noise)
+        assert noise.state.tolist() == [-5, 16 + 2 * noise.increment]
+        assert state[1].item() == 5
+
+
 def test_append_tokens_errors(device):
     out, step, tokens, pos, finished = _state(2, 8, device)
     nxt = torch.zeros(2, dtype=torch.int64, device=device)

@@ -6,6 +6,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels.noise import new_exponential_noise, seed_bits
 from kernels.sampling import MAX_TOP_K
 from tests.conftest import ON_GPU
 
@@ -74,6 +75,26 @@ def test_ties(device):
     logits[3, 500] = 12.0  # above a tile's tie group whose lower columns fill its list
     for top_k, top_p in ((50, 1.0), (50, 0.001), (3, 0.9)):
         _check(logits, q, top_k, 1.0, top_p)
+
+
+def test_noise_in_kernel(device):
+    """q as an ExponentialNoise (torch's exponential_ values, computed at the drawn columns
+    only): the same ids as the q tensor kernels.exponential fills from that state, through the
+    lists and through the scan of a constant row's ties; the state is not advanced."""
+    B, V = 3, 700
+    logits, _, seen = _inputs(B, V, device, seed=4)
+    logits[1] = 0.5  # ties across the whole row: the scan reads q column by column
+    noise = new_exponential_noise(B * V, device)
+    noise.state.copy_(torch.tensor([seed_bits((1 << 64) - 3), 12]))
+    q = kernels.exponential(noise, (B, V))
+    for top_k, top_p, penalty in ((50, 1.0, 1.0), (10, 0.9, 1.3), (MAX_TOP_K, 0.95, 1.0)):
+        got = kernels.sample_logits(logits, noise, top_k, 0.8, top_p, penalty, seen)
+        assert torch.equal(got, _check(logits, q, top_k, 0.8, top_p, penalty, seen))
+        if ON_GPU:  # there the reference draws q with torch's exponential_ itself
+            assert torch.equal(got, ref.sample_logits(logits, noise, top_k, 0.8, top_p, penalty, seen))
+    assert noise.state[1].item() == 12
+    with pytest.raises(ValueError, match="q: expected the noise layout of 2 x 700 elements"):
+        kernels.sample_logits(logits[:2], noise, 50)
 
 
 def test_non_finite(device):

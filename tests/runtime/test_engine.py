@@ -46,6 +46,32 @@ def test_cuda_graphs_on_off_identical(path, dtype, params):
     assert a == b
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the sampler computes torch's CUDA noise in-kernel on a GPU only")
+@pytest.mark.parametrize("graphs", [True, False])
+def test_kernel_noise_same_ids_and_generator(path, monkeypatch, graphs):
+    """Sampled steps that compute torch's exponential_ noise inside the sampler give the ids that
+    drawing it with torch gives, and leave the CUDA generator where that leaves it: after a run,
+    and after a stream closed early."""
+    import minillm.sampling
+
+    prompts = _prompts(3, SIZE["vocab_size"], seed=2)
+    params = SamplingParams(max_new_tokens=20, temperature=0.9, top_k=30, top_p=0.95, seed=3, ignore_eos=True)
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    runs = {}
+    for in_kernel in (True, False):
+        monkeypatch.setattr(minillm.sampling, "KERNEL_NOISE", in_kernel)
+        llm = LLM(path, dtype="float16", cuda_graphs=graphs)
+        ids = [r.token_ids for r in llm.generate(prompts, params)]
+        offset, after = gen.get_offset(), torch.rand(4, device="cuda")  # the stream goes on from there
+        steps = llm.engine.steps(prompts, params, stream=True)
+        next(steps), next(steps)
+        steps.close()
+        runs[in_kernel] = ids, offset, after, gen.get_offset()
+        assert all((st.noise is not None) == in_kernel for st in llm.engine._states.values())
+    (ids, offset, after, closed), (ids_t, offset_t, after_t, closed_t) = runs[True], runs[False]
+    assert ids == ids_t and offset == offset_t and torch.equal(after, after_t) and closed == closed_t
+
+
 def test_cache_bucket():
     """The smallest length bucket that holds a call's positions, the length itself past the
     last bucket, never more than the model's context."""
