@@ -148,7 +148,8 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), \
                 torch.zeros(B, dtype=torch.bool)
             kernels.append_tokens(keys, out, step, tokens, pos, finished, cfg.eos_token_id, from_keys=True)
-            kernels.append_tokens(keys, out, step, tokens, pos)
+            noise = kernels.new_exponential_noise(B * cfg.vocab_size, tokens.device)
+            kernels.append_tokens(keys, out, step, tokens, pos, noise=noise)  # a sampled step's
 
 
 def drive_library(dtype, where):
@@ -177,6 +178,9 @@ def drive_library(dtype, where):
     logits, q, seen = r(64, 50257), torch.rand(64, 50257), torch.rand(64, 50257) < 0.1
     kernels.sample_logits(logits, q, 50, 0.8, 0.9, 1.2, seen)  # every step the sampler has
     kernels.sample_logits(logits, q, 128, 1.0, 1.0)  # its widest lists (each sort compiles for ~20 s)
+    noise = kernels.new_exponential_noise(64 * 50257, logits.device)
+    kernels.sample_logits(logits, noise, 50, 1.0, 1.0)  # the engine's: torch's noise computed in-kernel
+    kernels.exponential(noise, (64, 50257))
 
 
 def package_kernels():
