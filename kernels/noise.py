@@ -19,6 +19,7 @@ A sampled step carries `ExponentialNoise`: the generator's (seed, offset) in a d
 `torch_exponential_matches` checks the formula against this torch, bit for bit, before it is used.
 """
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -55,8 +56,8 @@ def torch_exponential_layout(numel, device):
 
 
 def new_exponential_noise(numel, device):
-    """An ExponentialNoise for numel elements on device, its state zeros (fill it with
-    set_generator_state)."""
+    """An ExponentialNoise for numel elements on device, its state zeros (the caller copies a
+    generator's seed_bits(initial_seed()) and get_offset() in: minillm.sampling.KernelNoise)."""
     threads, increment = torch_exponential_layout(numel, device)
     return ExponentialNoise(torch.zeros(2, dtype=torch.int64, device=device), threads, increment)
 
@@ -106,9 +107,7 @@ def exponential(noise, shape, out=None):
     check_tensor("noise.state", noise.state, ndim=1, dtypes=(torch.int64,))
     check_device_usable("noise.state", noise.state)
     dev = noise.state.device
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     if numel >= 2 ** 31:
         raise ValueError(f"shape: expected fewer than 2**31 elements, got {numel}")
     if (noise.threads, noise.increment) != torch_exponential_layout(numel, dev):
@@ -128,11 +127,14 @@ def exponential(noise, shape, out=None):
 def torch_exponential_matches(device, numel):
     """Whether this torch's exponential_ over numel elements on device (CUDA) gives exactly the
     values and generator advance the formula above does, from a seed past 2^63 and an offset
-    whose counter crosses 32 bits."""
-    g = torch.Generator(device).manual_seed((1 << 64) - 12345)
-    g.set_offset((1 << 34) + 8)
+    whose counter crosses 32 bits. False too where this torch's generators keep no offset."""
+    try:
+        g = torch.Generator(device).manual_seed((1 << 64) - 12345)
+        g.set_offset((1 << 34) + 8)
+        start = g.get_offset()
+    except (AttributeError, RuntimeError):
+        return False
     noise = new_exponential_noise(numel, device)
-    noise.state.copy_(torch.tensor([seed_bits(g.initial_seed()), g.get_offset()]))
-    start = g.get_offset()
+    noise.state.copy_(torch.tensor([seed_bits(g.initial_seed()), start]))
     want = torch.empty(numel, device=device).exponential_(1, generator=g)
     return torch.equal(exponential(noise, (numel,)), want) and g.get_offset() == start + noise.increment

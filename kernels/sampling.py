@@ -3,10 +3,10 @@
 transformers' processors in its order (repetition penalty, temperature, top-k, top-p), its
 softmax, and the draw argmax(p / q) with q ~ Exp(1), the draw torch.multinomial makes. q is
 the (B, V) tensor torch's exponential_ fills, or, on CUDA, those values computed at the drawn
-columns only from the generator's state (kernels/noise.py), so the random stream is the one
-transformers consumes either way. In torch the same work is about twenty kernels a step (topk's radix
-passes, a sort for top-p, softmax, argmax, the NaN test), most of them one block per row over
-the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 24-25 here.
+columns only from the generator's state (kernels/noise.py): the random stream is the one
+transformers consumes either way. In torch the same work is about twenty kernels a step (topk's
+radix passes, a sort for top-p, softmax, argmax, the NaN test), most of them one block per row
+over the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 22-25 here.
 
 - _tile_candidates_kernel, one program per (tile, row): the processed scores of BLOCK_V columns,
   their K_TILE-th largest (the tile's cut, from a top-k of fp32 words), and the columns above

@@ -227,47 +227,52 @@ class Engine:
         if st.noise is not None:
             st.noise.load()
         try:
-            st.step.zero_()
-            st.finished.zero_()
-            if st.seen is not None:
-                st.seen.zero_()
-                for b, p in enumerate(padded):
-                    st.seen[b, torch.tensor(p, device=dev)] = True
-            logits, lens = self.prefill(padded, cache)
-            first = sample(logits, params, st.seen, self.model.ops, st.noise)
-            st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
-            self._advance(st, first, eos)
-            first_ids = first.tolist()  # the one sync every run needs: time to first token
-            t_first = time.perf_counter()
-            if stream:
-                check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
-                yield "step", first_ids[:B]
-
-            n = 1
-            done = self._done(st, B, stop_check, n, eos)
-            while n < params.max_new_tokens and not done:
-                if st.graph is not None:
-                    st.graph.replay()
-                else:
-                    self.decode_one_token(st, params, cache, eos)
-                n += 1
-                if stream:
-                    ids = st.tokens[:B].tolist()
-                    check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
-                    yield "step", ids
-                if stream or n % SYNC_EVERY == 0:
-                    done = self._done(st, B, stop_check, n, eos)
-            out = st.out[:B, :n].tolist()
-            t_end = time.perf_counter()
-            if st.noise is not None:
-                st.noise.store()  # before the caller sees the ids (and may draw more)
-            if not stream:  # streamed ids were checked as they came
-                check_vocab(out, c.vocab_size)
-            timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
-            yield "done", out, timings
+            yield from self._run(st, padded, B, params, cache, eos, stream, stop_check, t0)
         finally:  # an early exit (an error, the caller closing the stream) also hands the state back
             if st.noise is not None:
                 st.noise.store()
+
+    def _run(self, st, padded, B, params, cache, eos, stream, stop_check, t0):
+        """steps() from the prefill on, with the state's buffers reset."""
+        c, dev = self.model.config, self.model.device
+        st.step.zero_()
+        st.finished.zero_()
+        if st.seen is not None:
+            st.seen.zero_()
+            for b, p in enumerate(padded):
+                st.seen[b, torch.tensor(p, device=dev)] = True
+        logits, lens = self.prefill(padded, cache)
+        first = sample(logits, params, st.seen, self.model.ops, st.noise)
+        st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
+        self._advance(st, first, eos)
+        first_ids = first.tolist()  # the one sync every run needs: time to first token
+        t_first = time.perf_counter()
+        if stream:
+            check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
+            yield "step", first_ids[:B]
+
+        n = 1
+        done = self._done(st, B, stop_check, n, eos)
+        while n < params.max_new_tokens and not done:
+            if st.graph is not None:
+                st.graph.replay()
+            else:
+                self.decode_one_token(st, params, cache, eos)
+            n += 1
+            if stream:
+                ids = st.tokens[:B].tolist()
+                check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
+                yield "step", ids
+            if stream or n % SYNC_EVERY == 0:
+                done = self._done(st, B, stop_check, n, eos)
+        out = st.out[:B, :n].tolist()
+        t_end = time.perf_counter()
+        if st.noise is not None:
+            st.noise.store()  # before the caller sees the ids (and may draw more)
+        if not stream:  # streamed ids were checked as they came
+            check_vocab(out, c.vocab_size)
+        timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
+        yield "done", out, timings
 
     def generate(self, prompts, params: SamplingParams, stop_check=None):
         """steps() run to the end: returns (ids per sequence, timings)."""
