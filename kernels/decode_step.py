@@ -8,9 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
+from ._checks import check_device_usable, check_tensor
 from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
+from .noise import check_noise
 
 
 @triton.jit
@@ -66,8 +67,7 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
     if finished is not None:
         check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
     if noise is not None:
-        check_tensor("noise.state", noise.state, ndim=1, dtypes=(torch.int64,), device=dev)
-        check_shape("noise.state", noise.state, (2,))
+        check_noise("noise", noise, dev)
     if B:
         pdl = use_pdl(dev)
         launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,

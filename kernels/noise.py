@@ -25,10 +25,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from ._checks import check_device_usable, check_tensor
-from ._tuning import INTERPRET, launch, sm_count
+from ._checks import check_device_usable, check_shape, check_tensor
+from ._libdevice import fast_logf
+from ._tuning import launch, sm_count
 
 BLOCK = 1024  # elements per program of the full draw
 
@@ -42,6 +42,7 @@ class ExponentialNoise(NamedTuple):
     increment: int
 
 
+@functools.cache
 def torch_exponential_layout(numel, device):
     """(threads, increment) of torch's CUDA exponential_ over numel elements on device (the
     interpreter stands for an SM count of 2 and 2,048 threads an SM)."""
@@ -62,19 +63,24 @@ def new_exponential_noise(numel, device):
     return ExponentialNoise(torch.zeros(2, dtype=torch.int64, device=device), threads, increment)
 
 
+def check_noise(name, noise, device, shape=None):
+    """An ExponentialNoise's state is (2,) int64 on device; with shape, its layout is that many
+    elements' (fewer than 2^31: the kernels index in int32)."""
+    check_tensor(f"{name}.state", noise.state, ndim=1, dtypes=(torch.int64,), device=device)
+    check_shape(f"{name}.state", noise.state, (2,))
+    if shape is None:
+        return
+    numel, dims = math.prod(shape), " x ".join(str(n) for n in shape)
+    if numel >= 2 ** 31:
+        raise ValueError(f"{name}: the in-kernel noise takes fewer than 2**31 elements, got {dims}")
+    if (noise.threads, noise.increment) != torch_exponential_layout(numel, device):
+        raise ValueError(f"{name}: expected the noise layout of {dims} elements "
+                         f"{torch_exponential_layout(numel, device)}, got {(noise.threads, noise.increment)}")
+
+
 def seed_bits(seed):
     """A generator's seed (0 to 2^64 - 1) as the int64 of the same bits."""
     return seed - (1 << 64) if seed >= 1 << 63 else seed
-
-
-if INTERPRET:  # the interpreter has no libdevice: numpy's log, a few ulps from __logf
-    @triton.jit
-    def _log(x):
-        return tl.log(x)
-else:
-    @triton.jit
-    def _log(x):
-        return libdevice.fast_logf(x)  # __logf: lg2.approx times ln 2, as ATen's at::log of a float
 
 
 @triton.jit
@@ -92,7 +98,7 @@ def _exponential_at(state_ptr, flat, threads):
                                thread.to(tl.uint32), tl.zeros_like(thread).to(tl.uint32))
     r = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
     u = r.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10  # curand's (0, 1]: w 2^-32 + 2^-33
-    return tl.where(u >= 0.99999994039535522, 5.9604644775390625e-08, -_log(u))  # 1 - 2^-24 -> 2^-24
+    return tl.where(u >= 0.99999994039535522, 5.9604644775390625e-08, -fast_logf(u))  # 1 - 2^-24 -> 2^-24
 
 
 @triton.jit
@@ -104,15 +110,10 @@ def _exponential_kernel(state_ptr, out_ptr, N, threads, BLOCK: tl.constexpr):
 def exponential(noise, shape, out=None):
     """The float32 tensor of `shape` torch's exponential_(1) would fill from noise.state (whose
     layout must be for that many elements). Does not advance the state."""
-    check_tensor("noise.state", noise.state, ndim=1, dtypes=(torch.int64,))
     check_device_usable("noise.state", noise.state)
     dev = noise.state.device
+    check_noise("noise", noise, dev, shape)
     numel = math.prod(shape)
-    if numel >= 2 ** 31:
-        raise ValueError(f"shape: expected fewer than 2**31 elements, got {numel}")
-    if (noise.threads, noise.increment) != torch_exponential_layout(numel, dev):
-        raise ValueError(f"noise: expected the layout of {numel} elements {torch_exponential_layout(numel, dev)}, "
-                         f"got {(noise.threads, noise.increment)}")
     out = torch.empty(shape, dtype=torch.float32, device=dev) if out is None else out
     check_tensor("out", out, dtypes=(torch.float32,), device=dev)
     if tuple(out.shape) != tuple(shape) or not out.is_contiguous():

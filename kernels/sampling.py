@@ -31,12 +31,12 @@ sum within one of 1 - top_p.
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from ._checks import check_device_usable, check_shape, check_tensor
+from ._libdevice import expf
 from ._tuning import INTERPRET, launch
 from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
-from .noise import ExponentialNoise, _exponential_at, torch_exponential_layout
+from .noise import ExponentialNoise, _exponential_at, check_noise
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
 BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
@@ -90,16 +90,6 @@ def _tile_candidates_kernel(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, 
     tl.store(cut_ptr + b * NT + t, cut)
 
 
-if INTERPRET:  # the interpreter has no libdevice; numpy's exp rounds as well
-    @triton.jit
-    def _exp(x):
-        return tl.exp(x)
-else:
-    @triton.jit
-    def _exp(x):
-        return libdevice.exp(x)  # expf's rounding, as torch's softmax (tl.exp is approximate)
-
-
 @triton.jit
 def _noise_at(q_ptr, row_start, cols, mask, noise_threads, IN_KERNEL: tl.constexpr):
     """q at a row's columns: torch's exponential_ values computed here (q_ptr is the generator
@@ -151,10 +141,10 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
         overflow += tl.max(((r == K_TILE - 1) & listed & (v == kth)).to(tl.int32), axis=0)
 
     above = listed & (v > kth)
-    e = tl.where(listed & (v >= kth), _exp(v - top), 0.0)
+    e = tl.where(listed & (v >= kth), expf(v - top), 0.0)
     ties = tl.full((), 0, tl.int32)  # tied columns at kth outside the lists (overflow only)
     dropped = tl.full((), 0, tl.int32)  # of those, how many top-p drops (the lowest columns)
-    e_tie = _exp(kth - top)
+    e_tie = expf(kth - top)
     if overflow > 0:  # every column > kth is listed; count the ties in the row instead
         e = tl.where(above, e, 0.0)
         for start in range(0, V, BLOCK_V):
@@ -203,12 +193,7 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     dev = logits.device
     in_kernel = isinstance(q, ExponentialNoise)
     if in_kernel:
-        check_tensor("q.state", q.state, ndim=1, dtypes=(torch.int64,), device=dev)
-        if B * V >= 2 ** 31:
-            raise ValueError(f"q: the in-kernel noise takes fewer than 2**31 logits, got {B} x {V}")
-        if (q.threads, q.increment) != torch_exponential_layout(B * V, dev):
-            raise ValueError(f"q: expected the noise layout of {B} x {V} elements, got threads {q.threads}, "
-                             f"increment {q.increment}")
+        check_noise("q", q, dev, (B, V))
     else:
         check_tensor("q", q, ndim=2, dtypes=(torch.float32,), device=dev, last_contiguous=True)
         check_shape("q", q, (B, V))

@@ -66,7 +66,7 @@ def test_exponential_layouts_differ_by_shape(device):
     later = _noise(numel, device, 3, increment)
     assert not torch.equal(kernels.exponential(later, (numel,)), q)  # the next draw of the stream
     # a different element count is a different layout
-    with pytest.raises(ValueError, match="noise: expected the layout"):
+    with pytest.raises(ValueError, match="noise: expected the noise layout of 21384 elements"):
         kernels.exponential(noise, (numel + 256 * 64,))
 
 
