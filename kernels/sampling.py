@@ -1,4 +1,4 @@
-"""A sampled decode step's logits processing and draw for top-k sampling, in two launches.
+"""A sampled decode step's logits processing and draw for top-k sampling, in one or two launches.
 
 transformers' processors in its order (repetition penalty, temperature, top-k, top-p), its
 softmax, and the draw argmax(p / q) with q ~ Exp(1), the draw torch.multinomial makes. q is
@@ -8,16 +8,20 @@ transformers consumes either way. In torch the same work is about twenty kernels
 radix passes, a sort for top-p, softmax, argmax, the NaN test), most of them one block per row
 over the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 22-25 here.
 
-- _tile_candidates_kernel, one program per (tile, row): the processed scores of BLOCK_V columns,
-  their K_TILE-th largest (the tile's cut, from a top-k of fp32 words), and the columns above
-  the cut, then those at it, listed as (value, column) keys while K_TILE slots last. Also
-  whether the tile has a NaN, and whether ties at its cut were left unlisted.
-- _sample_kernel, one program per row: the k-th largest score of the tiles' lists is the row's,
-  exactly (every tile listed at least its k largest). Kept are all scores >= it; ties stay,
-  since transformers masks `scores < kth`. With top-p, the K_TILE largest keys (sorted) give the
-  kept scores' running sums; without, a top-k of the lists' fp32 values gives the k-th (cheaper
-  than of the keys: a call at batch 1 23.5 -> 21.9 us on an H200). The draw runs over the
-  survivors, reading q at their columns only.
+One program per (tile, row):
+- _tile_candidates: the processed scores of BLOCK_V columns, their K_TILE-th largest (the tile's
+  cut, from a top-k of fp32 words), and the columns above the cut, then those at it, listed as
+  (value, column) keys while K_TILE slots last. Also whether the tile has a NaN, and whether ties
+  at its cut were left unlisted.
+- _draw_row, up to MAX_MERGED_ROWS rows in the row's last program to arrive (an arrival
+  counter, as gemv.py's split-K), else in a second launch of one program a row: the k-th largest score of the tiles' lists is the row's, exactly (every tile listed at least
+  its k largest). Kept are all scores >= it; ties stay, since transformers masks
+  `scores < kth`. With top-p, the K_TILE largest keys (sorted) give the kept scores' running
+  sums; without, a top-k of the lists' fp32 values gives the k-th (cheaper than of the keys: a
+  call at batch 1 23.5 -> 21.9 us on an H200). The draw runs over the survivors, reading q at
+  their columns only.
+Both launch with programmatic dependent launch, as every decode kernel: each waits at its start
+for the kernel before it.
 
 Ties at the k-th value that some list left out (a tile's cut equal to it with ties unlisted, or
 the row's list full of them) send the row to a scan: its ties are counted, and drawn among in a
@@ -34,15 +38,22 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._libdevice import expf
-from ._tuning import INTERPRET, launch
+from ._tuning import INTERPRET, launch, use_pdl
+from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
 from .noise import ExponentialNoise, _exponential_at, check_noise
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
 BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
-# num_warps of the two kernels: the best of 2/4/8/16 and 8/16 at batch 1, 8 and 64 (gpt2's
-# vocabulary, H200: 20.8, 28.5 and 114.7 us a call at top_k 50; bench/results/h200/sampler.md)
-TILE_WARPS, SAMPLE_WARPS = 16, 16
+# num_warps: the best of 2/4/8/16 for the tile stage and 8/16 for the row's, when they were two
+# kernels (gpt2's vocabulary, H200: 20.8, 28.5 and 114.7 us a call at batch 1, 8 and 64, top_k
+# 50; bench/results/h200/sampler.md)
+WARPS = 16
+# the draw by each row's last tile program (one launch) up to this many rows, else a second
+# launch draws (H200, us a call at top_k 50 against two launches: batch 1 20.0 -> 18.0, batch 8
+# 28.5 -> 27.2, batch 64 114.7 -> 125.1, where the merged kernel's registers held fewer tile programs)
+MAX_MERGED_ROWS = 8
+STAGES = {"merged": 0, "lists": 1, "draw": 2}
 
 
 @triton.jit
@@ -63,15 +74,12 @@ def _decode(keys):
 
 
 @triton.jit
-def _tile_candidates_kernel(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, V, NT, penalty, temperature,
-                            stride_lb, stride_sb, HAS_PENALTY: tl.constexpr, BLOCK_V: tl.constexpr,
-                            K_TILE: tl.constexpr):
-    t = tl.program_id(0)
-    b = tl.program_id(1)
+def _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, penalty, temperature,
+                     HAS_PENALTY: tl.constexpr, BLOCK_V: tl.constexpr, K_TILE: tl.constexpr):
+    """Tile t of row b (logits_ptr, seen_ptr at the row): its list of candidate keys, flags and cut."""
     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
     valid = cols < V
-    s, nan = _processed(logits_ptr + b * stride_lb, seen_ptr + b * stride_sb, cols, valid, penalty, temperature,
-                        HAS_PENALTY)
+    s, nan = _processed(logits_ptr, seen_ptr, cols, valid, penalty, temperature, HAS_PENALTY)
     ok = valid & ~nan
     # the tile's K_TILE-th largest score: a top-k of fp32 words, cheaper than of (value, column) keys
     cut = tl.min(tl.topk(tl.where(ok, s, float("-inf")), K_TILE), axis=0)
@@ -102,18 +110,14 @@ def _noise_at(q_ptr, row_start, cols, mask, noise_threads, IN_KERNEL: tl.constex
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, out_ptr,
-                   V, NT, k, penalty, temperature, drop_mass,
-                   stride_lb, stride_sb, stride_qb, noise_threads,
-                   HAS_PENALTY: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                   NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
-    b = tl.program_id(0)
-    logits_ptr += b * stride_lb
-    seen_ptr += b * stride_sb
-    q_ptr += b * stride_qb  # stride 0 with NOISE: the generator state
+def _draw_row(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, b, V, NT, k, penalty, temperature,
+              drop_mass, noise_threads, HAS_PENALTY: tl.constexpr, HAS_TOP_P: tl.constexpr, BLOCK_C: tl.constexpr,
+              NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
+    """Row b's token id from its tiles' lists (logits_ptr, seen_ptr and q_ptr at the row); V for
+    a row with a NaN. The lists come from other programs of this launch: read from L2 (.cg)."""
     row_start = b * V  # int32: with NOISE, B x V < 2^31
     c = tl.arange(0, BLOCK_C)
-    keys = tl.load(cand_ptr + b * NT * K_TILE + c, mask=c < NT * K_TILE, other=0)
+    keys = tl.load(cand_ptr + b * NT * K_TILE + c, mask=c < NT * K_TILE, other=0, cache_modifier=".cg")
     keys = tl.where(c < NT * K_TILE, keys, _empty_keys(BLOCK_C))
     if HAS_TOP_P:  # top-p sums the kept scores in order: the row's K_TILE largest keys, sorted
         keys = tl.topk(keys, K_TILE)
@@ -132,8 +136,8 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
         top = tl.max(v, axis=0)
         kth = tl.max(tl.where(tl.arange(0, K_TILE) == k - 1, tl.topk(v, K_TILE), float("-inf")), axis=0)
     tiles = tl.arange(0, NT_POW2)
-    flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0)
-    cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=0.0)
+    flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0, cache_modifier=".cg")
+    cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=0.0, cache_modifier=".cg")
     has_nan = tl.max(flags & 1, axis=0) > 0
     # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
     overflow = tl.max((((flags & 2) != 0) & (cut == kth)).to(tl.int32), axis=0)
@@ -178,7 +182,39 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, ou
             cand = tl.where(ok, _argmax_key(tl.div_rn(p_tie, qv), cols), _empty_keys(BLOCK_V))
             best = tl.maximum(best, tl.max(cand, axis=0))
             seen_ties += tl.sum(tie.to(tl.int32), axis=0)
-    tl.store(out_ptr + b, tl.where(has_nan, V, _key_index(best)).to(tl.int64))
+    return tl.where(has_nan, V, _key_index(best)).to(tl.int64)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, count_ptr, out_ptr,
+                   V, NT, k, penalty, temperature, drop_mass,
+                   stride_lb, stride_sb, stride_qb, noise_threads,
+                   HAS_PENALTY: tl.constexpr, HAS_TOP_P: tl.constexpr, STAGE: tl.constexpr, ARRIVALS: tl.constexpr,
+                   BLOCK_C: tl.constexpr, NT_POW2: tl.constexpr, K_TILE: tl.constexpr, BLOCK_V: tl.constexpr,
+                   NOISE: tl.constexpr, USE_PDL: tl.constexpr):
+    """STAGE (STAGES): the tile lists, and the draw by the row's last tile program to arrive;
+    the lists only (grid (NT, B)); the draw only (grid (1, B), after a launch of the lists)."""
+    t = tl.program_id(0)
+    b = tl.program_id(1)
+    if USE_PDL:  # launched while the kernel before runs: everything read here is written by it or earlier
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    logits_ptr += b * stride_lb
+    seen_ptr += b * stride_sb
+    q_ptr += b * stride_qb  # stride 0 with NOISE: the generator state
+    draw = STAGE != 1
+    if STAGE != 2:
+        _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, penalty, temperature,
+                         HAS_PENALTY, BLOCK_V, K_TILE)
+        if ARRIVALS:  # merged, over more than one tile
+            # acq_rel: this tile's list is visible before the count moves; the last arriver sees all
+            draw = tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == NT - 1
+    if draw:
+        if ARRIVALS:
+            tl.atomic_xchg(count_ptr + b, 0, sem="relaxed")  # next launch: after the kernel boundary
+        tl.store(out_ptr + b, _draw_row(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, b, V, NT, k,
+                                        penalty, temperature, drop_mass, noise_threads, HAS_PENALTY, HAS_TOP_P,
+                                        BLOCK_C, NT_POW2, K_TILE, BLOCK_V, NOISE))
 
 
 def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
@@ -221,13 +257,15 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     has_penalty = seen is not None and penalty != 1.0
     seen_arg = seen if has_penalty else flags
     stride_sb = seen.stride(0) if has_penalty else 0
-    launch(_tile_candidates_kernel, (nt, B), logits, seen_arg, cand, flags, cut, V, nt, float(penalty),
-           float(temperature), logits.stride(0), stride_sb,
-           HAS_PENALTY=has_penalty, BLOCK_V=block_v, K_TILE=k_tile, num_warps=TILE_WARPS)
-    launch(_sample_kernel, (B,), logits, seen_arg, q.state if in_kernel else q, cand, flags, cut, out, V, nt, k,
-           float(penalty), float(temperature), 1.0 - float(top_p), logits.stride(0), stride_sb,
-           0 if in_kernel else q.stride(0), q.threads if in_kernel else 0,
-           HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
-           NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, NOISE=in_kernel,
-           num_warps=SAMPLE_WARPS)
+    pdl = use_pdl(dev)
+    args = (logits, seen_arg, q.state if in_kernel else q, cand, flags, cut, arrival_counters(dev, B), out, V, nt, k,
+            float(penalty), float(temperature), 1.0 - float(top_p), logits.stride(0), stride_sb,
+            0 if in_kernel else q.stride(0), q.threads if in_kernel else 0)
+    meta = dict(HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
+                NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, NOISE=in_kernel, USE_PDL=pdl,
+                num_warps=WARPS, launch_pdl=pdl)
+    stages = ("merged",) if B <= MAX_MERGED_ROWS else ("lists", "draw")
+    for stage in stages:
+        launch(_sample_kernel, (nt if stage != "draw" else 1, B), *args, STAGE=STAGES[stage],
+               ARRIVALS=stage == "merged" and nt > 1, **meta)
     return out

@@ -7,7 +7,7 @@ import torch
 import kernels
 from kernels import reference as ref
 from kernels.noise import new_exponential_noise, seed_bits
-from kernels.sampling import MAX_TOP_K
+from kernels.sampling import MAX_MERGED_ROWS, MAX_TOP_K
 from tests.conftest import ON_GPU
 
 
@@ -125,3 +125,13 @@ def test_sample_logits_errors(device):
         args = dict(logits=logits, q=q, top_k=50) | kw
         with pytest.raises(ValueError, match=msg):
             kernels.sample_logits(**args)
+
+
+def test_sample_logits_repeated_calls(device):
+    """Up to MAX_MERGED_ROWS rows, each row's last tile program to arrive draws the row and resets
+    its arrival counter: later calls (other batch sizes, other tile counts, a second launch past
+    MAX_MERGED_ROWS rows) still finish every row."""
+    assert MAX_MERGED_ROWS < 9
+    for i, (B, V) in enumerate([(3, 1500), (9, 700), (2, 700), (9, 1500), (3, 1500)]):
+        logits, q, _ = _inputs(B, V, device, seed=20 + i)
+        _check(logits, q, 10, 0.9)
