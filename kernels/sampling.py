@@ -50,9 +50,12 @@ BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
 # 50; bench/results/h200/sampler.md)
 WARPS = 16
 # the draw by each row's last tile program (one launch) up to this many rows, else a second
-# launch draws (H200, us a call at top_k 50 against two launches: batch 1 20.0 -> 18.0, batch 8
-# 28.5 -> 27.2, batch 64 114.7 -> 125.1, where the merged kernel's registers held fewer tile programs)
-MAX_MERGED_ROWS = 8
+# launch draws. us a call at top_k 50 on an H200, one launch against two (both with dependent
+# launch; bench/results/h200/sampler.md): batch 1 19.4 against 20.7, batch 4 19.6 / 20.9, batch 8
+# 28.5 / 28.3, batch 64 126.8 / 114.5. Likely why, not measured apart: the merged kernel's 76
+# registers a thread (sm_90a, scripts/check_compile.py) fit one 16-warp program an SM, the
+# lists' 60 two, which counts once the tiles (25 a row) outnumber the SMs
+MAX_MERGED_ROWS = 4
 STAGES = {"merged": 0, "lists": 1, "draw": 2}
 
 
