@@ -15,7 +15,8 @@
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
   folded layernorm skip reading whole rows
 - sample_logits: a sampled step's logits processing and draw (top-k from 1 to
-  SAMPLE_MAX_TOP_K), transformers' formulas, in two launches
+  SAMPLE_MAX_TOP_K), transformers' formulas, in one launch (two past
+  MAX_MERGED_ROWS rows)
 - exponential / ExponentialNoise: torch's CUDA exponential_ values from the generator's state,
   so the sampler computes its noise at the drawn columns only (torch_exponential_matches checks)
 - softmax, gelu: row softmax and elementwise GELU
