@@ -14,12 +14,13 @@ One program per (tile, row):
   (value, column) keys while K_TILE slots last. Also whether the tile has a NaN, and whether ties
   at its cut were left unlisted.
 - _draw_row, up to MAX_MERGED_ROWS rows in the row's last program to arrive (an arrival
-  counter, as gemv.py's split-K), else in a second launch of one program a row: the k-th largest score of the tiles' lists is the row's, exactly (every tile listed at least
-  its k largest). Kept are all scores >= it; ties stay, since transformers masks
-  `scores < kth`. With top-p, the K_TILE largest keys (sorted) give the kept scores' running
-  sums; without, a top-k of the lists' fp32 values gives the k-th (cheaper than of the keys: a
-  call at batch 1 23.5 -> 21.9 us on an H200). The draw runs over the survivors, reading q at
-  their columns only.
+  counter, as gemv.py's split-K), else in a second launch of one program a row: the k-th
+  largest score of the tiles' lists is the row's, exactly (every tile listed at least its k
+  largest). Kept are all scores >= it; ties stay, since transformers masks `scores < kth`.
+  With top-p, the K_TILE largest keys (sorted) give the kept scores' running sums; without, a
+  top-k of the lists' fp32 values gives the k-th (cheaper than of the keys: a call at batch 1
+  23.5 -> 21.9 us on an H200). The draw runs over the survivors, reading q at their columns
+  only.
 Both launch with programmatic dependent launch, as every decode kernel: each waits at its start
 for the kernel before it.
 
@@ -52,9 +53,9 @@ WARPS = 16
 # the draw by each row's last tile program (one launch) up to this many rows, else a second
 # launch draws. us a call at top_k 50 on an H200, one launch against two (both with dependent
 # launch; bench/results/h200/sampler.md): batch 1 19.4 against 20.7, batch 4 19.6 / 20.9, batch 8
-# 28.5 / 28.3, batch 64 126.8 / 114.5. Likely why, not measured apart: the merged kernel's 76
-# registers a thread (sm_90a, scripts/check_compile.py) fit one 16-warp program an SM, the
-# lists' 60 two, which counts once the tiles (25 a row) outnumber the SMs
+# 28.5 / 28.3, batch 64 126.8 / 114.5. Likely why, not measured apart: the merged kernel's 83
+# registers a thread (sm_90a, Triton 3.9, scripts/check_compile.py) fit one 16-warp program an
+# SM, the lists' 60-62 two, which counts once the tiles (25 a row) outnumber the SMs
 MAX_MERGED_ROWS = 4
 STAGES = {"merged": 0, "lists": 1, "draw": 2}
 

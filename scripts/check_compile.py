@@ -183,6 +183,8 @@ def drive_library(dtype, where):
     kernels.sample_logits(logits, q, 128, 1.0, 1.0)  # its widest lists (each sort compiles for ~20 s)
     noise = kernels.new_exponential_noise(64 * 50257, logits.device)
     kernels.sample_logits(logits, noise, 50, 1.0, 1.0)  # the engine's: torch's noise computed in-kernel
+    one = kernels.new_exponential_noise(50257, logits.device)
+    kernels.sample_logits(logits[:1], one, 50, 1.0, 1.0)  # one row: the draw in the last tile program
     kernels.exponential(noise, (64, 50257))
 
 
