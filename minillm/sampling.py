@@ -80,6 +80,12 @@ def process_logits(logits, params: SamplingParams, seen=None):
     return sampling_scores(logits, params.temperature, params.top_k, params.top_p, params.repetition_penalty, seen)
 
 
+def fused(ops, params: SamplingParams):
+    """Whether the kernel backend ops draws these settings itself (sample_logits takes top_k
+    from 1 to its SAMPLE_MAX_TOP_K), rather than plain torch."""
+    return ops is not None and 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K
+
+
 def sample(logits, params: SamplingParams, seen=None, ops=None, noise=None):
     """Next token ids (B,) int64 from logits (B, V): argmax when greedy, else a draw from
     softmax(processed scores) through the default generator of the logits' device. ops: the
@@ -98,7 +104,7 @@ def sample(logits, params: SamplingParams, seen=None, ops=None, noise=None):
         q = noise.draw
     else:
         q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1)  # multinomial's
-    ops = ops if ops is not None and 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K else kernels.reference
+    ops = ops if fused(ops, params) else kernels.reference
     return ops.sample_logits(logits, q, params.top_k, params.temperature, params.top_p, params.repetition_penalty,
                              seen)
 
@@ -127,7 +133,7 @@ class KernelNoise:
         """A KernelNoise where the sampler can draw in-kernel and this torch's exponential_ is the
         formula's (checked once per shape), else None: q is drawn with torch."""
         if (not KERNEL_NOISE or params.greedy or device.type != "cuda" or not hasattr(ops, "new_exponential_noise")
-                or not 1 <= params.top_k <= ops.SAMPLE_MAX_TOP_K or batch * vocab >= 2 ** 31):
+                or not fused(ops, params) or batch * vocab >= 2 ** 31):
             return None
         if not ops.torch_exponential_matches(device, batch * vocab):
             warnings.warn("minillm: this torch's exponential_ does not draw as kernels/noise.py computes; sampling "
