@@ -56,6 +56,7 @@ def test_kernel_noise_same_ids_and_generator(path, monkeypatch, graphs):
 
     prompts = _prompts(3, SIZE["vocab_size"], seed=2)
     params = SamplingParams(max_new_tokens=20, temperature=0.9, top_k=30, top_p=0.95, seed=3, ignore_eos=True)
+    torch.cuda.init()  # default_generators is empty until CUDA is initialized (this test alone in a process)
     gen = torch.cuda.default_generators[torch.cuda.current_device()]
     runs = {}
     for in_kernel in (True, False):
