@@ -16,7 +16,7 @@
   folded layernorm skip reading whole rows
 - sample_logits: a sampled step's logits processing and draw (top-k from 1 to
   SAMPLE_MAX_TOP_K), transformers' formulas, in one launch (two past
-  MAX_MERGED_ROWS rows)
+  MAX_MERGED_ROWS rows); its k-th values come from kth_search (a bit-by-bit count, no sort)
 - exponential / ExponentialNoise: torch's CUDA exponential_ values from the generator's state,
   so the sampler computes its noise at the drawn columns only (torch_exponential_matches checks)
 - softmax, gelu: row softmax and elementwise GELU

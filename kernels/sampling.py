@@ -9,18 +9,18 @@ radix passes, a sort for top-p, softmax, argmax, the NaN test), most of them one
 over the whole vocabulary: 112 us a call at gpt2 batch 1 on an H200 (196 with top-p), 22-25 here.
 
 One program per (tile, row):
-- _tile_candidates: the processed scores of BLOCK_V columns, their K_TILE-th largest (the tile's
-  cut, from a top-k of fp32 words), and the columns above the cut, then those at it, listed as
-  (value, column) keys while K_TILE slots last. Also whether the tile has a NaN, and whether ties
-  at its cut were left unlisted.
+- _tile_candidates: the processed scores of BLOCK_V columns, a cut with at least k of them at
+  or above it and, where ties allow, at most K_TILE (a bit-by-bit search of their ordered words,
+  _kth_search), and the columns above the cut, then those at it, listed as (value, column) keys
+  while K_TILE slots last. Also whether the tile has a NaN, and whether ties at its cut were
+  left unlisted.
 - _draw_row, up to MAX_MERGED_ROWS rows in the row's last program to arrive (an arrival
   counter, as gemv.py's split-K), else in a second launch of one program a row: the k-th
   largest score of the tiles' lists is the row's, exactly (every tile listed at least its k
   largest). Kept are all scores >= it; ties stay, since transformers masks `scores < kth`.
-  With top-p, the K_TILE largest keys (sorted) give the kept scores' running sums; without, a
-  top-k of the lists' fp32 values gives the k-th (cheaper than of the keys: a call at batch 1
-  23.5 -> 21.9 us on an H200). The draw runs over the survivors, reading q at their columns
-  only.
+  With top-p, the K_TILE largest keys (sorted) give the kept scores' running sums; without, the
+  same search over the lists' words gives the k-th, between the largest cut and the largest
+  score. The draw runs over the survivors, reading q at their columns only.
 Both launch with programmatic dependent launch, as every decode kernel: each waits at its start
 for the kernel before it.
 
@@ -42,14 +42,30 @@ from ._libdevice import expf
 from ._tuning import INTERPRET, launch, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
+from .kth_search import _kth_search, _words
 from .noise import ExponentialNoise, _exponential_at, check_noise
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
-BLOCK_V = 512 if INTERPRET else 2048  # columns per candidate tile
-# num_warps: the best of 2/4/8/16 for the tile stage and 8/16 for the row's, when they were two
-# kernels (gpt2's vocabulary, H200: 20.8, 28.5 and 114.7 us a call at batch 1, 8 and 64, top_k
-# 50; bench/results/h200/sampler.md)
-WARPS = 16
+# columns per candidate tile (the interpreter's are smaller): with top-p the row sorts its tiles'
+# listed keys, and wider tiles halve them. us a call at top_k 50, gpt2's vocabulary, on an H200
+# (bench/results/h200/sampler.md, thirty-sixth session): top_p 0.95 at batch 8 28.7 -> 18.1,
+# batch 1 and 64 even; without top-p, 4,096 columns lose 2-13 us
+BLOCK_V = 512 if INTERPRET else 2048
+BLOCK_V_TOP_P = 512 if INTERPRET else 4096
+# num_warps by stage. The tile programs' search is a chain of reductions over the tile: at one
+# launch (up to MAX_MERGED_ROWS rows) 16 warps wait least; with more rows the tiles outnumber
+# the SMs, and fewer warps fit more programs on one: batch 8 18.7 us at 8 warps (20.4 at 16),
+# batch 64 49.6 at 4 (57.6 at 8, 69.2 at 16)
+WARPS = {"merged": 16, "draw": 16}
+LIST_WARPS_ROWS = 16  # 8 warps a tile program up to this many rows, 4 beyond
+
+
+def _warps(stage, B):
+    if stage == "lists":
+        return 8 if B <= LIST_WARPS_ROWS else 4
+    return WARPS[stage]
+
+
 # the draw by each row's last tile program (one launch) up to this many rows, else a second
 # launch draws. us a call at top_k 50 on an H200, one launch against two (both with dependent
 # launch; bench/results/h200/sampler.md): batch 1 19.4 against 20.7, batch 4 19.6 / 20.9, batch 8
@@ -78,28 +94,37 @@ def _decode(keys):
 
 
 @triton.jit
-def _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, penalty, temperature,
+def _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, k, penalty, temperature,
                      HAS_PENALTY: tl.constexpr, BLOCK_V: tl.constexpr, K_TILE: tl.constexpr):
-    """Tile t of row b (logits_ptr, seen_ptr at the row): its list of candidate keys, flags and cut."""
+    """Tile t of row b (logits_ptr, seen_ptr at the row): its list of candidate keys, flags and
+    cut (an _ordered word)."""
     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
     valid = cols < V
     s, nan = _processed(logits_ptr, seen_ptr, cols, valid, penalty, temperature, HAS_PENALTY)
     ok = valid & ~nan
-    # the tile's K_TILE-th largest score: a top-k of fp32 words, cheaper than of (value, column) keys
-    cut = tl.min(tl.topk(tl.where(ok, s, float("-inf")), K_TILE), axis=0)
-    above = ok & (s > cut)  # fewer than K_TILE: all listed, first
-    tie = ok & (s == cut)  # listed after them while slots last (lowest columns first)
+    w = _ordered(s)
+    u = _words(w)
+    n_ok = tl.sum(ok.to(tl.int32), axis=0)
+    cut = tl.full((), 0, tl.uint32)  # below every score's word: a tile of at most K_TILE lists them all
+    n = n_ok
+    if n_ok > K_TILE:  # (so n_ok > k) at least k scores at or above the cut, at most K_TILE unless tied
+        lo = tl.min(tl.where(ok, u, 4294967295), axis=0)
+        hi = tl.max(tl.where(ok, u, 0), axis=0)
+        cut, n = _kth_search(u, ok, k, lo, hi, n_ok, K_TILE)
+    # above: at most K_TILE, all listed first. Ties (a search that ran to the tile's k-th
+    # largest) after them while slots last, lowest columns first
+    above = ok & (u > cut)
+    tie = ok & (u == cut)
     n_above = tl.sum(above.to(tl.int32), axis=0)
     slot = tl.where(above, tl.cumsum(above.to(tl.int32), axis=0), n_above + tl.cumsum(tie.to(tl.int32), axis=0)) - 1
     listed = (above | tie) & (slot < K_TILE)
     base = cand_ptr + (b * NT + t) * K_TILE
-    tl.store(base + slot, (_ordered(s).to(tl.int64) << 32) | cols.to(tl.int64), mask=listed)
-    n = n_above + tl.sum(tie.to(tl.int32), axis=0)
+    tl.store(base + slot, (w.to(tl.int64) << 32) | cols.to(tl.int64), mask=listed)
     slots = tl.arange(0, K_TILE)
     tl.store(base + slots, _empty_keys(K_TILE), mask=slots >= n)  # a tile with fewer columns than slots
     # bit 0: a NaN in the tile; bit 1: ties at the cut left unlisted
     tl.store(flags_ptr + b * NT + t, tl.max(nan.to(tl.int32), axis=0) | (n > K_TILE).to(tl.int32) * 2)
-    tl.store(cut_ptr + b * NT + t, cut)
+    tl.store(cut_ptr + b * NT + t, cut.to(tl.int32, bitcast=True) ^ -2147483648)
 
 
 @triton.jit
@@ -132,19 +157,22 @@ def _draw_row(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, b, V, N
         empty = _empty_keys(BLOCK_C)
     listed = keys != empty
     v, col = _decode(keys)
+    tiles = tl.arange(0, NT_POW2)
+    flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0, cache_modifier=".cg")
+    cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=-2147483648, cache_modifier=".cg")
     if HAS_TOP_P:
         top = tl.max(tl.where(r == 0, v, float("-inf")), axis=0)  # softmax's max
         kth = tl.max(tl.where(r == k - 1, v, float("-inf")), axis=0)
-    else:  # the k-th largest from a top-k of the fp32 values alone: cheaper than of the keys
-        v = tl.where(listed, v, float("-inf"))
-        top = tl.max(v, axis=0)
-        kth = tl.max(tl.where(tl.arange(0, K_TILE) == k - 1, tl.topk(v, K_TILE), float("-inf")), axis=0)
-    tiles = tl.arange(0, NT_POW2)
-    flags = tl.load(flags_ptr + b * NT + tiles, mask=tiles < NT, other=0, cache_modifier=".cg")
-    cut = tl.load(cut_ptr + b * NT + tiles, mask=tiles < NT, other=0.0, cache_modifier=".cg")
+    else:  # the k-th largest word of the lists, searched between the largest cut and the largest
+        u = _words((keys >> 32).to(tl.int32))
+        hi = tl.max(tl.where(listed, u, 0), axis=0)
+        t = _kth_search(u, listed, k, _words(tl.max(cut, axis=0)), hi, -1, k)[0]
+        kth = _from_ordered(tl.min(tl.where(listed & (u >= t), u, 4294967295), axis=0).to(tl.int32, bitcast=True)
+                            ^ -2147483648)
+        top = _from_ordered(hi.to(tl.int32, bitcast=True) ^ -2147483648)
     has_nan = tl.max(flags & 1, axis=0) > 0
     # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
-    overflow = tl.max((((flags & 2) != 0) & (cut == kth)).to(tl.int32), axis=0)
+    overflow = tl.max((((flags & 2) != 0) & (cut == _ordered(kth))).to(tl.int32), axis=0)
     if HAS_TOP_P:  # or the row's sorted list ends inside the tie group: more listed ties than K_TILE
         overflow += tl.max(((r == K_TILE - 1) & listed & (v == kth)).to(tl.int32), axis=0)
 
@@ -208,7 +236,7 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, co
     q_ptr += b * stride_qb  # stride 0 with NOISE: the generator state
     draw = STAGE != 1
     if STAGE != 2:
-        _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, penalty, temperature,
+        _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, k, penalty, temperature,
                          HAS_PENALTY, BLOCK_V, K_TILE)
         if ARRIVALS:  # merged, over more than one tile
             # acq_rel: this tile's list is visible before the count moves; the last arriver sees all
@@ -253,11 +281,11 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
         return out
     k = min(top_k, V)
     k_tile = max(16, triton.next_power_of_2(k))
-    block_v = max(k_tile, min(BLOCK_V, triton.next_power_of_2(V)))
+    block_v = max(k_tile, min(BLOCK_V_TOP_P if top_p < 1.0 else BLOCK_V, triton.next_power_of_2(V)))
     nt = triton.cdiv(V, block_v)
     cand = torch.empty((B, nt, k_tile), dtype=torch.int64, device=dev)
     flags = torch.empty((B, nt), dtype=torch.int32, device=dev)
-    cut = torch.empty((B, nt), dtype=torch.float32, device=dev)
+    cut = torch.empty((B, nt), dtype=torch.int32, device=dev)
     has_penalty = seen is not None and penalty != 1.0
     seen_arg = seen if has_penalty else flags
     stride_sb = seen.stride(0) if has_penalty else 0
@@ -267,9 +295,9 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
             0 if in_kernel else q.stride(0), q.threads if in_kernel else 0)
     meta = dict(HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
                 NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, NOISE=in_kernel, USE_PDL=pdl,
-                num_warps=WARPS, launch_pdl=pdl)
+                launch_pdl=pdl)
     stages = ("merged",) if B <= MAX_MERGED_ROWS else ("lists", "draw")
     for stage in stages:
         launch(_sample_kernel, (nt if stage != "draw" else 1, B), *args, STAGE=STAGES[stage],
-               ARRIVALS=stage == "merged" and nt > 1, **meta)
+               ARRIVALS=stage == "merged" and nt > 1, num_warps=_warps(stage, B), **meta)
     return out

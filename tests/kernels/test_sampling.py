@@ -77,6 +77,30 @@ def test_ties(device):
         _check(logits, q, top_k, 1.0, top_p)
 
 
+def test_cut_search_edges(device):
+    """The tiles' cuts and the row's k-th value come from bit-by-bit searches of the scores'
+    ordered words: a short last tile holding the row's largest scores (fewer than k: it lists
+    all and bounds nothing), -0.0 and +0.0 tied at the k-th value (one word), scores that
+    share their sign and exponent (GPT-2's logits sit near -90), and a row of two values."""
+    from kernels.sampling import BLOCK_V
+    V = BLOCK_V + 30
+    logits, q, _ = _inputs(4, V, device, dtype=torch.float32, seed=13)
+    logits[0, BLOCK_V:] = logits[0].max() + torch.linspace(0.01, 0.3, 30, device=device)
+    logits[1] = -5.0 - logits[1].abs()
+    logits[1, :40] = torch.linspace(0.01, 0.4, 40, device=device)
+    logits[1, 100:134] = -0.0  # 40 above zero, then 34 zeros at the k-th: 4 of them +0.0
+    logits[1, 100:104] = 0.0
+    logits[2] = logits[2] * 0.7 - 90.0
+    logits[3] = torch.where(logits[3] > 0, 1.5, -2.5)
+    for top_k, top_p in ((50, 1.0), (50, 0.9), (128, 1.0), (1, 1.0)):
+        _check(logits, q, top_k, 1.0, top_p)
+        _check(logits.half(), q, top_k, 0.7, top_p)
+    for seed in range(4):  # the short tile's neighbours below it are drawn too, now and then
+        logits[0, :BLOCK_V] = torch.randn(BLOCK_V, generator=torch.Generator().manual_seed(seed)).to(device)
+        logits[0, BLOCK_V:] = logits[0, :BLOCK_V].max() + torch.linspace(0.01, 0.3, 30, device=device)
+        _check(logits, torch.empty_like(q).exponential_(1), 50)
+
+
 def test_noise_in_kernel(device):
     """q as an ExponentialNoise (torch's exponential_ values, computed at the drawn columns
     only): the same ids as the q tensor kernels.exponential fills from that state, through the
