@@ -96,9 +96,10 @@ def test_cut_search_edges(device):
         _check(logits, q, top_k, 1.0, top_p)
         _check(logits.half(), q, top_k, 0.7, top_p)
     for seed in range(4):  # the short tile's neighbours below it are drawn too, now and then
-        logits[0, :BLOCK_V] = torch.randn(BLOCK_V, generator=torch.Generator().manual_seed(seed)).to(device)
+        g = torch.Generator().manual_seed(seed)
+        logits[0, :BLOCK_V] = torch.randn(BLOCK_V, generator=g).to(device)
         logits[0, BLOCK_V:] = logits[0, :BLOCK_V].max() + torch.linspace(0.01, 0.3, 30, device=device)
-        _check(logits, torch.empty_like(q).exponential_(1), 50)
+        _check(logits, torch.empty(q.shape).exponential_(1, generator=g).to(device), 50)
 
 
 def test_noise_in_kernel(device):
