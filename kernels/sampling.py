@@ -241,6 +241,9 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, co
         if ARRIVALS:  # merged, over more than one tile
             # acq_rel: this tile's list is visible before the count moves; the last arriver sees all
             draw = tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == NT - 1
+        elif STAGE == 0:  # one tile, drawn by this program: its threads read back what others stored
+            # (the flags and cut come from one thread each, after the tile's last barrier)
+            tl.debug_barrier()
     if draw:
         if ARRIVALS:
             tl.atomic_xchg(count_ptr + b, 0, sem="relaxed")  # next launch: after the kernel boundary
