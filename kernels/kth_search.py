@@ -21,6 +21,12 @@ def _words(ordered):
 
 
 @triton.jit
+def _ordered_of(words):
+    """The _ordered int32 words of uint32 words (the inverse of _words)."""
+    return words.to(tl.int32, bitcast=True) ^ -2147483648
+
+
+@triton.jit
 def _count_at_least(u, counted, t):
     return tl.sum((counted & (u >= t)).to(tl.int32), axis=0)
 

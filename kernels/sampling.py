@@ -42,7 +42,7 @@ from ._libdevice import expf
 from ._tuning import INTERPRET, launch, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _empty_keys, _from_ordered, _key_index, _ordered
-from .kth_search import _kth_search, _words
+from .kth_search import _kth_search, _ordered_of, _words
 from .noise import ExponentialNoise, _exponential_at, check_noise
 
 MAX_TOP_K = 128  # larger top_k (and top_k = 0, all of the vocabulary) run in torch
@@ -56,22 +56,20 @@ BLOCK_V_TOP_P = 512 if INTERPRET else 4096
 # launch (up to MAX_MERGED_ROWS rows) 16 warps wait least; with more rows the tiles outnumber
 # the SMs, and fewer warps fit more programs on one: batch 8 18.7 us at 8 warps (20.4 at 16),
 # batch 64 49.6 at 4 (57.6 at 8, 69.2 at 16)
-WARPS = {"merged": 16, "draw": 16}
-LIST_WARPS_ROWS = 16  # 8 warps a tile program up to this many rows, 4 beyond
+LIST_WARPS_ROWS = 16  # the tile launch: 8 warps up to this many rows, 4 beyond
 
 
 def _warps(stage, B):
     if stage == "lists":
         return 8 if B <= LIST_WARPS_ROWS else 4
-    return WARPS[stage]
+    return 16
 
 
 # the draw by each row's last tile program (one launch) up to this many rows, else a second
 # launch draws. us a call at top_k 50 on an H200, one launch against two (both with dependent
 # launch; bench/results/h200/sampler.md): batch 1 19.4 against 20.7, batch 4 19.6 / 20.9, batch 8
-# 28.5 / 28.3, batch 64 126.8 / 114.5. Likely why, not measured apart: the merged kernel's 83
-# registers a thread (sm_90a, Triton 3.9, scripts/check_compile.py) fit one 16-warp program an
-# SM, the lists' 60-62 two, which counts once the tiles (25 a row) outnumber the SMs
+# 28.5 / 28.3, batch 64 126.8 / 114.5. Re-timed with the counting tiles: 8 rows even (18.5
+# against 18.7 us), 16 rows slower (25.9 against 25.4)
 MAX_MERGED_ROWS = 4
 STAGES = {"merged": 0, "lists": 1, "draw": 2}
 
@@ -124,7 +122,7 @@ def _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V
     tl.store(base + slots, _empty_keys(K_TILE), mask=slots >= n)  # a tile with fewer columns than slots
     # bit 0: a NaN in the tile; bit 1: ties at the cut left unlisted
     tl.store(flags_ptr + b * NT + t, tl.max(nan.to(tl.int32), axis=0) | (n > K_TILE).to(tl.int32) * 2)
-    tl.store(cut_ptr + b * NT + t, cut.to(tl.int32, bitcast=True) ^ -2147483648)
+    tl.store(cut_ptr + b * NT + t, _ordered_of(cut))
 
 
 @triton.jit
@@ -167,9 +165,8 @@ def _draw_row(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, b, V, N
         u = _words((keys >> 32).to(tl.int32))
         hi = tl.max(tl.where(listed, u, 0), axis=0)
         t = _kth_search(u, listed, k, _words(tl.max(cut, axis=0)), hi, -1, k)[0]
-        kth = _from_ordered(tl.min(tl.where(listed & (u >= t), u, 4294967295), axis=0).to(tl.int32, bitcast=True)
-                            ^ -2147483648)
-        top = _from_ordered(hi.to(tl.int32, bitcast=True) ^ -2147483648)
+        kth = _from_ordered(_ordered_of(tl.min(tl.where(listed & (u >= t), u, 4294967295), axis=0)))
+        top = _from_ordered(_ordered_of(hi))
     has_nan = tl.max(flags & 1, axis=0) > 0
     # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
     overflow = tl.max((((flags & 2) != 0) & (cut == _ordered(kth))).to(tl.int32), axis=0)
@@ -238,12 +235,11 @@ def _sample_kernel(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, co
     if STAGE != 2:
         _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V, NT, k, penalty, temperature,
                          HAS_PENALTY, BLOCK_V, K_TILE)
+        if STAGE == 0:  # all this program's stores of the tile (the flags and cut by one thread) before
+            tl.debug_barrier()  # the arrival that releases them, or the draw that reads them back here
         if ARRIVALS:  # merged, over more than one tile
             # acq_rel: this tile's list is visible before the count moves; the last arriver sees all
             draw = tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == NT - 1
-        elif STAGE == 0:  # one tile, drawn by this program: its threads read back what others stored
-            # (the flags and cut come from one thread each, after the tile's last barrier)
-            tl.debug_barrier()
     if draw:
         if ARRIVALS:
             tl.atomic_xchg(count_ptr + b, 0, sem="relaxed")  # next launch: after the kernel boundary

@@ -181,6 +181,7 @@ def drive_library(dtype, where):
     logits, q, seen = r(64, 50257), torch.rand(64, 50257), torch.rand(64, 50257) < 0.1
     kernels.sample_logits(logits, q, 50, 0.8, 0.9, 1.2, seen)  # every step the sampler has
     kernels.sample_logits(logits, q, 128, 1.0, 1.0)  # its widest lists (each sort compiles for ~20 s)
+    kernels.sample_logits(logits[:8], q[:8], 50, 1.0, 0.9)  # the tile launch's 8-warp layout, top-p's wide tiles
     noise = kernels.new_exponential_noise(64 * 50257, logits.device)
     kernels.sample_logits(logits, noise, 50, 1.0, 1.0)  # the engine's: torch's noise computed in-kernel
     one = kernels.new_exponential_noise(50257, logits.device)
