@@ -10,19 +10,21 @@ import triton.language as tl
 from kernels.argmax_key import _ordered
 from kernels.kth_search import _kth_search, _words
 
-BLOCK = 1024
+BLOCK = 2048
 
 
 @triton.jit
-def _search_kernel(x_ptr, out_ptr, N, k, limit, lo_word, BOUNDS: tl.constexpr, BLOCK: tl.constexpr):
+def _search_kernel(x_ptr, out_ptr, N, k, limit, lo_word, BOUNDS: tl.constexpr, TWO_BITS: tl.constexpr,
+                   BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     valid = offs < N
     u = _words(_ordered(tl.load(x_ptr + offs, mask=valid, other=float("nan"))))
     if BOUNDS:  # lo from the caller (a word with at least k at or above it), hi the maximum
         hi = tl.max(tl.where(valid, u, 0), axis=0)
-        t, cnt = _kth_search(u, valid, k, lo_word.to(tl.uint32, bitcast=True), hi, -1, limit)
+        t, cnt = _kth_search(u, valid, k, lo_word.to(tl.uint32, bitcast=True), hi, -1, limit, TWO_BITS)
     else:
-        t, cnt = _kth_search(u, valid, k, tl.full((), 0, tl.uint32), tl.full((), 4294967295, tl.uint32), -1, limit)
+        t, cnt = _kth_search(u, valid, k, tl.full((), 0, tl.uint32), tl.full((), 4294967295, tl.uint32), -1, limit,
+                             TWO_BITS)
     tl.store(out_ptr, t.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, cnt)
 
@@ -33,10 +35,11 @@ def _words_of(x):
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2 ** 31
 
 
-def _search(x, k, limit, lo=None):
+def _search(x, k, limit, lo, two_bits):
     out = torch.full((2,), -7, dtype=torch.int32, device=x.device)  # poisoned
     lo_word = 0 if lo is None else int(lo) - (2 ** 32 if lo >= 2 ** 31 else 0)
-    _search_kernel[(1,)](x, out, x.numel(), k, limit, lo_word, BOUNDS=lo is not None, BLOCK=BLOCK)
+    _search_kernel[(1,)](x, out, x.numel(), k, limit, lo_word, BOUNDS=lo is not None, TWO_BITS=two_bits,
+                         BLOCK=BLOCK)
     t, cnt = out.tolist()
     return t & 0xFFFFFFFF, cnt
 
@@ -57,8 +60,9 @@ def _scores(kind, n, device, seed):
 
 
 @pytest.mark.parametrize("kind", ["random", "clustered", "tied", "signed zeros", "infinite"])
-@pytest.mark.parametrize("n", [1000, 97])
-def test_kth_search(kind, n, device):
+@pytest.mark.parametrize("n", [1500, 97])  # 1,500: counts start above the two-bit form's 1,023
+@pytest.mark.parametrize("two_bits", [False, True])
+def test_kth_search(kind, n, two_bits, device):
     x = _scores(kind, n, device, seed=n)
     u = _words_of(x)
     for k in sorted({1, 7, 50, n}):
@@ -67,11 +71,11 @@ def test_kth_search(kind, n, device):
         kth = int(torch.topk(u, k).values[-1])
         lo = int(torch.topk(u, min(2 * k, n)).values[-1])  # a bound below the k-th
         for bounds in (None, lo):
-            t, cnt = _search(x, k, k, bounds)
+            t, cnt = _search(x, k, k, bounds, two_bits)
             assert cnt == int((u >= t).sum()) and cnt >= k, (kind, k, t, cnt)
             assert int(u[u >= t].min()) == kth, (kind, k)  # the k-th word: the least at or above t
             for limit in (k + 8, 64 + k):
-                t, cnt = _search(x, k, limit, bounds)
+                t, cnt = _search(x, k, limit, bounds, two_bits)
                 assert cnt == int((u >= t).sum()) and cnt >= k, (kind, k, limit, t, cnt)
                 # at most limit at or above the cut, unless the search ended on the k-th itself
                 assert cnt <= limit or t == kth, (kind, k, limit, t, cnt)
