@@ -1,7 +1,8 @@
 """kernels/kth_search.py: the bit-by-bit search of ordered words, in a one-program test kernel,
 against torch.topk and counts in torch. Exact k-th largest words (limit = k), early cuts (limit >
 k: between k and limit words at or above, unless ties forbid it), with bounds from the scores or
-none, over random, clustered, tied, signed-zero and infinite scores."""
+none, over random, clustered, tied, signed-zero and infinite scores; one bit a count and two
+(TWO_BITS, from above 1,023 counted words down)."""
 import pytest
 import torch
 import triton
