@@ -176,8 +176,8 @@ def drive_library(dtype, where):
     kc, vc = r(3, 4, 300, 64), r(3, 4, 300, 64)
     lens = torch.full((3,), 200, dtype=torch.int32)
     kernels.decode_attention(r(3, 4, 64), kc, vc, lens)
-    kernels.decode_attention(r(3, 4, 64), kc, vc, lens, num_splits=4)  # the split form and its merge (a GPU
-    # splits 12 pairs; this driver stands for 2 SMs and would not)
+    # the split form and its merge: a GPU splits 12 (row, head) pairs; this driver stands for 2 SMs and would not
+    kernels.decode_attention(r(3, 4, 64), kc, vc, lens, num_splits=4)
     logits, q, seen = r(64, 50257), torch.rand(64, 50257), torch.rand(64, 50257) < 0.1
     kernels.sample_logits(logits, q, 50, 0.8, 0.9, 1.2, seen)  # every step the sampler has
     kernels.sample_logits(logits, q, 128, 1.0, 1.0)  # its widest lists (each sort compiles for ~20 s)
