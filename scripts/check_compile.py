@@ -79,10 +79,11 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
     from kernels import _checks, _tuning
 
     _checks.INTERPRET = True  # CPU tensors stand in for CUDA ones
+    use_pdl, sm_count = _tuning.use_pdl, _tuning.sm_count  # (before _tuning's own are replaced below)
     for mod in _kernel_modules():  # the GPU's answers, where launchers ask the device
-        if getattr(mod, "use_pdl", None) is _tuning.use_pdl:
+        if getattr(mod, "use_pdl", None) is use_pdl:
             mod.use_pdl = lambda device: arch >= 90
-        if getattr(mod, "sm_count", None) is _tuning.sm_count:
+        if getattr(mod, "sm_count", None) is sm_count:
             mod.sm_count = lambda device: sms
 
 
@@ -252,7 +253,7 @@ def main():
     p.add_argument("--models", nargs="+", default=["gpt2", "gpt2-xl"], help="presets (default: gpt2 gpt2-xl)")
     p.add_argument("--dtypes", nargs="+", default=["float16", "float32"], choices=["float16", "bfloat16", "float32"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64], help="decode batches")
-    p.add_argument("--cache-lens", nargs="+", type=int, default=[128, 1024], help="attended cache lengths")
+    p.add_argument("--cache-lens", nargs="+", type=int, default=[128, 256, 1024], help="attended cache lengths")
     p.add_argument("--arch", type=int, default=90, choices=sorted(SMEM_LIMIT), help="compute capability x 10")
     p.add_argument("--sms", type=int, default=132, help="multiprocessors the grids are sized for (H100/H200: 132)")
     p.add_argument("--every-config", action="store_true", help="compile every autotune config, not only the first")
