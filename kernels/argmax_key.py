@@ -75,11 +75,16 @@ def row_keys(y):
     index = y.argmax(dim=-1)  # the first index among equal maxima (a NaN's, in a NaN row)
     value = y.gather(-1, index[..., None])[..., 0].float()
     index = torch.where(torch.isnan(value), y.shape[-1], index)
+    return (ordered_words(value).long() << 32) | (INDEX_BITS - index)
+
+
+def ordered_words(value):
+    """_ordered in torch: fp32 values as int32 words in the same order (NaN above everything,
+    -0.0 as +0.0)."""
     value = torch.where(value == 0, torch.zeros_like(value), value)
     bits = value.view(torch.int32)
     bits = torch.where(torch.isnan(value), torch.full_like(bits, INDEX_BITS), bits)
-    ordered = torch.where(bits < 0, bits ^ INDEX_BITS, bits)
-    return (ordered.long() << 32) | (INDEX_BITS - index)
+    return torch.where(bits < 0, bits ^ INDEX_BITS, bits)
 
 
 def argmax_index(keys):

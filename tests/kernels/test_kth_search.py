@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.argmax_key import _ordered
+from kernels.argmax_key import _ordered, ordered_words
 from kernels.kth_search import _kth_search, _words
 
 BLOCK = 2048
@@ -32,8 +32,7 @@ def _search_kernel(x_ptr, out_ptr, N, k, limit, lo_word, BOUNDS: tl.constexpr, T
 
 def _words_of(x):
     """The kernel's uint32 words of fp32 x, as int64 (the same order as the floats)."""
-    bits = torch.where(x == 0, torch.zeros_like(x), x).view(torch.int32).long()
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2 ** 31
+    return ordered_words(x).long() + 2 ** 31
 
 
 def _search(x, k, limit, lo, two_bits):
