@@ -16,7 +16,7 @@ from ._checks import check_shape, check_tensor
 from .activations import _apply_activation
 
 STATS_GROUP = 16
-LN_BLOCK = 512  # columns per chunk of the row-statistics pass (_row_stats)
+LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), summed in fp64
 
 
 def new_row_stats(rows, cols, device):
@@ -109,35 +109,73 @@ def _stack(a, b):
 def _mean_rstd(row_sum, row_sq, K, ln_eps):
     """Mean and 1/std from a row's sum and sum of squares over K columns (fp32)."""
     mean = row_sum / K
-    # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid
-    var = tl.maximum(row_sq / K - mean * mean, 0.0)
+    # E[x^2] - mean^2 loses digits only when |mean| >> std, which layernorm inputs avoid. An
+    # explicit fma: whether the compiler contracts a product and a difference can follow the
+    # layout (_fold_ln), and with it a row's bits
+    var = tl.maximum(tl.fma(-mean, mean, row_sq / K), 0.0)
     return mean, 1.0 / tl.sqrt(var + ln_eps)
 
 
 def row_stats_block(K):
-    """The chunk width of _row_stats for K columns: every kernel that takes a row's statistics
-    from the row uses it, so they add the row up alike."""
+    """The chunk width of _row_stats for K columns."""
     return min(LN_BLOCK, triton.next_power_of_2(K))
+
+
+def row_terms_pow2(K):
+    """_row_stats's P: a power of two >= 4 and >= the K terms of a row's sums."""
+    return max(4, triton.next_power_of_2(K))
+
+
+@triton.jit
+def _grid_shift(top, P: tl.constexpr):
+    """Rounds fp64 values below 2^(E + 1) to multiples of u = 2^(E + p - 52) when added and
+    subtracted, where 2^E <= top < 2^(E + 1) and P = 2^p >= 4 bounds the terms of a sum: every
+    partial sum of up to P such values is then a multiple of u below 2^53 u, which fp64 holds
+    exactly, so a sum of them has the same bits in any order of addition. 1.5 * 2^(E + p) keeps
+    value + shift in one binade, whose spacing is u. top (rows,) fp64 >= 0; 0 rounds nothing,
+    inf or NaN make the sums NaN."""
+    pow2 = (top.to(tl.int64, bitcast=True) & 0x7FF0000000000000).to(tl.float64, bitcast=True)  # 2^E
+    return pow2 * (1.5 * P)
+
+
+@triton.jit
+def _row_chunk(x_ptr, rm, m_mask, k0, stride_xm, stride_xk, K: tl.constexpr, LN_BLOCK: tl.constexpr):
+    kk = k0 + tl.arange(0, LN_BLOCK)
+    return tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                   mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
-               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr):
-    """Mean and 1/std of rows rm over all K columns; the chunks are independent loads, issued
-    together (static unroll), so the pass costs about one L2 round trip."""
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, LN_BLOCK):
-        kk = k0 + tl.arange(0, LN_BLOCK)
-        xk = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                     mask=m_mask[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-        row_sum += tl.sum(xk, axis=1)
-        row_sq += tl.sum(xk * xk, axis=1)
-    return _mean_rstd(row_sum, row_sq, K, ln_eps)
+               K: tl.constexpr, BLOCK_M: tl.constexpr, LN_BLOCK: tl.constexpr, P: tl.constexpr):
+    """Mean and 1/std of rows rm over all K columns, from the rows themselves, in sums whose
+    bits no layout can change. tl.sum adds in an order that follows how Triton lays the tile
+    over threads, which follows the launch's rows and warps and the Triton version, so the
+    values are first rounded to the grid of the row's largest (_grid_shift, P = row_terms_pow2(K)), which
+    costs 2^(p - 53) of it. Two passes over the row's chunks (independent loads, issued
+    together): the largest |value|, then the sums in fp64 (a fp32 square is exact there)."""
+    top = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, LN_BLOCK):  # a max is exact in any order
+        xk = _row_chunk(x_ptr, rm, m_mask, k0, stride_xm, stride_xk, K, LN_BLOCK)
+        top = tl.maximum(top, tl.max(tl.abs(xk), axis=1))
+    top = top.to(tl.float64)
+    shift = _grid_shift(top, P)[:, None]
+    shift_sq = _grid_shift(top * top, P)[:, None]
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    for k0 in range(0, K, LN_BLOCK):  # a loop: fp64 chunks side by side would spill
+        x64 = _row_chunk(x_ptr, rm, m_mask, k0, stride_xm, stride_xk, K, LN_BLOCK).to(tl.float64)
+        row_sum += tl.sum((x64 + shift) - shift, axis=1)
+        row_sq += tl.sum((x64 * x64 + shift_sq) - shift_sq, axis=1)
+    return _mean_rstd(row_sum.to(tl.float32), row_sq.to(tl.float32), K, ln_eps)
 
 
 @triton.jit
 def _fold_ln(acc, colsum, mean, rstd):
     """A folded layernorm applied to x @ (g * W) (kernels.reference.fold_layernorm): each row's
-    rstd * (acc - mean * colsum), the shift left to the epilogue's bias. colsum (1, N) fp32."""
-    return (acc - mean[:, None] * colsum) * rstd[:, None]
+    rstd * (acc - mean * colsum), the shift left to the epilogue's bias. colsum (1, N) fp32.
+    One explicit fma: Triton 3.9 (H200) contracted the product and the difference in the looping
+    layout and not in the split one, where the product crossed a layout conversion first, so a
+    row's bits depended on the batch (test_gemv_layernorm_same_rows_at_any_batch)."""
+    m = tl.broadcast_to(mean[:, None], acc.shape)
+    return tl.fma(-m, tl.broadcast_to(colsum, acc.shape), acc) * rstd[:, None]

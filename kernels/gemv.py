@@ -21,7 +21,7 @@ weight read plus fixed latency, and the kernel is built around that:
 - a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
   product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
   each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
-  from the whole row. Normalizing x in every K step instead made gpt2's qkv and fc 1.1-1.2 us
+  from the whole row (in order-free sums: _epilogue._row_stats). Normalizing x in every K step instead made gpt2's qkv and fc 1.1-1.2 us
   slower at 64 rows, gpt2-xl's twice as slow (bench/results/h200/batch-decode-linears.md);
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
-                        _store_row_stats, row_stats_block)
+                        _store_row_stats, row_stats_block, row_terms_pow2)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _no_token_if_nan
@@ -78,7 +78,7 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
-    LN_BLOCK: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
+    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -135,7 +135,7 @@ def _gemv_kernel(
         if LN_STATS:  # partial sums left by the kernel that wrote x: a few numbers per row
             mean, rstd = _load_row_stats(stats_in_ptr, pid_m * BLOCK_M, M, stride_si, ln_eps, K, GROUPS_POW2, BLOCK_M)
         else:
-            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK)
+            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK, LN_POW2)
     acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, acc0, stride_xk, stride_wk, stride_wn, K, True,
                      ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
     if not SPLIT:  # the rest of the program's chunks: all of them, or its group's
@@ -245,7 +245,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax_keys is not None,
         INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=row_stats_block(K), EARLY_LAUNCH=bool(early_launch),
+        LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K), EARLY_LAUNCH=bool(early_launch),
         STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         launch_pdl=pdl, **meta,
     )
