@@ -151,9 +151,10 @@ def _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps,
     """Mean and 1/std of rows rm over all K columns, from the rows themselves, in sums whose
     bits no layout can change. tl.sum adds in an order that follows how Triton lays the tile
     over threads, which follows the launch's rows and warps and the Triton version, so the
-    values are first rounded to the grid of the row's largest (_grid_shift, P = row_terms_pow2(K)), which
-    costs 2^(p - 53) of it. Two passes over the row's chunks (independent loads, issued
-    together): the largest |value|, then the sums in fp64 (a fp32 square is exact there)."""
+    values are first rounded to the grid of the row's largest (_grid_shift with
+    P = row_terms_pow2(K)), which costs 2^(p - 53) of it. Two passes over the row: its largest
+    |value| (the chunks' loads issued together), then the sums in fp64, a chunk at a time
+    (an fp32 square is exact there)."""
     top = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in tl.static_range(0, K, LN_BLOCK):  # a max is exact in any order
         xk = _row_chunk(x_ptr, rm, m_mask, k0, stride_xm, stride_xk, K, LN_BLOCK)

@@ -21,8 +21,9 @@ weight read plus fixed latency, and the kernel is built around that:
 - a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
   product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
   each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
-  from the whole row (in order-free sums: _epilogue._row_stats). Normalizing x in every K step instead made gpt2's qkv and fc 1.1-1.2 us
-  slower at 64 rows, gpt2-xl's twice as slow (bench/results/h200/batch-decode-linears.md);
+  from the whole row (in order-free sums: _epilogue._row_stats). Normalizing x in every K
+  step instead made gpt2's qkv and fc 1.1-1.2 us slower at 64 rows, gpt2-xl's twice as slow
+  (bench/results/h200/batch-decode-linears.md);
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
   the row's word with a relaxed atomic: nothing waits for the other column blocks.

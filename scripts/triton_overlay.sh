@@ -35,8 +35,9 @@ case $cmd in
     native=$(python3 -c "import os, triton; print(os.path.dirname(triton.__file__))")
     export TRITON_OVERLAY=/tmp/triton-overlay-$version
     [ -d "$TRITON_OVERLAY/triton" ] || { mkdir -p "$TRITON_OVERLAY" && tar -xJf "$archive" -C "$TRITON_OVERLAY"; }
-    # Triton >= 3.7 compiles sm_90 with the ptxas it calls ptxas-blackwell; both names get the native one
-    export TRITON_PTXAS_PATH=$native/backends/nvidia/bin/ptxas TRITON_PTXAS_BLACKWELL_PATH=$native/backends/nvidia/bin/ptxas
+    # Triton 3.9 compiles sm_90 with the ptxas it calls ptxas-blackwell: both names get the native one
+    export TRITON_PTXAS_PATH=$native/backends/nvidia/bin/ptxas
+    export TRITON_PTXAS_BLACKWELL_PATH=$TRITON_PTXAS_PATH
     export TRITON_NVDISASM_PATH=$native/backends/nvidia/bin/nvdisasm
     echo "Triton $version at $TRITON_OVERLAY (ptxas: $("$TRITON_PTXAS_PATH" --version | tail -1))" ;;
   *) echo "triton_overlay.sh: unknown command '$cmd' (expected pack or use)" >&2; return 2 2>/dev/null || exit 2 ;;
