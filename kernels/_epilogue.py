@@ -178,5 +178,4 @@ def _fold_ln(acc, colsum, mean, rstd):
     One explicit fma: Triton 3.9 (H200) contracted the product and the difference in the looping
     layout and not in the split one, where the product crossed a layout conversion first, so a
     row's bits depended on the batch (test_gemv_layernorm_same_rows_at_any_batch)."""
-    m = tl.broadcast_to(mean[:, None], acc.shape)
-    return tl.fma(-m, tl.broadcast_to(colsum, acc.shape), acc) * rstd[:, None]
+    return tl.fma(-mean[:, None], colsum, acc) * rstd[:, None]

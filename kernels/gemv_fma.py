@@ -70,7 +70,7 @@ def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
     fp16 x fp16 products are exact in fp32; one reduction over K per output."""
     acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
     if LN_FOLD:
-        acc = tl.fma(-mean + tl.zeros_like(acc), colsum, acc) * rstd
+        acc = tl.fma(-mean, colsum, acc) * rstd
     return acc
 
 
