@@ -31,6 +31,10 @@ weight read plus fixed latency, and the kernel is built around that:
 import torch
 import triton
 import triton.language as tl
+import os
+from triton.tools.tensor_descriptor import TensorDescriptor
+TMA_MAXNREG = int(os.environ.get("MINILLM_TMA_MAXNREG", "0"))
+W_TMA_ON = os.environ.get("MINILLM_W_TMA", "1") != "0"
 
 from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
                         _store_row_stats, row_stats_block, row_terms_pow2)
@@ -71,7 +75,7 @@ def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, acc, stride_xk, s
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
-    key_ptr,
+    key_ptr, w_desc,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -79,7 +83,7 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
-    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
+    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, W_TMA: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -111,7 +115,13 @@ def _gemv_kernel(
 
     # weights never change between launches: fetch the first tile before waiting on the kernel
     # that writes x
-    w = _weight_tile(w_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn)
+    if W_TMA:
+        if W_TMA == 2:
+            w = w_desc.load([pid_n * BLOCK_N, k0]).T
+        else:
+            w = w_desc.load([k0, pid_n * BLOCK_N])
+    else:
+        w = _weight_tile(w_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn)
     # the epilogue's bias (and column sums) too, and the residual where the caller vouches that
     # the kernel just before does not write it: the finishing program then has no loads left
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
@@ -192,6 +202,19 @@ def _gemv_kernel(
             tl.atomic_max(key_ptr + rm, _argmax_key(vmax, vidx), mask=m_mask, sem="relaxed")
 
 
+def weight_descriptor(weight, meta):
+    block_k, block_n = meta["BLOCK_K"], meta["BLOCK_N"]
+    K, N = weight.shape
+    size = weight.element_size()
+    if weight.data_ptr() % 16 or max(block_k, block_n) > 256:
+        return None, 0
+    if weight.stride(1) == 1 and weight.stride(0) * size % 16 == 0 and block_n * size >= 16:
+        return TensorDescriptor(weight, [K, N], [weight.stride(0), 1], [block_k, block_n]), 1
+    if weight.stride(0) == 1 and weight.stride(1) * size % 16 == 0 and block_k * size >= 16:
+        return TensorDescriptor(weight.t(), [N, K], [weight.stride(1), 1], [block_n, block_k]), 2
+    return None, 0
+
+
 def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
          early_launch=False):
@@ -230,13 +253,14 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), parts)
     pdl = use_pdl(x2.device)
     dummy = y2
-    ln_stats = ln_stats if ln_fold is not None else None
+    w_desc = None
+    w_desc, w_mode = weight_descriptor(weight, meta) if W_TMA_ON and meta["SPLIT"] else (None, 0)
     launch(
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else part,
         part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
-        argmax_keys if argmax_keys is not None else part,
+        argmax_keys if argmax_keys is not None else part, w_desc,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
@@ -248,6 +272,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K), EARLY_LAUNCH=bool(early_launch),
         STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
-        launch_pdl=pdl, **meta,
+        W_TMA=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": TMA_MAXNREG} if w_mode and TMA_MAXNREG else {}),
     )
     return y2
