@@ -17,7 +17,8 @@ weight read plus fixed latency, and the kernel is built around that:
   (gemv_config.py, with every layout rule) makes a chunk one tile, so that is a split
   program's whole slab. With programmatic dependent launch (Hopper) the kernel starts while
   the previous one still runs, so this load and the launch hide behind it; gdc_wait then
-  waits for x;
+  waits for x. A split program takes that tile through a tensor descriptor (TMA) where the
+  compiler would otherwise hold it in registers across the wait (gemv_config.tma_first_tile);
 - a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
   product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
   each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
@@ -31,19 +32,19 @@ weight read plus fixed latency, and the kernel is built around that:
 import torch
 import triton
 import triton.language as tl
-import os
 from triton.tools.tensor_descriptor import TensorDescriptor
-TMA_MAXNREG = int(os.environ.get("MINILLM_TMA_MAXNREG", "0"))
-W_TMA_ON = os.environ.get("MINILLM_W_TMA", "1") != "0"
 
 from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
                         _store_row_stats, row_stats_block, row_terms_pow2)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _no_token_if_nan
-from .gemv_config import BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, stage_first
+from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, split_maxnreg, stage_first,
+                          tma_first_tile)
 from .gemv_fma import fma_config, gemv_fma
 from .vocab_fma import vocab_config, vocab_fma
+
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 @triton.jit
@@ -83,7 +84,7 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
-    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, W_TMA: tl.constexpr,
+    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, W_DESC: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -114,12 +115,12 @@ def _gemv_kernel(
     kk = k0 + tl.arange(0, BLOCK_K)
 
     # weights never change between launches: fetch the first tile before waiting on the kernel
-    # that writes x
-    if W_TMA:
-        if W_TMA == 2:
-            w = w_desc.load([pid_n * BLOCK_N, k0]).T
-        else:
-            w = w_desc.load([k0, pid_n * BLOCK_N])
+    # that writes x. W_DESC: 0 by pointers; 1 by w_desc over W (K, N); 2 by w_desc over W^T
+    # (N, K), for out-major storage. A descriptor zero-fills past K and N, as the masks do
+    if W_DESC == 1:
+        w = w_desc.load([k0, pid_n * BLOCK_N])
+    elif W_DESC == 2:
+        w = w_desc.load([pid_n * BLOCK_N, k0]).T
     else:
         w = _weight_tile(w_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn)
     # the epilogue's bias (and column sums) too, and the residual where the caller vouches that
@@ -202,8 +203,10 @@ def _gemv_kernel(
             tl.atomic_max(key_ptr + rm, _argmax_key(vmax, vidx), mask=m_mask, sem="relaxed")
 
 
-def weight_descriptor(weight, meta):
-    block_k, block_n = meta["BLOCK_K"], meta["BLOCK_N"]
+def weight_descriptor(weight, block_k, block_n):
+    """(descriptor, W_DESC) for a (BLOCK_K, BLOCK_N) tile of weight (K, N) read by TMA, whichever
+    of its dimensions is contiguous; (None, 0) where TMA cannot read it (16-byte alignment of
+    the base and the outer stride, at most 256 elements and at least 16 bytes a box row)."""
     K, N = weight.shape
     size = weight.element_size()
     if weight.data_ptr() % 16 or max(block_k, block_n) > 256:
@@ -253,8 +256,11 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), parts)
     pdl = use_pdl(x2.device)
     dummy = y2
-    w_desc = None
-    w_desc, w_mode = weight_descriptor(weight, meta) if W_TMA_ON and meta["SPLIT"] else (None, 0)
+    w_desc, w_mode = None, 0
+    if tma_first_tile(meta, TRITON_VERSION):
+        w_desc, w_mode = weight_descriptor(weight, meta["BLOCK_K"], meta["BLOCK_N"])
+    maxnreg = split_maxnreg(meta, x2.element_size()) if w_mode else None
+    ln_stats = ln_stats if ln_fold is not None else None
     launch(
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
@@ -272,6 +278,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K), EARLY_LAUNCH=bool(early_launch),
         STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
-        W_TMA=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": TMA_MAXNREG} if w_mode and TMA_MAXNREG else {}),
+        W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

@@ -24,6 +24,8 @@ NARROW_N = 1024
 # already do (test_gemv_layernorm_same_rows_at_any_batch)
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
+# see tma_first_tile: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
+TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 
 
@@ -136,6 +138,41 @@ def stage_first(meta, M, K, ln):
         return False
     small_wide = K >= 1024 and not ln and meta["BLOCK_K"] * meta["BLOCK_N"] <= 256 * 64
     return small_wide or (M <= 8 and K < 1024)
+
+
+def tma_first_tile(meta, triton_version):
+    """Whether a split program fetches its first weight tile (its whole slab) by tensor
+    descriptor (TMA), straight into shared memory, rather than by pointer loads. Which is faster
+    depends on the compiler, not the GPU:
+    - Triton 3.6 stores the pointer-loaded tile to shared memory before the wait and reads it
+      back beside the MMAs: 80-128 registers a thread. The descriptor's tile is read into
+      registers before the wait instead (168-172). Pointer loads: H200, alternated in one call,
+      gpt2-xl batch 1 757 against 739 tok/s (TMA, capped at 168 registers), gpt2 batch 8 33.2k
+      against 32.0k; only gpt2-xl batch 2 lost (1,167 against 1,199);
+    - Triton 3.9 (the one CI installs with torch 2.13) holds the pointer-loaded tile in registers
+      across the wait and stores it only at the MMA: 230-239 registers, two 64 KB programs an SM
+      instead of three. The descriptor: gpt2-xl batch 1 591 -> 757 tok/s, batch 2 1,035 ->
+      1,204, gpt2 batch 8 32.3k -> 32.9k; gpt2 batch 1 even (its layers run on CUDA cores)
+    (bench/results/h200/tma-weight-tiles.md). MINILLM_TMA_WEIGHTS=1 or 0 forces it."""
+    if not meta["SPLIT"]:
+        return False
+    if TMA_WEIGHTS in ("0", "1"):
+        return TMA_WEIGHTS == "1"
+    return triton_version > (3, 6)
+
+
+def split_maxnreg(meta, itemsize):
+    """A register cap for a split program whose weight tile arrives by tensor descriptor, or
+    None. A 64 KB tile (128 x 256 fp16, gpt2-xl at few rows) lets three programs share an SM's
+    shared memory; 168 registers a thread (65,536 / (3 x 128 threads), in the allocator's steps
+    of 8) lets them share its registers too. The compiler takes 168-172 unbounded and spills
+    nothing at 168 (scripts/check_compile.py); at 172, two programs fit: gpt2-xl batch 1 663
+    -> 757 tok/s under Triton 3.9, 667 -> 739 under 3.6 (H200, bench/results/h200/tma-weight-tiles.md).
+    fp32 tiles (128 x 128) spill with or without it, and are left to the compiler."""
+    if itemsize == 2 and meta.get("num_warps", 4) == 4 and meta["BLOCK_M"] == BLOCK_M and \
+            meta["BLOCK_K"] * meta["BLOCK_N"] >= 32768:
+        return 168
+    return None
 
 
 def chunk_count(K, block_k, chunks):

@@ -74,3 +74,32 @@ def test_stage_first_rule():
     assert not staged(16, 2304, 768, ln=True)  # past 8 rows only the wide layers without a layernorm
     assert not staged(8, 3072, 1024, ln=True) and not staged(8, 1600, 6400)  # wide tiles: 64 x 256 at most
     assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; group programs
+
+
+def test_tma_first_tile_follows_the_compiler(monkeypatch):
+    """Split programs take their first weight tile by tensor descriptor under Tritons after 3.6
+    (which would hold a pointer-loaded tile in registers across the wait), by pointers under
+    3.6; looping layouts never; MINILLM_TMA_WEIGHTS forces either way."""
+    split, looping = gemv_config.decode_config(1, 4800, 1600, 2, True, sms=132), gemv_config.decode_config(
+        64, 2304, 768, 2, True, sms=132)
+    assert split["SPLIT"] and not looping["SPLIT"]
+    assert gemv_config.tma_first_tile(split, (3, 9)) and not gemv_config.tma_first_tile(split, (3, 6))
+    assert not gemv_config.tma_first_tile(looping, (3, 9))
+    for forced, expect in (("1", True), ("0", False)):
+        monkeypatch.setattr(gemv_config, "TMA_WEIGHTS", forced)
+        assert gemv_config.tma_first_tile(split, (3, 6)) == gemv_config.tma_first_tile(split, (3, 9)) == expect
+        assert not gemv_config.tma_first_tile(looping, (3, 9))
+
+
+def test_split_maxnreg_three_programs_an_sm():
+    """The 64 KB tiles of gpt2-xl's split programs (4 warps) are capped at 168 registers, so
+    three fit an SM's 65,536; smaller tiles, fp32's (which spill either way) and other layouts
+    are not capped."""
+    def cap(M, N, K, itemsize=2):
+        c = gemv_config.decode_config(M, N, K, itemsize, True, sms=132)
+        return gemv_config.split_maxnreg({"BLOCK_M": gemv_config.BLOCK_M, **c}, itemsize)
+    assert cap(1, 4800, 1600) == cap(2, 6400, 1600) == 168
+    assert 168 * 128 * 3 <= 65536 < 176 * 128 * 3
+    assert cap(1, 4800, 1600, itemsize=4) is None  # 128 x 128 fp32: 64 KB as well
+    assert cap(8, 2304, 768) is None  # gpt2: 32 KB tiles
+    assert cap(1, 1600, 1600) is None  # 64-column blocks
