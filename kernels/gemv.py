@@ -48,26 +48,38 @@ TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 @triton.jit
-def _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn):
-    return tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                   mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+def _weight_tile(w_ptr, w_desc, k0, n0, K, N, stride_wk, stride_wn, W_DESC: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """W[k0:k0 + BLOCK_K, n0:n0 + BLOCK_N], zero past K and N. W_DESC: 0 by pointers; 1 by
+    w_desc over W (K, N); 2 by w_desc over W^T (N, K), for out-major storage (a descriptor
+    zero-fills past the edges as the masks do)."""
+    if W_DESC == 1:
+        return w_desc.load([k0, n0])
+    elif W_DESC == 2:
+        return w_desc.load([n0, k0]).T
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        rn = n0 + tl.arange(0, BLOCK_N)
+        return tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                       mask=(kk < K)[:, None] & (rn < N)[None, :], other=0.0)
 
 
 @triton.jit
-def _chunk_dot(x_rows, w_ptr, w_first, rn, n_mask, m_mask, k0, acc, stride_xk, stride_wk, stride_wn,
+def _chunk_dot(x_rows, w_ptr, w_desc, w_first, n0, N, m_mask, k0, acc, stride_xk, stride_wk, stride_wn,
                K: tl.constexpr, FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, W_DESC: tl.constexpr):
     """x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator; the first
     weight tile may already be loaded (w_first)."""
     kk = k0 + tl.arange(0, BLOCK_K)
     k_mask = kk < K
-    w = w_first if FIRST_LOADED else _weight_tile(w_ptr, kk, k_mask, rn, n_mask, stride_wk, stride_wn)
+    w = w_first if FIRST_LOADED else _weight_tile(w_ptr, w_desc, k0, n0, K, N, stride_wk, stride_wn, W_DESC, BLOCK_K,
+                                                  BLOCK_N)
     a = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
     for i in range(1, ITERS):  # fresh names in the loop: only acc is carried
         kk_i = k0 + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask_i = kk_i < K
-        w_i = _weight_tile(w_ptr, kk_i, k_mask_i, rn, n_mask, stride_wk, stride_wn)
+        w_i = _weight_tile(w_ptr, w_desc, k0 + i * BLOCK_K, n0, K, N, stride_wk, stride_wn, W_DESC, BLOCK_K, BLOCK_N)
         a_i = tl.load(x_rows + kk_i[None, :] * stride_xk, mask=m_mask[:, None] & k_mask_i[None, :], other=0.0)
         acc = tl.dot(a_i, w_i, acc, input_precision=INPUT_PRECISION)
     return acc
@@ -112,17 +124,10 @@ def _gemv_kernel(
     tile_mask = m_mask[:, None] & n_mask[None, :]
     first_chunk = pid_k * PER if GROUP_SPLIT else pid_k
     k0 = first_chunk * K_CHUNK
-    kk = k0 + tl.arange(0, BLOCK_K)
 
     # weights never change between launches: fetch the first tile before waiting on the kernel
-    # that writes x. W_DESC: 0 by pointers; 1 by w_desc over W (K, N); 2 by w_desc over W^T
-    # (N, K), for out-major storage. A descriptor zero-fills past K and N, as the masks do
-    if W_DESC == 1:
-        w = w_desc.load([k0, pid_n * BLOCK_N])
-    elif W_DESC == 2:
-        w = w_desc.load([pid_n * BLOCK_N, k0]).T
-    else:
-        w = _weight_tile(w_ptr, kk, kk < K, rn, n_mask, stride_wk, stride_wn)
+    # that writes x
+    w = _weight_tile(w_ptr, w_desc, k0, pid_n * BLOCK_N, K, N, stride_wk, stride_wn, W_DESC, BLOCK_K, BLOCK_N)
     # the epilogue's bias (and column sums) too, and the residual where the caller vouches that
     # the kernel just before does not write it: the finishing program then has no loads left
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
@@ -148,13 +153,13 @@ def _gemv_kernel(
             mean, rstd = _load_row_stats(stats_in_ptr, pid_m * BLOCK_M, M, stride_si, ln_eps, K, GROUPS_POW2, BLOCK_M)
         else:
             mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK, LN_POW2)
-    acc = _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, k0, acc0, stride_xk, stride_wk, stride_wn, K, True,
-                     ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
+    acc = _chunk_dot(x_rows, w_ptr, w_desc, w, pid_n * BLOCK_N, N, m_mask, k0, acc0, stride_xk, stride_wk,
+                     stride_wn, K, True, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, W_DESC)
     if not SPLIT:  # the rest of the program's chunks: all of them, or its group's
         for c in range(first_chunk + 1, tl.minimum(first_chunk + PER, CHUNKS) if GROUP_SPLIT else CHUNKS):
-            acc += _chunk_dot(x_rows, w_ptr, w, rn, n_mask, m_mask, c * K_CHUNK,
+            acc += _chunk_dot(x_rows, w_ptr, w_desc, w, pid_n * BLOCK_N, N, m_mask, c * K_CHUNK,
                               tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32), stride_xk, stride_wk,
-                              stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
+                              stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, W_DESC)
 
     finish = True
     if (SPLIT or GROUP_SPLIT) and PARTS > 1:

@@ -155,7 +155,7 @@ def tma_first_tile(meta, triton_version):
       1,204, gpt2 batch 8 32.3k -> 32.9k; gpt2 batch 1 even (its layers run on CUDA cores)
     (bench/results/h200/tma-weight-tiles.md). MINILLM_TMA_WEIGHTS=1 or 0 forces it."""
     if not meta["SPLIT"]:
-        return False
+        return os.environ.get("MINILLM_TMA_LOOP") == "1"
     if TMA_WEIGHTS in ("0", "1"):
         return TMA_WEIGHTS == "1"
     return triton_version > (3, 6)
@@ -169,7 +169,7 @@ def split_maxnreg(meta, itemsize):
     nothing at 168 (scripts/check_compile.py); at 172, two programs fit: gpt2-xl batch 1 663
     -> 757 tok/s under Triton 3.9, 667 -> 739 under 3.6 (H200, bench/results/h200/tma-weight-tiles.md).
     fp32 tiles (128 x 128) spill with or without it, and are left to the compiler."""
-    if itemsize == 2 and meta.get("num_warps", 4) == 4 and meta["BLOCK_M"] == BLOCK_M and \
+    if meta["SPLIT"] and itemsize == 2 and meta.get("num_warps", 4) == 4 and meta["BLOCK_M"] == BLOCK_M and \
             meta["BLOCK_K"] * meta["BLOCK_N"] >= 32768:
         return 168
     return None
