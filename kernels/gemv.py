@@ -17,8 +17,10 @@ weight read plus fixed latency, and the kernel is built around that:
   (gemv_config.py, with every layout rule) makes a chunk one tile, so that is a split
   program's whole slab. With programmatic dependent launch (Hopper) the kernel starts while
   the previous one still runs, so this load and the launch hide behind it; gdc_wait then
-  waits for x. A split program takes that tile through a tensor descriptor (TMA) where the
-  compiler would otherwise hold it in registers across the wait (gemv_config.tma_first_tile);
+  waits for x;
+- weight tiles come through a tensor descriptor (TMA) straight into shared memory where that
+  is faster (gemv_config.tma_weights: split programs under Tritons after 3.6, which would hold
+  a pointer-loaded tile in registers across the wait; looping layouts past 32 rows);
 - a folded layernorm (W and bias carry its gain and shift, reference.fold_layernorm) costs the
   product nothing: x goes into the MMA as it is, and the finishing program scales its tile by
   each row's statistics, from the partial sums the producing kernel left (ln_stats) or else
@@ -40,7 +42,7 @@ from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, split_maxnreg, stage_first,
-                          tma_first_tile)
+                          tma_weights)
 from .gemv_fma import fma_config, gemv_fma
 from .vocab_fma import vocab_config, vocab_fma
 
@@ -262,7 +264,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     pdl = use_pdl(x2.device)
     dummy = y2
     w_desc, w_mode = None, 0
-    if tma_first_tile(meta, TRITON_VERSION):
+    if tma_weights(meta, M, TRITON_VERSION):
         w_desc, w_mode = weight_descriptor(weight, meta["BLOCK_K"], meta["BLOCK_N"])
     maxnreg = split_maxnreg(meta, x2.element_size()) if w_mode else None
     ln_stats = ln_stats if ln_fold is not None else None

@@ -24,7 +24,7 @@ NARROW_N = 1024
 # already do (test_gemv_layernorm_same_rows_at_any_batch)
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
-# see tma_first_tile: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
+# see tma_weights: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
 TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 
@@ -140,25 +140,31 @@ def stage_first(meta, M, K, ln):
     return small_wide or (M <= 8 and K < 1024)
 
 
-def tma_first_tile(meta, triton_version):
-    """Whether a split program fetches its first weight tile (its whole slab) by tensor
-    descriptor (TMA), straight into shared memory, rather than by pointer loads. Which is faster
-    depends on the compiler, not the GPU:
-    - Triton 3.6 stores the pointer-loaded tile to shared memory before the wait and reads it
-      back beside the MMAs: 80-128 registers a thread. The descriptor's tile is read into
-      registers before the wait instead (168-172). Pointer loads: H200, alternated in one call,
-      gpt2-xl batch 1 757 against 739 tok/s (TMA, capped at 168 registers), gpt2 batch 8 33.2k
-      against 32.0k; only gpt2-xl batch 2 lost (1,167 against 1,199);
-    - Triton 3.9 (the one CI installs with torch 2.13) holds the pointer-loaded tile in registers
-      across the wait and stores it only at the MMA: 230-239 registers, two 64 KB programs an SM
-      instead of three. The descriptor: gpt2-xl batch 1 591 -> 757 tok/s, batch 2 1,035 ->
-      1,204, gpt2 batch 8 32.3k -> 32.9k; gpt2 batch 1 even (its layers run on CUDA cores)
-    (bench/results/h200/tma-weight-tiles.md). MINILLM_TMA_WEIGHTS=1 or 0 forces it."""
-    if not meta["SPLIT"]:
-        return os.environ.get("MINILLM_TMA_LOOP") == "1"
+def tma_weights(meta, M, triton_version):
+    """Whether the program's weight tiles come by tensor descriptor (TMA), straight into shared
+    memory, rather than by pointer loads. Which is faster depends on the compiler and the layout
+    (H200, alternated in one call; bench/results/h200/tma-weight-tiles.md):
+    - split programs (up to 16 rows; their one tile is their whole slab, fetched before the
+      wait): under Triton 3.6 pointer loads, which it stores to shared memory before the wait
+      and reads back beside the MMAs (80-128 registers; the descriptor's tile is read into
+      registers before the wait instead, 168-172): gpt2-xl batch 1 757 against 739 tok/s (TMA,
+      capped at 168 registers), gpt2 batch 8 33.2k against 32.0k; only gpt2-xl batch 2 lost
+      (1,167 against 1,199). Triton 3.9 (the one CI installs with torch 2.13) holds a
+      pointer-loaded tile in registers across the wait and stores it only at the MMA (230-239
+      registers; two 64 KB programs an SM instead of three): the descriptor there, gpt2-xl
+      batch 1 591 -> 757 tok/s, batch 2 1,035 -> 1,204, gpt2 batch 8 32.3k -> 32.9k;
+    - looping layouts past 32 rows, under either version (the pipelined tiles then need no
+      registers on their way to shared memory: gpt2's mlp-out at 64 rows 253 -> 128, qkv 148
+      -> 94 under 3.9): gpt2 batch 64 146.3k -> 156.5k tok/s under 3.9, even under 3.6 (154.2k);
+      gpt2-xl batch 64 19.1k -> 21.0k under 3.9, 20.0k -> 20.9k under 3.6. At 17-32 rows it
+      lost (gpt2 batch 32 -3.1% under 3.6, -0.9% under 3.9; the vocabulary head's 16-row loop
+      at batch 16 -1.1% under 3.9).
+    MINILLM_TMA_WEIGHTS=1 or 0 forces it on or off everywhere."""
     if TMA_WEIGHTS in ("0", "1"):
         return TMA_WEIGHTS == "1"
-    return triton_version > (3, 6)
+    if meta["SPLIT"]:
+        return triton_version > (3, 6)
+    return M > 2 * BLOCK_M
 
 
 def split_maxnreg(meta, itemsize):

@@ -127,27 +127,30 @@ def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
 @pytest.mark.parametrize("K,N,out_major,mode", [(232, 75, True, 2), (230, 80, False, 1), (230, 75, True, 0),
                                                 (230, 75, False, 0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_tma_first_tile_same_bits(K, N, out_major, mode, dtype, monkeypatch, device):
-    """A split program's first weight tile read by tensor descriptor (gemv_config.tma_first_tile)
-    gives the bits of the pointer loads, over W or W^T storage, with a folded layernorm, bias and
-    residual, in one-tile and several-tile chunks; where TMA cannot read the weight (strides not
-    16-byte aligned) the pointer loads serve."""
+def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, device):
+    """Weight tiles read by tensor descriptor (gemv_config.tma_weights) give the bits of the
+    pointer loads, over W or W^T storage, with a folded layernorm, bias and residual: split
+    programs in one-tile and several-tile chunks, and the looping program over 2 row blocks;
+    where TMA cannot read the weight (strides not 16-byte aligned) the pointer loads serve."""
     from kernels import gemv
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
-    x = randn(5, K, dtype=dtype, device=device, scale=2.0) + 0.5
+    M = 20
+    x = randn(M, K, dtype=dtype, device=device, scale=2.0) + 0.5
     bias, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
-    res = randn(5, N, dtype=dtype, device=device)
+    res = randn(M, N, dtype=dtype, device=device)
     wf, bf, colsum = kernels.fold_layernorm(w, bias, g, be)
     wf = wf.t().contiguous().t() if out_major else wf.contiguous()
     assert gemv.weight_descriptor(wf, 32, 32)[1] == mode
-    for cfg in (_cfg(block_k=32, chunks=8), _cfg(block_k=32, chunks=3), None):
+    for cfg in (_cfg(block_k=32, chunks=8), _cfg(block_k=32, chunks=3), _cfg(block_k=64, chunks=2, split=False), None):
+        rows = M if cfg is not None and not cfg["SPLIT"] else 5
         ys = {}
         for tma in ("0", "1"):
             monkeypatch.setattr(gemv_config, "TMA_WEIGHTS", tma)
-            ys[tma] = kernels.linear(x, wf, bf, residual=res, ln_fold=colsum, out=poisoned((5, N), dtype, device),
-                                     _config=cfg)
+            ys[tma] = kernels.linear(x[:rows], wf, bf, residual=res[:rows], ln_fold=colsum,
+                                     out=poisoned((rows, N), dtype, device), _config=cfg)
         torch.testing.assert_close(ys["1"], ys["0"], rtol=0, atol=0)
-        assert_rel_close(ys["1"], ln_linear_ref(x, w, bias, g, be, residual=res), dtype, f"TMA tile {cfg}")
+        expect = ln_linear_ref(x[:rows], w, bias, g, be, residual=res[:rows])
+        assert_rel_close(ys["1"], expect, dtype, f"TMA tiles {cfg}")
 
 
 # A known gap, GPU only: at K = 96 (6 statistics groups) the split programs (up to 16 rows, 4

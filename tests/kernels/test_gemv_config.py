@@ -76,19 +76,25 @@ def test_stage_first_rule():
     assert not staged(1, 768, 3072) and not staged(32, 768, 3072)  # one row; group programs
 
 
-def test_tma_first_tile_follows_the_compiler(monkeypatch):
-    """Split programs take their first weight tile by tensor descriptor under Tritons after 3.6
-    (which would hold a pointer-loaded tile in registers across the wait), by pointers under
-    3.6; looping layouts never; MINILLM_TMA_WEIGHTS forces either way."""
-    split, looping = gemv_config.decode_config(1, 4800, 1600, 2, True, sms=132), gemv_config.decode_config(
-        64, 2304, 768, 2, True, sms=132)
-    assert split["SPLIT"] and not looping["SPLIT"]
-    assert gemv_config.tma_first_tile(split, (3, 9)) and not gemv_config.tma_first_tile(split, (3, 6))
-    assert not gemv_config.tma_first_tile(looping, (3, 9))
+def test_tma_weights_follow_the_compiler_and_layout(monkeypatch):
+    """Split programs take their weight tile by tensor descriptor under Tritons after 3.6 (which
+    would hold a pointer-loaded tile in registers across the wait), by pointers under 3.6;
+    looping layouts past 32 rows under either, not at 17-32 rows (nor the vocabulary head's
+    16-row loop); MINILLM_TMA_WEIGHTS forces either way."""
+    def cfg(M, N, K):
+        return gemv_config.decode_config(M, N, K, 2, True, sms=132)
+    split = cfg(1, 4800, 1600)
+    rows = {M: cfg(M, 2304, 768) for M in (32, 33, 64)}
+    head = cfg(16, 50257, 768)
+    assert split["SPLIT"] and not any(c["SPLIT"] for c in (*rows.values(), head))
+    assert gemv_config.tma_weights(split, 1, (3, 9)) and not gemv_config.tma_weights(split, 1, (3, 6))
+    for version in ((3, 6), (3, 9)):
+        assert [gemv_config.tma_weights(c, M, version) for M, c in rows.items()] == [False, True, True]
+        assert not gemv_config.tma_weights(head, 16, version)
     for forced, expect in (("1", True), ("0", False)):
         monkeypatch.setattr(gemv_config, "TMA_WEIGHTS", forced)
-        assert gemv_config.tma_first_tile(split, (3, 6)) == gemv_config.tma_first_tile(split, (3, 9)) == expect
-        assert not gemv_config.tma_first_tile(looping, (3, 9))
+        for version in ((3, 6), (3, 9)):
+            assert gemv_config.tma_weights(split, 1, version) == gemv_config.tma_weights(rows[32], 32, version) == expect
 
 
 def test_split_maxnreg_three_programs_an_sm():
