@@ -70,8 +70,8 @@ def _weight_tile(w_ptr, w_desc, k0, n0, K, N, stride_wk, stride_wn, W_DESC: tl.c
 def _chunk_dot(x_rows, w_ptr, w_desc, w_first, n0, N, m_mask, k0, acc, stride_xk, stride_wk, stride_wn,
                K: tl.constexpr, FIRST_LOADED: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, W_DESC: tl.constexpr):
-    """x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., rn] into a fresh fp32 accumulator; the first
-    weight tile may already be loaded (w_first)."""
+    """x[:, k0:k0 + ITERS * BLOCK_K] @ W[k0:..., n0:n0 + BLOCK_N] into a fresh fp32 accumulator;
+    the first weight tile may already be loaded (w_first)."""
     kk = k0 + tl.arange(0, BLOCK_K)
     k_mask = kk < K
     w = w_first if FIRST_LOADED else _weight_tile(w_ptr, w_desc, k0, n0, K, N, stride_wk, stride_wn, W_DESC, BLOCK_K,
@@ -98,7 +98,8 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
-    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr, W_DESC: tl.constexpr,
+    LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
+    W_DESC: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()

@@ -60,7 +60,7 @@ SUM_W = "    t1 = _now_after(tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))\n
 PATCHES = {
     "gemv": [
         ("from .gemv_fma import fma_config, gemv_fma\n", "from .gemv_fma import fma_config, gemv_fma\n" + HELPERS),
-        ("STAGE_FIRST: tl.constexpr, W_DESC: tl.constexpr,\n):", "STAGE_FIRST: tl.constexpr, W_DESC: tl.constexpr, trace_ptr,\n):"),
+        ("    W_DESC: tl.constexpr,\n):", "    W_DESC: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),

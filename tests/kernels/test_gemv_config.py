@@ -94,7 +94,8 @@ def test_tma_weights_follow_the_compiler_and_layout(monkeypatch):
     for forced, expect in (("1", True), ("0", False)):
         monkeypatch.setattr(gemv_config, "TMA_WEIGHTS", forced)
         for version in ((3, 6), (3, 9)):
-            assert gemv_config.tma_weights(split, 1, version) == gemv_config.tma_weights(rows[32], 32, version) == expect
+            on = gemv_config.tma_weights
+            assert on(split, 1, version) == on(rows[32], 32, version) == expect
 
 
 def test_split_maxnreg_three_programs_an_sm():
