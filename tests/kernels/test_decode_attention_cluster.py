@@ -44,7 +44,7 @@ def test_compiles_for_hopper_with_a_cluster_merge(prefetch, stats, tmp_path):
     other's partials through distributed shared memory, between cluster barriers, with
     programmatic dependent launch, and no global partials or atomics."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the interpreter wraps Gluon's ops
-    env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path))
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]), TRITON_CACHE_DIR=str(tmp_path))
     p = subprocess.run([sys.executable, "-c", _COMPILE, str(prefetch), str(int(stats))], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=240, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
