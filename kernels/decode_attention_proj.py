@@ -14,9 +14,7 @@ prologue of the projection, so a layer runs four:
   split layout does: deterministic, and a row's result does not depend on the batch.
 The attention output is rounded to x's dtype before the product, as decode_attention would
 store it. Longer caches and more rows run decode_attention and linear, which split the cache
-and fill the GPU better (`fused_layout` returns None there). Under a Triton with Gluon's
-cluster layouts (3.9+) on Hopper, heads up to 16 of up to 64 dimensions merge inside a
-thread-block cluster instead (decode_attention_cluster.py).
+and fill the GPU better (`fused_layout` returns None there).
 """
 import math
 
@@ -24,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import decode_attention_cluster as cluster
 from ._checks import check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import launch, sm_count, use_pdl
@@ -207,14 +204,11 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch))
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
-    pdl = use_pdl(q.device)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if _layout is None and cluster.covers(q.device, H, D, k_cache.shape[2]):
-        return cluster.launch_cluster(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, y,
-                                      stats_out, scale * LOG2E, PREFETCH_MODES[prefetch], early_launch, pdl)
     block_n, block_l, warps = layout
     part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    pdl = use_pdl(q.device)
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
