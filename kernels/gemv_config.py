@@ -158,7 +158,7 @@ def tma_weights(meta, M, triton_version):
       -> 94 under 3.9): gpt2 batch 64 146.3k -> 156.5k tok/s under 3.9, even under 3.6 (154.2k);
       gpt2-xl batch 64 19.1k -> 21.0k under 3.9, 20.0k -> 20.9k under 3.6. At 17-32 rows it
       lost (gpt2 batch 32 -3.1% under 3.6, -0.9% under 3.9; the vocabulary head's 16-row loop
-      at batch 16 -1.1% under 3.9). Rows between, timed later on an H100: gpt2 batch 40 / 48
+      at batch 16 -1.1% under 3.9). At 33-63 rows, timed later on an H100: gpt2 batch 40 / 48
       +6.8% / +6.2% under 3.9, +0.7% / +0.6% under 3.6, gpt2-xl batch 48 +4.8% under 3.6
       (bench/results/h100/tma-weak-points-1ae1017.log).
     MINILLM_TMA_WEIGHTS=1 or 0 forces it on or off everywhere."""
