@@ -1,19 +1,31 @@
-"""Arrival counters for the one-launch split reductions (linear's split-K, decode attention).
+"""Arrival counters for the one-launch split reductions (linear's split-K, decode attention),
+and the fixed-point words of the fused attention launch's head merge.
 
 A program of a split tile bumps its tile's counter after writing its partial; the last one to
-arrive reduces and resets the counter to zero. So one zeroed buffer per device serves every
-launch, also inside CUDA graphs, as long as launches on it do not run concurrently.
+arrive reduces and resets the counter to zero (the last head to add into a word zeroes it). So
+one zeroed buffer of each kind per device serves every launch, also inside CUDA graphs, as long
+as launches on it do not run concurrently.
 """
 import torch
 
-_counters = {}
+_buffers = {}
 
 
 def arrival_counters(device, n):
     """A zeroed int32 buffer of at least n counters on `device` (grown when too small).
     A grown buffer's predecessors stay referenced: a captured CUDA graph may still use one, and
     freed, its memory could go to another tensor while the graph bumps counters in it."""
-    bufs = _counters.setdefault(device, [])
+    return _zeroed(device, n, torch.int32)
+
+
+def fixed_point_sums(device, n):
+    """A zeroed int64 buffer of at least n words on `device`, as arrival_counters: the words
+    that decode_attention_proj's heads add their partials into, left zero by the last one."""
+    return _zeroed(device, n, torch.int64)
+
+
+def _zeroed(device, n, dtype):
+    bufs = _buffers.setdefault((device, dtype), [])
     if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+        bufs.append(torch.zeros(max(n, 1 << 16), dtype=dtype, device=device))
     return bufs[-1]

@@ -9,14 +9,24 @@ prologue of the projection, so a layer runs four:
   multiplies the result by that head's D rows of W, a split-K GEMV whose chunk is a head;
 - every column block recomputes the head's attention (its cache tile comes from L2 after the
   first read), which costs less than a kernel boundary while the cache is short;
-- the last program of a (row, column block) to arrive adds the heads' partials in head order
-  and runs the epilogue (bias, residual, the next layernorm's row statistics), as gemv.py's
-  split layout does: deterministic, and a row's result does not depend on the batch.
+- the heads' partials meet in one of two ways, both deterministic, and a row's result does not
+  depend on the batch:
+  - without row statistics (one row of gpt2's size, where the CUDA-core linears read whole
+    rows), each program adds its partial to one int64 word per (row, column) in fixed point
+    (units of 2**-24), with an arrival count in the same word, by one atomic that returns
+    the word. Integer sums do not depend on the order. The program that brings a column's count
+    to H holds the column's whole sum and runs its epilogue (bias, residual), then zeroes the
+    word. So the merge is one round trip, where storing partials, passing an arrival counter and
+    reading the partials back took three;
+  - with the next layernorm's row statistics, which need a whole column block in one program,
+    the last program of a (row, column block) to arrive adds the heads' partials in head order
+    and runs the epilogue, as gemv.py's split layout does.
 The attention output is rounded to x's dtype before the product, as decode_attention would
 store it. Longer caches and more rows run decode_attention and linear, which split the cache
 and fill the GPU better (`fused_layout` returns None there).
 """
 import math
+import os
 
 import torch
 import triton
@@ -25,7 +35,7 @@ import triton.language as tl
 from ._checks import check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import launch, sm_count, use_pdl
-from ._workspace import arrival_counters
+from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend, check_inputs, decode_attention
 from .linear import linear
 
@@ -33,6 +43,22 @@ MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
 PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
+# the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
+FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
+# A fixed-point word: bits 0-51 the heads' partials, each in units of 2**-24 and raised by
+# FIXED_OFFSET (so each adds less than 2**46, and up to 63 heads stay below bit 52); bits 52-57
+# the heads that arrived; bits 58-63 the heads whose partial was not finite or not below
+# FIXED_LIMIT (the column's result is NaN then)
+FIXED_SCALE = tl.constexpr(float(1 << 24))
+FIXED_UNIT = tl.constexpr(2.0 ** -24)
+FIXED_OFFSET = tl.constexpr(1 << 45)
+FIXED_LIMIT = tl.constexpr(float(1 << 21))  # FIXED_OFFSET units
+SUMS_MASK = tl.constexpr((1 << 52) - 1)
+ARRIVE_SHIFT = tl.constexpr(52)
+ARRIVAL = tl.constexpr(1 << 52)
+UNFIT_SHIFT = tl.constexpr(58)
+UNFIT = tl.constexpr(1 << 58)
+MAX_FIXED_HEADS = 63
 
 
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
@@ -75,14 +101,31 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 
 
 @triton.jit
+def _add_fixed(part, words, n_mask, H: tl.constexpr):
+    """Adds this head's partial (BLOCK_N,) into its columns' fixed-point words (one returning
+    atomic each). Returns the columns' sums, in fp32, and which of them this program completed:
+    those where it was the H-th to arrive; it leaves their words zero for the next launch."""
+    fits = tl.abs(part) < FIXED_LIMIT  # False for NaN and inf too
+    units = (tl.where(fits, part, 0.0) * FIXED_SCALE).to(tl.int64)  # exact scaling, then truncation
+    word = tl.where(fits, units + (FIXED_OFFSET + ARRIVAL), ARRIVAL + UNFIT)
+    total = tl.atomic_add(words, word, mask=n_mask, sem="relaxed") + word
+    done = n_mask & (((total >> ARRIVE_SHIFT) & 63) == H)
+    tl.store(words, tl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
+    field = (total & SUMS_MASK) - H * FIXED_OFFSET
+    sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
+    sums = tl.where(done, sums, 0.0)  # others' columns: not all heads are in
+    return tl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
+
+
+@triton.jit
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
-    stats_ptr,
+    stats_ptr, words_ptr,
     M, N, D, L, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -142,7 +185,10 @@ def _decode_attention_proj_kernel(
 
     part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
-    if H > 1:
+    if FIXED:  # (H > 1, no statistics) finish the columns where this program came last
+        part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
+        tile_mask = tile_mask & done[None, :]
+    elif H > 1:
         part_row = part_ptr + b * N + rn
         tl.store(part_row + h * M * N, part, mask=n_mask)
         # acq_rel: our partial is visible before the count moves; the last arriver sees all
@@ -169,7 +215,9 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     q, k_new, v_new: (B, H, D); k_cache, v_cache: (B, H, L, D) (the new key and value land at
     position seq_lens[b] - 1); weight: (H * D, N) with any strides; bias: (N,) or None;
     residual: (B, N). Writes (B, N) into `out` (may be residual itself), with its rows' partial
-    statistics into stats_out (new_row_stats(B, N)) if given.
+    statistics into stats_out (new_row_stats(B, N)) if given. Without stats_out (and with 2 to 63
+    heads) the heads' partials add up in fixed point: a column where a head's partial is not
+    finite or reaches 2**21 in magnitude comes out NaN.
     prefetch: what is read before the wait on the previous kernel (programmatic dependent
     launch), where that kernel writes none of it, as in a decode step: False nothing; "cache"
     the first cache tile (rows of earlier steps; rows past each length are masked after the
@@ -205,21 +253,23 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
-    part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
+    fixed = FIXED_MERGE and 1 < H <= MAX_FIXED_HEADS and stats_out is None
+    part = q.new_empty((H * B * N,) if H > 1 and not fixed else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
+    words = fixed_point_sums(q.device, B * N) if fixed else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
-        part, counts, stats_out if stats_out is not None else part,
+        part, counts, stats_out if stats_out is not None else part, words,
         B, N, D, k_cache.shape[2], scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
-        USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch),
+        USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )

@@ -4,7 +4,8 @@ import torch
 import kernels
 from kernels import reference as ref
 from kernels._tuning import sm_count
-from kernels.decode_attention_proj import MAX_CACHE, MAX_ROWS, fused_layout
+from kernels._workspace import fixed_point_sums
+from kernels.decode_attention_proj import FIXED_MERGE, MAX_CACHE, MAX_ROWS, fused_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -60,19 +61,43 @@ def test_decode_attention_proj(B, H, L, D, N, dtype, device):
 
 @pytest.mark.parametrize("prefetch", [False, "cache", True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_in_place_with_stats_twice(prefetch, bias, device):
-    """As the model calls it: x updated in place, the next layernorm's statistics written, twice
-    over (the arrival counters reset; the second launch finds its new rows in the cache)."""
+@pytest.mark.parametrize("with_stats", [True, False])
+def test_in_place_twice(prefetch, bias, with_stats, device):
+    """As the model calls it: x updated in place, with or without the next layernorm's
+    statistics (the two head merges), twice over: the arrival counters and the fixed-point
+    words reset, and the second launch finds its new rows in the cache."""
     B, H, L, D, N = 2, 3, 70, 32, 96
     q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device, bias)
     for _ in range(2):
         expect, ek, ev = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
-        stats = torch.full((B, 2, N // 16), float("nan"), device=device)
+        stats = torch.full((B, 2, N // 16), float("nan"), device=device) if with_stats else None
         y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, stats_out=stats,
                                           prefetch=prefetch, early_launch=True)
         assert y is x
         assert_rel_close(x, expect, torch.float32, "in place")
-        assert_rel_close(stats, ref.row_stats(x), torch.float32, "row statistics")
+        if with_stats:
+            assert_rel_close(stats, ref.row_stats(x), torch.float32, "row statistics")
+        assert not fixed_point_sums(torch.device(device), B * N)[:B * N].any(), "fixed-point words left set"
+
+
+@pytest.mark.skipif(not FIXED_MERGE, reason="MINILLM_FIXED_MERGE=0: the heads merge through stored partials")
+def test_partials_past_the_fixed_point_range_give_nan(device):
+    """A head's partial of 2**21 or more (or not finite) does not fit the fixed-point merge: its
+    columns come out NaN, loudly, and the others stay right."""
+    B, H, L, D, N = 1, 2, 20, 16, 40
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device)
+    _, ek, ev = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
+    attn = ref.decode_attention(q, ek, ev, lens).reshape(-1)  # (H * D,): the heads' outputs
+    w = w.clone()
+    w[:, 5] = 1e8 * attn.sign()  # each head's partial in column 5: 1e8 * sum |o| (~1e8), past 2**21
+    w[0, 7] = float("inf")  # head 0's partial in column 7
+    expect, _, _ = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
+    assert torch.isfinite(expect[:, 5]).all()
+    y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x)
+    assert torch.isnan(y[:, [5, 7]]).all()
+    keep = [c for c in range(N) if c not in (5, 7)]
+    assert_rel_close(y[:, keep], expect[:, keep], torch.float32, "the columns that fit")
+    assert not fixed_point_sums(torch.device(device), B * N)[:B * N].any(), "fixed-point words left set"
 
 
 @pytest.mark.parametrize("prefetch", ["cache", True])

@@ -3,7 +3,7 @@ import weakref
 
 import torch
 
-from kernels._workspace import arrival_counters
+from kernels._workspace import arrival_counters, fixed_point_sums
 
 
 def test_counters_are_zeroed_shared_and_grow_without_freeing():
@@ -20,3 +20,11 @@ def test_counters_are_zeroed_shared_and_grow_without_freeing():
     gc.collect()
     assert old() is not None, "a grown buffer freed its predecessor"
     assert arrival_counters(dev, 1) is grown
+
+
+def test_fixed_point_sums_are_their_own_zeroed_int64_buffer():
+    dev = torch.device("cpu")
+    words = fixed_point_sums(dev, 100)
+    assert words.dtype == torch.int64 and words.numel() >= 100 and not words.any()
+    assert fixed_point_sums(dev, 10) is words
+    assert words.data_ptr() != arrival_counters(dev, 10).data_ptr()
