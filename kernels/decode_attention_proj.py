@@ -109,7 +109,7 @@ def _add_fixed(part, words, n_mask, H: tl.constexpr):
     units = (tl.where(fits, part, 0.0) * FIXED_SCALE).to(tl.int64)  # exact scaling, then truncation
     word = tl.where(fits, units + (FIXED_OFFSET + ARRIVAL), ARRIVAL + UNFIT)
     total = tl.atomic_add(words, word, mask=n_mask, sem="relaxed") + word
-    done = n_mask & (((total >> ARRIVE_SHIFT) & 63) == H)
+    done = n_mask & (((total >> ARRIVE_SHIFT) & 63) == H)  # bits 52-57: the arrivals
     tl.store(words, tl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
     field = (total & SUMS_MASK) - H * FIXED_OFFSET
     sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
