@@ -50,15 +50,16 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 # the heads that arrived; bits 58-63 the heads whose partial was not finite or not below
 # FIXED_LIMIT (the column's result is NaN then)
 FIXED_SCALE = tl.constexpr(float(1 << 24))
-FIXED_UNIT = tl.constexpr(2.0 ** -24)
+FIXED_UNIT = tl.constexpr(1.0 / FIXED_SCALE.value)
 FIXED_OFFSET = tl.constexpr(1 << 45)
-FIXED_LIMIT = tl.constexpr(float(1 << 21))  # FIXED_OFFSET units
-SUMS_MASK = tl.constexpr((1 << 52) - 1)
+FIXED_LIMIT = tl.constexpr(FIXED_OFFSET.value / FIXED_SCALE.value)  # 2**21
 ARRIVE_SHIFT = tl.constexpr(52)
-ARRIVAL = tl.constexpr(1 << 52)
 UNFIT_SHIFT = tl.constexpr(58)
-UNFIT = tl.constexpr(1 << 58)
-MAX_FIXED_HEADS = 63
+ARRIVAL = tl.constexpr(1 << ARRIVE_SHIFT.value)
+UNFIT = tl.constexpr(1 << UNFIT_SHIFT.value)
+SUMS_MASK = tl.constexpr(ARRIVAL.value - 1)
+ARRIVE_MASK = tl.constexpr((1 << (UNFIT_SHIFT.value - ARRIVE_SHIFT.value)) - 1)  # the count's 6 bits
+MAX_FIXED_HEADS = ARRIVE_MASK.value
 
 
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
@@ -109,7 +110,7 @@ def _add_fixed(part, words, n_mask, H: tl.constexpr):
     units = (tl.where(fits, part, 0.0) * FIXED_SCALE).to(tl.int64)  # exact scaling, then truncation
     word = tl.where(fits, units + (FIXED_OFFSET + ARRIVAL), ARRIVAL + UNFIT)
     total = tl.atomic_add(words, word, mask=n_mask, sem="relaxed") + word
-    done = n_mask & (((total >> ARRIVE_SHIFT) & 63) == H)  # bits 52-57: the arrivals
+    done = n_mask & (((total >> ARRIVE_SHIFT) & ARRIVE_MASK) == H)
     tl.store(words, tl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
     field = (total & SUMS_MASK) - H * FIXED_OFFSET
     sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
@@ -254,9 +255,12 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
     fixed = FIXED_MERGE and 1 < H <= MAX_FIXED_HEADS and stats_out is None
-    part = q.new_empty((H * B * N,) if H > 1 and not fixed else (1,), dtype=torch.float32)
-    counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
-    words = fixed_point_sums(q.device, B * N) if fixed else part
+    if fixed:  # no partials, counters or statistics: their pointers go unused
+        words = part = counts = fixed_point_sums(q.device, B * N)
+    else:
+        part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
+        counts = arrival_counters(q.device, B * triton.cdiv(N, block_n))
+        words = part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
     launch(
