@@ -268,7 +268,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     if tma_weights(meta, M, TRITON_VERSION):
         w_desc, w_mode = weight_descriptor(weight, meta["BLOCK_K"], meta["BLOCK_N"])
     maxnreg = split_maxnreg(meta, x2.element_size()) if w_mode else None
-    ln_stats = ln_stats if ln_fold is not None else None
     launch(
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
