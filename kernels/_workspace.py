@@ -25,6 +25,9 @@ def fixed_point_sums(device, n):
 
 
 def _zeroed(device, n, dtype):
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" is the current one, as for tensors
+        device = torch.device("cuda", torch.cuda.current_device())
     bufs = _buffers.setdefault((device, dtype), [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 1 << 16), dtype=dtype, device=device))

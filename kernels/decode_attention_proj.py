@@ -105,7 +105,8 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 def _add_fixed(part, words, n_mask, H: tl.constexpr):
     """Adds this head's partial (BLOCK_N,) into its columns' fixed-point words (one returning
     atomic each). Returns the columns' sums, in fp32, and which of them this program completed:
-    those where it was the H-th to arrive; it leaves their words zero for the next launch."""
+    those where it was the H-th to arrive (the sums of the others lack heads: mask them); it
+    leaves their words zero for the next launch."""
     fits = tl.abs(part) < FIXED_LIMIT  # False for NaN and inf too
     units = (tl.where(fits, part, 0.0) * FIXED_SCALE).to(tl.int64)  # exact scaling, then truncation
     word = tl.where(fits, units + (FIXED_OFFSET + ARRIVAL), ARRIVAL + UNFIT)
@@ -114,7 +115,6 @@ def _add_fixed(part, words, n_mask, H: tl.constexpr):
     tl.store(words, tl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
     field = (total & SUMS_MASK) - H * FIXED_OFFSET
     sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
-    sums = tl.where(done, sums, 0.0)  # others' columns: not all heads are in
     return tl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
 
 

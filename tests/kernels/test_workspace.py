@@ -1,6 +1,7 @@
 import gc
 import weakref
 
+import pytest
 import torch
 
 from kernels._workspace import arrival_counters, fixed_point_sums
@@ -28,3 +29,12 @@ def test_fixed_point_sums_are_their_own_zeroed_int64_buffer():
     assert words.dtype == torch.int64 and words.numel() >= 100 and not words.any()
     assert fixed_point_sums(dev, 10) is words
     assert words.data_ptr() != arrival_counters(dev, 10).data_ptr()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="an index-less CUDA device needs a GPU")
+def test_an_index_less_cuda_device_gets_the_current_devices_buffers():
+    """torch.device("cuda") and the tensors' cuda:N name one buffer: a check of the words a
+    launch left must not read a fresh one."""
+    here = torch.device("cuda", torch.cuda.current_device())
+    assert fixed_point_sums(torch.device("cuda"), 10) is fixed_point_sums(here, 10)
+    assert arrival_counters(torch.device("cuda"), 10) is arrival_counters(here, 10)
