@@ -5,7 +5,6 @@
   the gain and shift go into W and bias, the normalization into the epilogue); split-K path for
   decode rows, a CUDA-core path for one row
 - decode_row_stats: new_row_stats for a decode step, or None where its linears need none
-- mlp: a decode step's MLP (layernorm folded into fc); one launch at one row of gpt2's size
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - decode_attention_proj: decode attention and the output projection (+ residual) in one launch
@@ -33,7 +32,6 @@ from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
 from .linear import linear
-from .mlp_fma import mlp
 from .noise import ExponentialNoise, exponential, new_exponential_noise, torch_exponential_matches
 from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
@@ -42,6 +40,6 @@ from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
            "decode_attention_proj", "decode_row_stats", "embedding", "exponential", "ExponentialNoise",
-           "fold_layernorm", "gelu", "layernorm", "linear", "mlp", "new_exponential_noise", "new_row_stats",
+           "fold_layernorm", "gelu", "layernorm", "linear", "new_exponential_noise", "new_row_stats",
            "SAMPLE_MAX_TOP_K", "sample_logits", "softmax", "torch_exponential_matches"]
 __version__ = "0.1.0"

@@ -123,14 +123,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return y
 
 
-def mlp(x, fc_weight, fc_bias, fc_colsum, proj_weight, proj_bias, activation=None, ln_eps=1e-5,
-        negative_slope=0.01, out=None, early_launch=False, _config=None):
-    """x + linear(linear(x, fc, ln_fold=fc_colsum, activation) in x's dtype, proj): a decode MLP."""
-    h = linear(x, fc_weight, fc_bias, activation=activation, negative_slope=negative_slope, ln_fold=fc_colsum,
-               ln_eps=ln_eps)
-    return linear(h, proj_weight, proj_bias, residual=x, out=out)
-
-
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding).
     k_out, v_out (B, H, T, D): receive copies of k and v (a KV cache's prefill rows)."""

@@ -137,10 +137,6 @@ class GPT:
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
     def _mlp(self, blk, x, stats, stats_out, early=frozenset()):
-        if stats is None and stats_out is None:  # one decode row on the CUDA-core linears: one launch
-            # (kernels.mlp) into a new residual tensor: it cannot write x in place
-            return self.ops.mlp(x, *blk.fc, *blk.mlp_proj, activation=self.config.activation,
-                                ln_eps=self.config.layer_norm_epsilon, early_launch="mlp-out" in early)
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early

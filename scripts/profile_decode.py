@@ -31,7 +31,6 @@ from minillm.sampling import SamplingParams  # noqa: E402
 WARMUP_STEPS = 3
 LINEARS = ("_gemv_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel")  # tensor cores; CUDA cores at one row
 FUSED = "_decode_attention_proj_kernel"
-MLP = "_mlp_fma_kernel"
 
 
 def cuda_time(e):
@@ -41,8 +40,7 @@ def cuda_time(e):
 def label(names, n_layer):
     """A role for each kernel of one step, in launch order: the decode linears by position
     (qkv, attn-out, fc, mlp-out per layer, then the lm_head), the rest by kernel name. A fused
-    attention + projection launch (kernels/decode_attention_proj.py) takes attn-out's place, a
-    one-launch MLP (kernels/mlp_fma.py) fc's and mlp-out's."""
+    attention + projection launch (kernels/decode_attention_proj.py) takes attn-out's place."""
     roles = ["qkv", "attn-out", "fc", "mlp-out"] * n_layer + ["lm_head"]
     out, i = [], 0
     for name in names:
@@ -52,9 +50,6 @@ def label(names, n_layer):
         elif name.startswith(FUSED):
             out.append("attention+attn-out")
             i += 1
-        elif name.startswith(MLP):
-            out.append("mlp (fc+mlp-out)")
-            i += 2
         else:
             out.append(name.split("(")[0].strip("_").removesuffix("_kernel"))
     return out

@@ -31,14 +31,6 @@ def test_fused_attention_projection_takes_attn_outs_place():
         "lm_head"]
 
 
-def test_one_launch_mlp_takes_fc_and_mlp_outs_places():
-    names = ["_embedding_kernel", "_gemv_fma_kernel", "_decode_attention_proj_kernel", "_mlp_fma_kernel",
-             "_gemv_fma_kernel", "_decode_attention_proj_kernel", "_mlp_fma_kernel", "_vocab_fma_kernel"]
-    assert profile_decode.label(names, n_layer=2) == [
-        "embedding", "qkv", "attention+attn-out", "mlp (fc+mlp-out)", "qkv", "attention+attn-out",
-        "mlp (fc+mlp-out)", "lm_head"]
-
-
 def test_critical_shares_add_up_to_each_step():
     # two steps of three kernels; the second starts early (dependent launch) and the third ends
     # before the second: its share is zero, and the shares add up to first start -> last end
