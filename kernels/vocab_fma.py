@@ -32,7 +32,6 @@ ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
 BLOCK_N = 8  # columns per block
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 PROGRAMS_PER_SM = 4
-L2_AHEAD = 0 if INTERPRET else int(os.environ.get("MINILLM_VOCAB_L2_AHEAD", "0"))  # experiment
 MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
 
 
@@ -73,7 +72,7 @@ def _vocab_fma_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
     N, ln_eps, stride_xk, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, L2_AHEAD: tl.constexpr = 0,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -84,16 +83,6 @@ def _vocab_fma_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     w = tl.load(w_rows + rn[:, None] * stride_wn, mask=(rn < N)[:, None] & k_mask[None, :], other=0.0)
-    for j in tl.static_range(1, L2_AHEAD + 1):  # the program's next blocks into L2 (contiguous rows)
-        n_j = pid * BLOCK_N + j * step
-        if n_j < N:
-            nbytes = (tl.minimum(N - n_j, BLOCK_N) * stride_wn * 2).to(tl.int32)
-            tl.inline_asm_elementwise(
-                """{ .reg .pred leader; .reg .b32 tid;
-                mov.u32 tid, %tid.x; setp.eq.u32 leader, tid, 0;
-                @leader cp.async.bulk.prefetch.L2.global [$1], $2;
-                mov.u32 $0, 0; }""",
-                "=r,l,r", [w_ptr + n_j.to(tl.int64) * stride_wn, nbytes], dtype=tl.int32, is_pure=False, pack=1)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
@@ -143,7 +132,6 @@ def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
         argmax_keys if argmax_keys is not None else y2,
         N, ln_eps, x2.stride(1), weight.stride(1),
         K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None, USE_PDL=pdl,
-        L2_AHEAD=L2_AHEAD if weight.stride(1) == K and weight.element_size() == 2 else 0,
         num_stages=1, launch_pdl=pdl, **meta,
     )
     return y2
