@@ -60,9 +60,6 @@ UNFIT = tl.constexpr(1 << UNFIT_SHIFT.value)
 SUMS_MASK = tl.constexpr(ARRIVAL.value - 1)
 ARRIVE_MASK = tl.constexpr((1 << (UNFIT_SHIFT.value - ARRIVE_SHIFT.value)) - 1)  # the count's 6 bits
 MAX_FIXED_HEADS = ARRIVE_MASK.value
-# fp16 heads whose cache is one tile attend on tensor cores, their operands made ready before the
-# wait (1) or after it, beside q's load (2); 0 keeps CUDA cores (MINILLM_FUSED_MMA, A/B timing)
-MMA_MODE = int(os.environ.get("MINILLM_FUSED_MMA", "1"))
 
 
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
@@ -97,52 +94,6 @@ def _first_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
 
 
 @triton.jit
-def _stage_mma(k, v, w, zero, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The tensor-core path's operands, made ready where this is called (before the wait): a
-    product of zero rows with each (+0.0 exactly: the bits do not change) makes Triton move it
-    into its MMA layout here rather than at its use. The values meet p's zeros in rows past the
-    length (stale, or never written), where NaN or inf would poison the product: they are
-    clamped to the finite range (maxNum drops NaN). A key becomes NaN where its value was not
-    finite (k + v * 0), so a live row still poisons its head through the scores, as the CUDA-core
-    path would, and one past the length is masked. fp16 arithmetic, a few packed instructions a
-    pair. Returns (keys^T, values, the three zero accumulators)."""
-    z = tl.full((1, 1), zero, dtype=v.dtype)  # (typed: a Python scalar would widen the tiles to fp32)
-    kt = tl.trans(k + v * z)  # (BLOCK_D, BLOCK_L); k exactly where v is finite
-    big = (z + 65504.0).to(v.dtype)  # fp16's largest finite
-    v = tl.minimum(tl.maximum(v, -big), big)
-    s0 = tl.dot(tl.full((16, BLOCK_D), zero, dtype=w.dtype), kt, tl.full((16, BLOCK_L), zero, dtype=tl.float32))
-    o0 = tl.dot(tl.full((16, BLOCK_L), zero, dtype=w.dtype), v, tl.full((16, BLOCK_D), zero, dtype=tl.float32))
-    p0 = tl.dot(tl.full((16, BLOCK_D), zero, dtype=w.dtype), w, tl.full((16, BLOCK_N), zero, dtype=tl.float32))
-    return kt, v, s0, o0, p0
-
-
-@triton.jit
-def _attend_mma(q_row, q, kt, v, k_new, v_new, pos, s0, o0, p0, w, qk_scale, d_mask, BLOCK_L: tl.constexpr):
-    """The head's attention over one whole-cache tile and its product with the head's rows of
-    W on tensor cores: q is row 0 of a 16-row operand (the MMA's least height; rows 1-15 are
-    zero, their results unused). Cache rows before pos come from the tile, row pos from
-    registers. p enters the second product as two fp16 terms (p = hi + lo to about 2**-22),
-    so the fp16 rounding of p costs nothing against the CUDA-core path's fp32. Returns the
-    (BLOCK_N,) partial of row 0."""
-    offs_l = tl.arange(0, BLOCK_L)
-    rows = tl.arange(0, 16)
-    s = tl.dot(q_row, kt, s0) * qk_scale  # (16, BLOCK_L), log2 domain
-    s = tl.where((offs_l < pos)[None, :], s, float("-inf"))
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=0) * qk_scale  # the new row's score
-    m = tl.maximum(tl.max(s, axis=1), s_new)  # (16,)
-    p = tl.exp2(s - m[:, None])
-    p_new = tl.exp2(s_new - m)
-    l_i = tl.sum(p, axis=1) + p_new
-    p_hi = p.to(v.dtype)
-    p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
-    acc = tl.dot(p_lo, v, tl.dot(p_hi, v, o0))  # (16, BLOCK_D)
-    acc += p_new[:, None] * tl.where(d_mask, v_new.to(tl.float32), 0.0)[None, :]
-    o = (acc / l_i[:, None]).to(w.dtype)  # as decode_attention stores it
-    part = tl.dot(o, w, p0)  # (16, BLOCK_N)
-    return tl.sum(tl.where((rows == 0)[:, None], part, 0.0), axis=0)
-
-
-@triton.jit
 def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS: tl.constexpr):
     """The row's length (written by the step's embedding), the bias and the residual tile (fp32)."""
     seq_len = tl.load(lens_ptr + b)
@@ -171,12 +122,12 @@ def _add_fixed(part, words, n_mask, H: tl.constexpr):
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr, words_ptr,
-    M, N, D, L, qk_scale, zero,
+    M, N, D, L, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
-    MMA: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -204,8 +155,6 @@ def _decode_attention_proj_kernel(
         k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if PREFETCH == 1:  # the tile as allocated: _attend masks the rows past the length, known after the wait
         k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < L, d_mask, stride_kl, stride_vl)
-    if MMA == 1 and PREFETCH > 0:  # the tensor-core operands ready before the wait
-        kt, v, s0, o0, p0 = _stage_mma(k, v, w, zero, BLOCK_L, BLOCK_D, BLOCK_N)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
@@ -218,31 +167,24 @@ def _decode_attention_proj_kernel(
 
     pos = seq_len - 1
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
     k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
     v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
-    if MMA:  # q as row 0 of the MMA's 16
-        q_row = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d[None, :] + tl.zeros((16, 1), dtype=tl.int32),
-                        mask=(tl.arange(0, 16) == 0)[:, None] & d_mask[None, :], other=0.0)
-    if MMA == 2 or (MMA == 1 and PREFETCH == 0):  # the operands ready while q and the new row load
-        kt, v, s0, o0, p0 = _stage_mma(k, v, w, zero, BLOCK_L, BLOCK_D, BLOCK_N)
     if pid_n == 0:  # one program per (row, head) appends the new key and value
         tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
         tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
-    if MMA:  # (one tile holds the whole cache)
-        part = _attend_mma(q_row, q, kt, v, k_new, v_new, pos, s0, o0, p0, w, qk_scale, d_mask, BLOCK_L)
-    else:
-        q = q * qk_scale  # log2 domain
-        # the first tile's rows < pos are the cache's; _attend takes row pos from registers
-        m_i, l_i, acc = _attend(q, k, v, offs_l, offs_l < seq_len, d_mask, pos, k_new, v_new,
-                                float("-inf"), 0.0, tl.zeros((BLOCK_D,), dtype=tl.float32), True)
-        for start in range(BLOCK_L, seq_len, BLOCK_L):  # a cache longer than one tile: the rest after the wait
-            offs = start + offs_l
-            older = (offs < pos)[:, None] & d_mask[None, :]
-            k = _cache_tile(k_base, offs, offs_d, older, stride_kl)
-            v = _cache_tile(v_base, offs, offs_d, older, stride_vl)
-            m_i, l_i, acc = _attend(q, k, v, offs, offs < seq_len, d_mask, pos, k_new, v_new, m_i, l_i, acc, True)
-        o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
-        part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
+    # the first tile's rows < pos are the cache's; _attend takes row pos from registers
+    m_i, l_i, acc = _attend(q, k, v, offs_l, offs_l < seq_len, d_mask, pos, k_new, v_new,
+                            float("-inf"), 0.0, tl.zeros((BLOCK_D,), dtype=tl.float32), True)
+    for start in range(BLOCK_L, seq_len, BLOCK_L):  # a cache longer than one tile: the rest after the wait
+        offs = start + offs_l
+        older = (offs < pos)[:, None] & d_mask[None, :]
+        k = _cache_tile(k_base, offs, offs_d, older, stride_kl)
+        v = _cache_tile(v_base, offs, offs_d, older, stride_vl)
+        m_i, l_i, acc = _attend(q, k, v, offs, offs < seq_len, d_mask, pos, k_new, v_new, m_i, l_i, acc, True)
+    o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
+
+    part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
     if FIXED:  # (H > 1, no statistics) finish the columns where this program came last
         part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
@@ -325,14 +267,14 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
         part, counts, stats_out if stats_out is not None else part, words,
-        B, N, D, k_cache.shape[2], scale * LOG2E, 0.0,  # log2(e): softmax via exp2
+        B, N, D, k_cache.shape[2], scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
-        MMA=MMA_MODE if q.dtype == torch.float16 and block_l >= k_cache.shape[2] else 0, BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )
     return y
