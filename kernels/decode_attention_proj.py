@@ -71,13 +71,19 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     - a whole-cache tile in 8 warps while the programs (rows x heads x column blocks) fill up to
       3/4 of the SMs (gpt2 b1 36: 5,330 -> 5,530, b2 72: +1.8%, gpt2-medium 64: 1,847 ->
       2,004); past that 128 positions up front in 4 warps (gpt2-large 100: 1,081 -> 1,108,
-      gpt2-xl 175: 650 -> 666), where the 8-warp tile was even or slower (gpt2-xl 608)."""
+      gpt2-xl 175: 650 -> 666), where the 8-warp tile was even or slower (gpt2-xl 608);
+    - 4 warps for a whole tile of up to 128 x 64, except 128 positions with up to 3 column blocks
+      a head (gpt2's width): 8 warps there, H200, alternated in one call at a 128-position cache
+      (bench/results/h200/warps-at-128-ab-dd47f84.log): gpt2 b1 7,156 -> 7,605 tok/s (+6.3%),
+      sampled +4.2%, b2 +1.6%; gpt2-medium's 4 blocks lost with 8 (2,178 -> 2,130)."""
     if rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
         return None
     block_n = 256
     whole = max(16, triton.next_power_of_2(cache_len))
-    if 4 * rows * heads * triton.cdiv(n, block_n) <= 3 * sms:
-        return block_n, whole, 8 if whole * head_dim > 128 * 64 else 4
+    blocks = triton.cdiv(n, block_n)
+    if 4 * rows * heads * blocks <= 3 * sms:
+        elements = whole * head_dim
+        return block_n, whole, 8 if elements > 128 * 64 or (elements == 128 * 64 and blocks <= 3) else 4
     return block_n, min(whole, 128), 4
 
 

@@ -136,10 +136,13 @@ def test_more_rows_or_a_longer_cache_run_two_kernels(B, L, device):
 
 def test_layout_policy():
     """On an H100's 132 SMs: gpt2 at one row reads its whole cache up front in 8 warps,
-    gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile; 4 rows and
-    512-position caches run two kernels."""
+    gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile (128 positions
+    in 8 warps at gpt2's width, 4 at gpt2-medium's); 4 rows and 512-position caches run two
+    kernels."""
     assert fused_layout(1, 768, 256, 64, 12, sms=132) == (256, 256, 8)
-    assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 4)
+    assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 8)
+    assert fused_layout(1, 768, 128, 64, 12, sms=132) == (256, 128, 8)
+    assert fused_layout(1, 1024, 128, 64, 16, sms=132) == (256, 128, 4)
     assert fused_layout(1, 1600, 256, 64, 25, sms=132) == (256, 128, 4)
     assert fused_layout(1, 1600, 100, 64, 25, sms=132) == (256, 128, 4)
     assert fused_layout(1, 768, 40, 64, 12, sms=132) == (256, 64, 4)
