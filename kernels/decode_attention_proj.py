@@ -72,8 +72,9 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
       3/4 of the SMs (gpt2 b1 36: 5,330 -> 5,530, b2 72: +1.8%, gpt2-medium 64: 1,847 ->
       2,004); past that 128 positions up front in 4 warps (gpt2-large 100: 1,081 -> 1,108,
       gpt2-xl 175: 650 -> 666), where the 8-warp tile was even or slower (gpt2-xl 608);
-    - 4 warps for a whole tile of up to 128 x 64, except 128 positions with up to 3 column blocks
-      a head (gpt2's width): 8 warps there, H200, alternated in one call at a 128-position cache
+    - 4 warps for a whole tile of up to 128 x 64 elements, except at 128 x 64 (128 positions of
+      64-wide heads) with up to 3 column blocks a head (gpt2's width): 8 warps there, H200,
+      alternated in one call at a 128-position cache
       (bench/results/h200/warps-at-128-ab-dd47f84.log): gpt2 b1 7,156 -> 7,605 tok/s (+6.3%),
       sampled +4.2%, b2 +1.6%; gpt2-medium's 4 blocks lost with 8 (2,178 -> 2,130)."""
     if rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
