@@ -11,6 +11,7 @@ Optionally the new token's key and value are written into the cache by the same 
 (`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers.
 """
 import math
+import os
 
 import torch
 import triton
@@ -21,6 +22,9 @@ from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 
 LOG2E = 1.4426950408889634
+# cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
+# MINILLM_ATTN_PREFETCH_TILES=N forces N there (A/B timing)
+PREFETCH_TILES_ENV = os.environ.get("MINILLM_ATTN_PREFETCH_TILES")
 
 
 @triton.jit
@@ -50,7 +54,7 @@ def _decode_attention_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -61,11 +65,11 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     start = pid_s * chunk
-    offs_n = start + tl.arange(0, BLOCK_N)
-    tile_mask = (offs_n < L)[:, None] & d_mask[None, :]
-    if PREFETCH:  # rows written by earlier steps (caller's promise): read before the wait
-        k0 = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
-        v0 = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
+    if PREFETCH_N > 0:  # rows written by earlier steps (caller's promise): read before the wait
+        offs_p = start + tl.arange(0, PREFETCH_N)
+        tile_mask = (offs_p < L)[:, None] & d_mask[None, :]
+        k0 = tl.load(k_base + offs_p[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
+        v0 = tl.load(v_base + offs_p[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -87,13 +91,13 @@ def _decode_attention_kernel(
     l_i = 0.0
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     first = start
-    if PREFETCH:
-        m1, l1, acc1 = _attend(q, k0, v0, offs_n, offs_n < end, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
+    if PREFETCH_N > 0:
+        m1, l1, acc1 = _attend(q, k0, v0, offs_p, offs_p < end, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
         live = start < end  # an empty split keeps the neutral state (its m1 is NaN)
         m_i = tl.where(live, m1, m_i)
         l_i = tl.where(live, l1, l_i)
         acc = tl.where(live, acc1, acc)
-        first = start + BLOCK_N
+        first = start + PREFETCH_N
     for start_n in range(first, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -169,6 +173,21 @@ def default_layout(device, bh, L, block_d):
     return splits, block_n, warps
 
 
+def prefetch_tiles(device, bh, block_n, warps, chunk):
+    """Cache tiles of block_n rows a program reads before its wait (prefetch_cache): at most its
+    chunk, in a power of two. One, except in the narrow unsplit layout (default_layout) with
+    fewer (row, head) pairs than half the programs wanted: four. H200, alternated in one call
+    (bench/results/h200/attention-prefetch-tiles-ab.log): gpt2 batch 16 (192 pairs) 52.0k / 52.3k
+    -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
+    batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
+    tiles = 1
+    if (block_n, warps) == (32, 2):
+        tiles = int(PREFETCH_TILES_ENV) if PREFETCH_TILES_ENV else 4 if 2 * bh < _programs_wanted(device) else 1
+    while tiles > 1 and tiles * block_n > chunk:
+        tiles //= 2
+    return max(1, tiles)
+
+
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
     """decode_attention's argument checks (one ValueError naming the argument), shared with
     decode_attention_proj."""
@@ -201,10 +220,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     seq_lens: (B,) int32/int64, 1 <= seq_lens[b] <= L: query b sees cache positions < seq_lens[b].
     k_new, v_new: optional (B, H, D), written to position seq_lens[b] - 1 of the caches first.
     Returns (B, H, D) in q's dtype (into `out` if given).
-    prefetch_cache: each program reads its first cache tile before waiting on the previous
-    kernel (programmatic dependent launch). Only for caches that kernel does not write, as in
-    a decode step, where the cache is written by this kernel alone.
-    _config: {"BLOCK_N": ..., "num_warps": ...} in place of the defaults (benchmarks).
+    prefetch_cache: each program reads its first cache tile (or tiles: prefetch_tiles) before
+    waiting on the previous kernel (programmatic dependent launch). Only for caches that kernel
+    does not write, as in a decode step, where the cache is written by this kernel alone.
+    _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ...} in place of the defaults
+    (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -221,10 +241,15 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     else:
         splits, (block_n, warps) = int(num_splits), _base_layout(BLOCK_D)
     meta = {"BLOCK_N": block_n, "num_warps": warps, **(_config or {})}
+    tiles = meta.pop("PREFETCH_TILES", None)
     BLOCK_N = meta["BLOCK_N"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"num_splits: expected a power of two >= 1, got {splits}")
     chunk = triton.cdiv(triton.cdiv(L, splits), BLOCK_N) * BLOCK_N
+    if tiles is None:
+        tiles = prefetch_tiles(q.device, B * H, BLOCK_N, meta["num_warps"], chunk)
+    if tiles < 1 or tiles & (tiles - 1):
+        raise ValueError(f"_config: expected PREFETCH_TILES a power of two >= 1, got {tiles}")
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -238,6 +263,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
-        USE_PDL=pdl, PREFETCH=bool(prefetch_cache), launch_pdl=pdl, **meta,
+        USE_PDL=pdl, PREFETCH_N=tiles * BLOCK_N if prefetch_cache else 0, launch_pdl=pdl, **meta,
     )
     return o

@@ -18,8 +18,8 @@ TALL_MIN = 48 * 1024
 # output width below which a K >= 1024 layer without a layernorm adds its chunk sums in two
 # groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
 NARROW_N = 1024
-# the least K of a wide layer that takes one 32-row tile at 17-32 rows (gpt2's qkv and fc, K = 768;
-# decode_config). There a row's bits match the 16-row layouts' in fp16 and fp32 (12 random draws,
+# the least K of a wide layer that takes one 32-row tile at 17-32 rows and one 64-row tile past
+# that (gpt2's qkv and fc, K = 768; decode_config). There a row's bits match the 16-row layouts' in fp16 and fp32 (12 random draws,
 # H100); at K = 96 its statistics added up another way, as the split and looping 16-row programs'
 # already do (test_gemv_layernorm_same_rows_at_any_batch)
 ROWS32_MIN_K = 512
@@ -87,6 +87,14 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
             # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). Bits: see
             # ROWS32_MIN_K (fp32 keeps 16-row tiles too)
             return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=2 * BLOCK_M,
+                        num_stages=4)
+        if itemsize == 2 and K >= ROWS32_MIN_K:
+            # past 32 rows one 64-row tile a 32-column block (the same bits: GPU test
+            # test_gemv_layernorm_same_rows_at_any_batch): alone at 64 rows qkv 5.62 -> 5.38 us, fc
+            # 5.87 -> 5.52 (the best of 16 layouts); gpt2 batch 64 153.5k / 154.2k -> 158.2k / 157.9k
+            # tok/s, batch 48 +3.0%, batch 40 +2.8%, the same ids (H200, alternated in one call;
+            # bench/results/h200/tall-narrow-ab.log)
+            return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64,
                         num_stages=4)
         return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64

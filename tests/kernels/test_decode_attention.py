@@ -3,7 +3,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.decode_attention import _programs_wanted, default_layout
+from kernels.decode_attention import _programs_wanted, default_layout, prefetch_tiles
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -32,12 +32,14 @@ def test_decode_attention(B, H, L, D, dtype, device):
     assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
 
 
-@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4}])
+@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4},
+                                    {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4}])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
     """Every split count, with the new key/value written into the cache by the same launch, and
-    with each program's first tile read up front (empty splits, 1-token rows included). Cache
+    with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
+    front (empty splits, 1-token rows included). Cache
     rows past a sequence's length are NaN: they may be read (prefetched tiles), never used."""
     B, H, L, D = 3, 2, 150, 32
     q = randn(B, H, D, device=device)
@@ -83,6 +85,11 @@ def test_default_layout_by_rows(device):
     assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
     assert default_layout(dev, many, 256, 64) == (1, 32, 2)
     assert default_layout(dev, 8 * many, 256, 64) == (1, 32, 2)
+    # tiles read before the wait: four in that layout below half the programs wanted, at most the chunk
+    half = _programs_wanted(dev) // 2
+    assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
+    assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
+    assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
 
 
 def test_decode_attention_matches_prefill_last_row(device):

@@ -43,16 +43,17 @@ def test_decode_config_chunk_groups(monkeypatch):
 
 def test_decode_config_32_row_tiles():
     """gpt2's qkv and fc (K below 1024, N >= 2K) take one 32-row tile a 64-column block at 17-32
-    rows, and 16-row tiles of 128 columns past 32; other layers keep 16-row tiles."""
+    rows, and one 64-row tile a 32-column block past 32; other layers keep 16-row tiles."""
     def cfg(M, N, K, ln=True):
         c = gemv_config.decode_config(M, N, K, 2, ln, sms=132)
         return c.get("BLOCK_M", gemv_config.BLOCK_M), c["BLOCK_N"], c["CHUNKS"]
     for N in (2304, 3072):
         assert cfg(17, N, 768) == cfg(32, N, 768) == (32, 64, 6)
-        assert cfg(33, N, 768) == cfg(64, N, 768) == (16, 128, 6)
+        assert cfg(33, N, 768) == cfg(64, N, 768) == (64, 32, 6)
         assert cfg(16, N, 768)[0] == 16  # split programs up to 16 rows
     assert cfg(32, 768, 768, ln=False)[0] == 16 and cfg(32, 768, 3072, ln=False)[0] == 16
-    assert gemv_config.decode_config(32, 2304, 768, 4, True, sms=132).get("BLOCK_M", 16) == 16  # fp32
+    for M in (32, 64):  # fp32 keeps 16-row tiles
+        assert gemv_config.decode_config(M, 2304, 768, 4, True, sms=132).get("BLOCK_M", 16) == 16
     assert cfg(32, 200, 96)[0] == 16  # below ROWS32_MIN_K
 
 
