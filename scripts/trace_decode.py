@@ -85,7 +85,7 @@ PATCHES = {
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
-        ("    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,\n):", "    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, trace_ptr,\n):"),
+        ("    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr,\n):", "    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, trace_ptr,\n):"),
         ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
         ("\n\ndef _programs_wanted", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef _programs_wanted"),
