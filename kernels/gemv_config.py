@@ -19,8 +19,9 @@ TALL_MIN = 48 * 1024
 # groups and runs two programs a 64-column block past 16 rows (gpt2's mlp-out; chunk_groups)
 NARROW_N = 1024
 # the least K of a wide layer that takes one 32-row tile at 17-32 rows and one 64-row tile past
-# that (gpt2's qkv and fc, K = 768; decode_config). There a row's bits match the 16-row layouts' in fp16 and fp32 (12 random draws,
-# H100); at K = 96 its statistics added up another way, as the split and looping 16-row programs'
+# that in half precision (gpt2's qkv and fc, K = 768; decode_config). There a row's bits match the
+# 16-row layouts' (32 rows: fp16 and fp32, 12 random draws, H100; 64 rows: fp16, H100 and H200);
+# at K = 96 its statistics added up another way, as the split and looping 16-row programs'
 # already do (test_gemv_layernorm_same_rows_at_any_batch)
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first

@@ -39,8 +39,8 @@ def test_decode_attention(B, H, L, D, dtype, device):
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
     """Every split count, with the new key/value written into the cache by the same launch, and
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
-    front (empty splits, 1-token rows included). Cache
-    rows past a sequence's length are NaN: they may be read (prefetched tiles), never used."""
+    front (empty splits, 1-token rows included). Cache rows past a sequence's length are NaN: they
+    may be read (prefetched tiles), never used."""
     B, H, L, D = 3, 2, 150, 32
     q = randn(B, H, D, device=device)
     kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)

@@ -170,9 +170,8 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device, 
     """At K >= 1024 and enough rows (TALL_MIN) a folded-layernorm linear runs 64-row tiles in
     half-chunk K steps; below, split programs (up to 16 rows) or the 16-row loop. gpt2's qkv
     and fc (K = 768, N >= 2K) run one 32-row tile at 17-32 rows and one 64-row tile past that in
-    half precision. A row gets
-    the same bits every way on the GPU (the interpreter's numpy matmul sums a K step in its own
-    order)."""
+    half precision. A row gets the same bits every way on the GPU (the interpreter's numpy matmul
+    sums a K step in its own order)."""
     if K == 768 and not ON_GPU:
         pytest.skip("interpreter time: the gpt2-sized case runs on the GPU only")
     if with_stats and K == 96:
@@ -184,7 +183,8 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device, 
     rows = {m: gemv_config.decode_config(m, N, K, x.element_size(), ln=True, sms=sm_count(x.device)).get("BLOCK_M")
             for m in (32, SMALL_M)}
     half768 = K == 768 and dtype != torch.float32
-    assert rows == ({32: None, SMALL_M: 64} if K > 1000 else {32: 32, SMALL_M: 64} if half768 else {32: None, SMALL_M: None})
+    expect = {32: None, SMALL_M: 64} if K > 1000 else {32: 32, SMALL_M: 64} if half768 else {32: None, SMALL_M: None}
+    assert rows == expect
     full = ln_linear(x, w, bias, g, b, ln_stats=stats)
     assert_rel_close(full, ln_linear_ref(x, w, bias, g, b), dtype, f"ln tall stats {with_stats}")
     for m in (1, 8, 16, 17, 32, 40, 48):  # K = 1100: 40 rows the 16-row loop, 48 64-row tiles
