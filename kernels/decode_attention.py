@@ -185,7 +185,7 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
         tiles = int(PREFETCH_TILES_ENV) if PREFETCH_TILES_ENV else 4 if 2 * bh < _programs_wanted(device) else 1
     while tiles > 1 and tiles * block_n > chunk:
         tiles //= 2
-    return max(1, tiles)
+    return tiles
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -249,7 +249,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     if tiles is None:
         tiles = prefetch_tiles(q.device, B * H, BLOCK_N, meta["num_warps"], chunk)
     if tiles < 1 or tiles & (tiles - 1):
-        raise ValueError(f"_config: expected PREFETCH_TILES a power of two >= 1, got {tiles}")
+        raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
+                         f"got {tiles}")
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
