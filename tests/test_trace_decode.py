@@ -62,3 +62,22 @@ def test_summarize_roles_times_and_overlap():
     assert row.split()[1:3] == ["1", "-0.60"]  # started 0.6 us before the fused launch's last end
     row = next(line for line in lines if line.startswith("attention+attn-out"))
     assert row.split()[1:3] == ["1", "-1.90"]  # 1.1 us against the attention's end at 3.0
+
+
+def test_summarize_drops_rows_no_program_wrote():
+    """Rows left at the fill (-1), or with an SM id past MAX_SMS, are counted, not timed: they
+    neither set the step's start nor a launch's times, and a launch with none valid stays in the
+    list, empty."""
+    C = 8
+    qkv = _launch("fma", 3 * C, C, [(0, 0.0, 1.0, 1.0, 2.0), (1, 0.5, 1.5, 1.5, 2.5)])
+    qkv[3].view(2, trace_decode.FIELDS)[1] = -1
+    blank = _launch("attn", 2, 4, [(2, 1.0, 2.6, 2.6, 3.0)])
+    blank[3].fill_(-1)
+    head = _launch("gemv", 100, C, [(0, 2.5, 3.5, 3.2, 4.0), (5 * 10**18, -9.0, 1.0, 1.0, 2.0)])
+    out = trace_decode.summarize([qkv, blank, head], n_embd=C)
+    assert [(d["programs"], d["invalid"]) for d in out] == [(1, 1), (0, 1), (1, 1)]
+    assert out[0]["start_first"] == pytest.approx(0.0) and out[0]["end_last"] == pytest.approx(2.0)
+    lines = trace_decode.report(out)
+    assert lines[2].startswith("(3 programs left no valid record, in 3 launches")
+    row = next(line for line in lines if line.startswith("lm_head"))
+    assert row.split()[1:3] == ["1", "0.50"]  # timed from qkv's last written end
