@@ -17,8 +17,8 @@ step with --untraced.
 
 Known gap: at gpt2 batch 64 (H100 and H200, fifty-second session) the tensor-core GEMV's
 records came back as noise in every launch (its looping, tensor-descriptor layouts), so only
-decode attention's were usable; the report drops and counts such rows. Batch 1 and gpt2-xl
-batch 1 trace cleanly.
+decode attention's were usable; the report drops and counts such rows. One row (gpt2 and
+gpt2-xl) traced cleanly in earlier sessions.
 """
 import argparse
 import importlib.util
