@@ -188,8 +188,9 @@ def summarize(launches, n_embd):
     t0 = min(int(r[:, 1].min()) for *_, r, _ in recs if r.shape[0])
     out = []
     for kind, N, K, r, invalid in recs:
+        role = {"attn": "attention", "attn-proj": "attention+attn-out"}.get(kind) or roles.get((N, K), "lm_head")
         if not r.shape[0]:
-            out.append(dict(role=kind, programs=0, invalid=invalid))
+            out.append(dict(role=role, programs=0, invalid=invalid))
             continue
         t = (r[:, 1:].double() - t0) / 1000.0  # (programs, 4): start, weights in, wait passed, end
         ev = sorted([(float(a), 1) for a in t[:, 0]] + [(float(b), -1) for b in t[:, 3]])
@@ -198,7 +199,6 @@ def summarize(launches, n_embd):
             alive += step
             peak = max(peak, alive)
         q = lambda col, f: float(t[:, col].quantile(f))  # noqa: E731
-        role = {"attn": "attention", "attn-proj": "attention+attn-out"}.get(kind) or roles.get((N, K), "lm_head")
         out.append(dict(role=role, programs=r.shape[0], invalid=invalid,
                         sms=int(r[:, 0].unique().numel()), peak_alive=peak, start_first=q(0, 0), start_p70=q(0, 0.7),
                         start_last=q(0, 1), wait_first=q(2, 0), wait_last=q(2, 1), weights_med=q(1, 0.5),
@@ -211,12 +211,12 @@ def report(launches):
     lines = ["per role, means over layers, us after the previous launch's last end:",
              f"{'role':10s} {'n':>3s} {'start':>7s} {'70% in':>7s} {'wait':>7s} {'weights':>8s} {'end':>7s}"]
     agg = defaultdict(list)
-    written = [d for d in launches if d["programs"]]
+    timed = [d for d in launches if d["programs"]]  # launches with a valid record
     missing = sum(d["invalid"] for d in launches)
     if missing:
         lines.append(f"({missing} programs left no valid record, in {sum(1 for d in launches if d['invalid'])} launches: "
                      "those launches' ends are from the programs that did)")
-    for prev, d in zip(written, written[1:]):
+    for prev, d in zip(timed, timed[1:]):
         e = prev["end_last"]
         agg[d["role"]].append([d["start_first"] - e, d["start_p70"] - e, d["wait_first"] - e,
                                d["weights_last"] - e, d["end_last"] - e])

@@ -76,6 +76,7 @@ def test_summarize_drops_rows_no_program_wrote():
     head = _launch("gemv", 100, C, [(0, 2.5, 3.5, 3.2, 4.0), (5 * 10**18, -9.0, 1.0, 1.0, 2.0)])
     out = trace_decode.summarize([qkv, blank, head], n_embd=C)
     assert [(d["programs"], d["invalid"]) for d in out] == [(1, 1), (0, 1), (1, 1)]
+    assert [d["role"] for d in out] == ["qkv", "attention", "lm_head"]
     assert out[0]["start_first"] == pytest.approx(0.0) and out[0]["end_last"] == pytest.approx(2.0)
     lines = trace_decode.report(out)
     assert lines[2].startswith("(3 programs left no valid record, in 3 launches")
