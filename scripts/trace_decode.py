@@ -15,10 +15,11 @@ step with --untraced.
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
 
-Known gap: at gpt2 batch 64 (H100 and H200, fifty-second session) the tensor-core GEMV's
-records came back as noise in every launch (its looping, tensor-descriptor layouts), so only
-decode attention's were usable; the report drops and counts such rows. One row (gpt2 and
-gpt2-xl) traced cleanly in earlier sessions.
+Records are filled with -1 before the replays; a row no program wrote is dropped and counted
+in the report. From the tensor-core GEMV's weight descriptors (96b4762) to the fifty-third
+session, its record call sat in the function after the kernel, so no GEMV launch wrote one
+(gpt2 at batch 64, gpt2-xl at any batch). tests/test_trace_decode.py now checks that each
+record call is inside its kernel.
 """
 import argparse
 import importlib.util
@@ -70,7 +71,8 @@ PATCHES = {
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
-        ("\n\ndef gemv(", "    _record(trace_ptr, pid + pid_k * tl.num_programs(0), t0, t1, t2)\n\n\ndef gemv("),
+        ("\n\ndef weight_descriptor(",
+         "    _record(trace_ptr, pid + pid_k * tl.num_programs(0), t0, t1, t2)\n\n\ndef weight_descriptor("),
     ],
     "gemv_fma": [
         ("from ._tuning import INTERPRET, launch, use_pdl\n", "from ._tuning import INTERPRET, launch, use_pdl\n" + HELPERS),
@@ -91,7 +93,7 @@ PATCHES = {
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
-        ("    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr,\n):", "    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, trace_ptr,\n):"),
+        ("LOOP_STAGES: tl.constexpr,\n):", "LOOP_STAGES: tl.constexpr, trace_ptr,\n):"),
         ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
         ("\n\ndef _programs_wanted", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef _programs_wanted"),

@@ -1,5 +1,6 @@
 """scripts/trace_decode.py without a GPU: its text patches still apply to the kernel files
 (each anchor once) and the traced copies import; its per-launch bookkeeping on made-up records."""
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -12,14 +13,26 @@ trace_decode = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(trace_decode)
 
 
+KERNELS = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel",
+           "decode_attention_proj": "_decode_attention_proj_kernel", "vocab_fma": "_vocab_fma_kernel"}
+
+
+def _calls_in(tree, function):
+    """Names of the functions called inside the top-level function `function`."""
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    return [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+
+
 @pytest.mark.parametrize("name", sorted(trace_decode.PATCHES))
 def test_patches_apply_and_import(name, tmp_path):
     src = trace_decode.patched_source(name)
     assert src.count("\n    _record(trace_ptr") == 1 and src.count("t0 = _now()") == 1
+    # inside the kernel, not in a function after it (gemv's record once landed in
+    # weight_descriptor, after its return: no program wrote a record)
+    calls = _calls_in(ast.parse(src), KERNELS[name])
+    assert calls.count("_record") == 1 and calls.count("_now") >= 2
     mod = trace_decode.load_traced(name, tmp_path)
-    kernel = {"gemv": "_gemv_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel",
-              "decode_attention_proj": "_decode_attention_proj_kernel", "vocab_fma": "_vocab_fma_kernel"}
-    assert "trace_ptr" in getattr(mod, kernel[name]).arg_names
+    assert "trace_ptr" in getattr(mod, KERNELS[name]).arg_names
 
 
 def test_launch_shape_by_name(tmp_path):

@@ -1,9 +1,11 @@
+import os
+
 import pytest
 import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.decode_attention import _programs_wanted, default_layout, prefetch_tiles
+from kernels.decode_attention import PIPELINE_MIN_L, _programs_wanted, default_layout, loop_stages, prefetch_tiles
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -33,7 +35,8 @@ def test_decode_attention(B, H, L, D, dtype, device):
 
 
 @pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4},
-                                    {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4}])
+                                    {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
+                                    {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3}])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
@@ -90,6 +93,38 @@ def test_default_layout_by_rows(device):
     assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
     assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
+
+
+def test_loop_stages_rule():
+    """The cache loop is pipelined in the narrow unsplit layout over long caches only."""
+    if os.environ.get("MINILLM_ATTN_STAGES"):
+        pytest.skip("MINILLM_ATTN_STAGES forces the stages")
+    assert loop_stages(PIPELINE_MIN_L, 32, 2) == 3 and loop_stages(1024, 32, 2) == 3
+    assert loop_stages(PIPELINE_MIN_L // 2, 32, 2) == 1
+    assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
+
+
+def test_pipelined_loop_same_bits(device):
+    """The pipelined cache loop (copies ahead into shared memory) does the same arithmetic as
+    the plain one: the same bits over caches of 1 to 19 tiles, the new key/value written by the
+    launch, NaN rows past each length (read by no loop step), the first tile read before the wait."""
+    B, H, L, D = 4, 2, 600, 64
+    q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
+    kc, vc = (randn(B, H, L, D, dtype=torch.float16, device=device) for _ in range(2))
+    lens = torch.tensor([600, 1, 33, 417], dtype=torch.int32, device=device)
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]
+    kc.masked_fill_(past, float("nan"))
+    vc.masked_fill_(past, float("nan"))
+    outs = []
+    for stages in (1, 3):
+        k, v = kc.clone(), vc.clone()
+        o = kernels.decode_attention(q, k, v, lens, k_new=k_new, v_new=v_new, num_splits=1, prefetch_cache=True,
+                                     _config={"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": stages})
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+    expect_k, expect_v = k.clone(), v.clone()  # (the last launch wrote the new rows)
+    assert_rel_close(outs[1], ref.decode_attention(q.double(), expect_k.double().nan_to_num(),
+                                                   expect_v.double().nan_to_num(), lens), torch.float16)
 
 
 def test_decode_attention_matches_prefill_last_row(device):
