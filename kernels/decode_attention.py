@@ -201,7 +201,8 @@ def loop_stages(L, block_n, warps):
     - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;
     - 1024 (768-token prompts): batch 64 69.7k / 69.2k -> 72.1k / 73.0k, batch 48 56.4k / 55.8k
       -> 60.4k / 60.7k, gpt2-medium batch 64 27.8k -> 29.2k;
-    - the benchmark's 256-position cache: batch 64 -3% (158.2k -> 153.3k), batch 32 and 16 even;
+    - the benchmark's 256-position cache: batch 64 -3% (157.9k / 158.2k -> 152.7k / 153.3k),
+      batch 32 and 16 even;
     - the split layouts at a 1024-position cache: batch 1 -10%, batch 8 -6.5%."""
     if LOOP_STAGES_ENV:
         return int(LOOP_STAGES_ENV)
