@@ -29,6 +29,7 @@ PREFETCH_TILES_ENV = os.environ.get("MINILLM_ATTN_PREFETCH_TILES")
 # software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
 PIPELINE_MIN_L = 512
 LOOP_STAGES_ENV = os.environ.get("MINILLM_ATTN_STAGES")
+NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout)
 
 
 @triton.jit
@@ -166,7 +167,7 @@ def default_layout(device, bh, L, block_d):
         # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
         # 27.7k): the one-tile programs below held the SMs the next linear starts on
-        return 1, 32, 2
+        return 1, *NARROW
     if block_d <= 64 and short:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
         # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
@@ -186,7 +187,7 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
     batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
     tiles = 1
-    if (block_n, warps) == (32, 2):
+    if (block_n, warps) == NARROW:
         tiles = int(PREFETCH_TILES_ENV) if PREFETCH_TILES_ENV else 4 if 2 * bh < _programs_wanted(device) else 1
     while tiles > 1 and tiles * block_n > chunk:
         tiles //= 2
@@ -206,7 +207,7 @@ def loop_stages(L, block_n, warps):
     - the split layouts at a 1024-position cache: batch 1 -10%, batch 8 -6.5%."""
     if LOOP_STAGES_ENV:
         return int(LOOP_STAGES_ENV)
-    return 3 if (block_n, warps) == (32, 2) and L >= PIPELINE_MIN_L else 1
+    return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L else 1
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -263,13 +264,15 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         splits, (block_n, warps) = int(num_splits), _base_layout(BLOCK_D)
     meta = {"BLOCK_N": block_n, "num_warps": warps, **(_config or {})}
     tiles = meta.pop("PREFETCH_TILES", None)
-    stages = meta.pop("LOOP_STAGES", None) or loop_stages(L, meta["BLOCK_N"], meta["num_warps"])
+    stages = meta.pop("LOOP_STAGES", None)
     BLOCK_N = meta["BLOCK_N"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"num_splits: expected a power of two >= 1, got {splits}")
     chunk = triton.cdiv(triton.cdiv(L, splits), BLOCK_N) * BLOCK_N
     if tiles is None:
         tiles = prefetch_tiles(q.device, B * H, BLOCK_N, meta["num_warps"], chunk)
+    if stages is None:
+        stages = loop_stages(L, BLOCK_N, meta["num_warps"])
     if tiles < 1 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
                          f"got {tiles}")

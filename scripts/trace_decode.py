@@ -216,8 +216,9 @@ def report(launches):
     timed = [d for d in launches if d["programs"]]  # launches with a valid record
     missing = sum(d["invalid"] for d in launches)
     if missing:
-        lines.append(f"({missing} programs left no valid record, in {sum(1 for d in launches if d['invalid'])} launches: "
-                     "those launches' ends are from the programs that did)")
+        where = [(i, d["role"], d["invalid"]) for i, d in enumerate(launches) if d["invalid"]]
+        lines.append(f"({missing} programs left no valid record, in {len(where)} launches: those launches' ends "
+                     f"are from the programs that did; (launch, role, programs): {where})")
     for prev, d in zip(timed, timed[1:]):
         e = prev["end_last"]
         agg[d["role"]].append([d["start_first"] - e, d["start_p70"] - e, d["wait_first"] - e,
@@ -275,8 +276,6 @@ def main():
     if captured:
         launches = summarize(captured, cfg.n_embd)
         print("\n".join(report(launches)))
-        print("no valid record (launch, role, programs):", [(i, d["role"], d["invalid"]) for i, d in enumerate(launches)
-                                                      if d["invalid"]])
         per_layer = (len(launches) - 1) // cfg.n_layer  # 5 launches, or 4 with attention fused; then the lm_head
         mid = per_layer * (cfg.n_layer // 2)  # keep every program of the middle two layers only
         for i, d in enumerate(launches):
