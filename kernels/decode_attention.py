@@ -198,13 +198,19 @@ def loop_stages(L, block_n, warps):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
     layout (default_layout) over caches of PIPELINE_MIN_L positions or more, 1 (no pipelining)
     elsewhere. The same arithmetic either way. H200, gpt2 unless named, alternated in one call,
-    the same ids (bench/results/h200/attention-pipelined-loop-ab.log):
+    the same ids (bench/results/h200/attention-pipelined-loop-ab.log, -xl-ab.log):
     - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;
     - 1024 (768-token prompts): batch 64 69.7k / 69.2k -> 72.1k / 73.0k, batch 48 56.4k / 55.8k
       -> 60.4k / 60.7k, gpt2-medium batch 64 27.8k -> 29.2k;
     - the benchmark's 256-position cache: batch 64 -3% (157.9k / 158.2k -> 152.7k / 153.3k),
       batch 32 and 16 even;
-    - the split layouts at a 1024-position cache: batch 1 -10%, batch 8 -6.5%."""
+    - the split layouts at a 1024-position cache: batch 1 -10%, batch 8 -6.5%;
+    - gpt2-xl, 1024 positions: batch 64 8,618 -> 9,112 tok/s, batch 32 6,195 -> 6,738.
+    On an H100 it is mixed (bench/results/h100/attention-pipelined-loop-ab.log): at 1024 positions
+    gpt2 batch 48 +3.0%, gpt2-medium batch 64 +1.3%, gpt2-xl batch 64 +3.0%, but gpt2 batch 64
+    -0.7% and gpt2-xl batch 32 -1.7%; at 512 gpt2 batch 64 -1.7%. Kept on both: no simple rule by
+    (row, head) pairs or length separates the H100's losses from its gains (768 and 800 pairs lost, 576,
+    1,024 and 1,600 gained)."""
     if LOOP_STAGES_ENV:
         return int(LOOP_STAGES_ENV)
     return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L else 1
