@@ -182,7 +182,8 @@ def time_chain(kernels, tile, pdl, mode, dev):
             accs = [accs[-1], part[:triton.cdiv(cols, block_n) * block_n] if atomic else None]
 
     t = ms_graph([step], reps=10) * 1e3
-    del bufs, outs, parts, counts
+    for tensors in (bufs, outs, parts, counts):  # free them for the next chain (step() keeps the lists)
+        tensors.clear()
     torch.cuda.empty_cache()
     return t
 
