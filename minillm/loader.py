@@ -13,6 +13,7 @@ HUB_PATTERNS = ["config.json", "generation_config.json", "model.safetensors", "m
                 "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                 "merges.txt", "special_tokens_map.json"]
 IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old GPT-2 checkpoints
+HUB_TIMEOUT = 10.0  # seconds for the hub's answer on a repo's files
 
 
 class ModelLoadError(RuntimeError):
@@ -26,7 +27,7 @@ def _offline():
 def download(repo_id, local_dir=None):
     """Fetch a hub repo's config, safetensors weights and tokenizer files (with progress bars)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
         files = _repo_files(repo_id)
@@ -39,22 +40,30 @@ def download(repo_id, local_dir=None):
     except LocalEntryNotFoundError:
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hugging Face hub could not be reached"
         raise ModelLoadError(f"{repo_id}: not a local folder and not in the Hugging Face cache, and {why}") from None
+    except GatedRepoError:
+        raise ModelLoadError(f"{repo_id}: a gated model; accept its terms on the Hugging Face hub, then log in "
+                             "(hf auth login)") from None
     except RepositoryNotFoundError:
         raise ModelLoadError(f"{repo_id}: no such model on the Hugging Face hub (or it is private)") from None
     return Path(path)
 
 
 def _repo_files(repo_id):
+    """The repo's file names, or None where the hub does not answer (snapshot_download then looks
+    in the cache). One request with no retries: huggingface_hub's file listing retries an
+    unreachable hub for about 24 s, printing a warning each time."""
     if _offline():
         return None
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     try:
-        return HfApi().list_repo_files(repo_id)
-    except Exception as e:  # unreachable hub: let snapshot_download try the cache
-        if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError"):
-            raise
+        info = HfApi().model_info(repo_id, timeout=HUB_TIMEOUT)
+    except RepositoryNotFoundError:  # (and GatedRepoError, its subclass)
+        raise
+    except Exception:  # unreachable hub, timeout, server error
         return None
+    return None if info.siblings is None else [s.rfilename for s in info.siblings]
 
 
 def resolve(name_or_path):

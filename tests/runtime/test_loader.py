@@ -1,5 +1,7 @@
 """Loading checkpoints: key layouts, shards, tied heads, and every way a folder can be wrong."""
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -145,6 +147,48 @@ def test_bad_arguments(tmp_path):
         LLM(str(tmp_path), device="cpu", cuda_graphs="yes")
 
 
+def _fake_model_info(*files):
+    """HfApi.model_info as the hub answers for a repo holding `files`."""
+    def model_info(self, repo_id, timeout=None):
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename=f) for f in files])
+    return model_info
+
+
+def test_download_unreachable_hub_fails_fast(monkeypatch, caplog):
+    """Not offline, but no hub answers (here: nothing listens at its address): one clean error
+    within seconds, not huggingface_hub's file listing's retries (about 24 s, a warning each)."""
+    from huggingface_hub import constants
+
+    from minillm import loader
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port
+    t0 = time.monotonic()
+    with pytest.raises(ModelLoadError, match="not in the Hugging Face cache, and the Hugging Face hub could not be "
+                                             "reached"):
+        loader.download("no-such-org/no-such-model-xyz")
+    assert time.monotonic() - t0 < 8
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
+
+
+def test_download_gated_and_missing_repos(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from minillm import loader
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", _fake_model_info("config.json", "model.safetensors"))
+    for error, message in ((GatedRepoError, "a gated model; accept its terms"),
+                           (RepositoryNotFoundError, "no such model on the Hugging Face hub")):
+        def refuse(*a, error=error, **k):  # (built bare: its HTTP response type depends on the hub's version)
+            raise error.__new__(error)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+        with pytest.raises(ModelLoadError, match=message):
+            loader.download("someone/model")
+
+
 def test_download_refuses_bin_only_repos(monkeypatch, tmp_path):
     """Online, a hub repo with only .bin weights is refused before anything downloads."""
     import huggingface_hub
@@ -152,8 +196,7 @@ def test_download_refuses_bin_only_repos(monkeypatch, tmp_path):
     from minillm import loader
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
-                        lambda self, repo_id: ["config.json", "pytorch_model.bin"])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", _fake_model_info("config.json", "pytorch_model.bin"))
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda *a, **k: pytest.fail("must not download"))
     with pytest.raises(ModelLoadError, match="only PyTorch .bin weights; minillm loads safetensors only"):
@@ -167,8 +210,8 @@ def test_download_fetches_safetensors_and_tokenizer_only(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files",
-                        lambda self, repo_id: ["config.json", "model.safetensors", "pytorch_model.bin"])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info",
+                        _fake_model_info("config.json", "model.safetensors", "pytorch_model.bin"))
 
     def fake_snapshot(repo_id, allow_patterns, local_dir=None):
         seen.update(repo_id=repo_id, patterns=allow_patterns, local_dir=local_dir)
