@@ -81,23 +81,20 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
             block_n //= 2
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
     if K < 1024 and N >= 2 * K:
-        if M <= 2 * BLOCK_M and itemsize == 2 and K >= ROWS32_MIN_K:
-            # gpt2's qkv and fc at 17-32 rows: one 32-row tile a 64-column block. H100, alternated
-            # in one call: gpt2 batch 32 84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k ->
-            # 87.0k, batch 24 63.6k -> 66.0k; at 64 rows it lost (qkv -3.7%, fc even), and so did
-            # 128-column blocks in 8 warps (batch 32 -10%; bench/results/h100/rows32.md). Bits: see
-            # ROWS32_MIN_K (fp32 keeps 16-row tiles too)
-            return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=2 * BLOCK_M,
-                        num_stages=4)
-        if itemsize == 2 and K >= ROWS32_MIN_K:
-            # past 32 rows one 64-row tile a 32-column block (the same bits: GPU test
-            # test_gemv_layernorm_same_rows_at_any_batch): alone at 64 rows qkv 5.62 -> 5.38 us, fc
-            # 5.87 -> 5.52 (the best of 16 layouts); gpt2 batch 64 153.5k / 154.2k -> 158.2k / 157.9k
-            # tok/s, batch 48 +3.0%, batch 40 +2.8%, the same ids (H200, alternated in one call;
-            # bench/results/h200/tall-narrow-ab.log)
-            return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64,
-                        num_stages=4)
-        return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
+        if itemsize != 2 or K < ROWS32_MIN_K:  # (fp32 and narrow K keep 16-row tiles: see ROWS32_MIN_K)
+            return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
+        # gpt2's qkv and fc, the same bits either way (ROWS32_MIN_K):
+        # - 17-32 rows: one 32-row tile a 64-column block. H100, alternated in one call: gpt2 batch 32
+        #   84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k -> 87.0k, batch 24 63.6k -> 66.0k;
+        #   at 64 rows it lost (qkv -3.7%, fc even), and so did 128-column blocks in 8 warps (batch
+        #   32 -10%; bench/results/h100/rows32.md);
+        # - past 32 rows: one 64-row tile a 32-column block. Alone at 64 rows qkv 5.62 -> 5.38 us, fc
+        #   5.87 -> 5.52 (the best of 16 layouts); gpt2 batch 64 153.5k / 154.2k -> 158.2k / 157.9k
+        #   tok/s, batch 48 +3.0%, batch 40 +2.8%, the same ids (H200, alternated in one call;
+        #   bench/results/h200/tall-narrow-ab.log)
+        rows32 = M <= 2 * BLOCK_M
+        return dict(BLOCK_N=64 if rows32 else 32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4,
+                    BLOCK_M=2 * BLOCK_M if rows32 else 64, num_stages=4)
     if K < 1024:  # four stages of these small tiles (12 KB each): 3.55 against 4.1 us at M = 64
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
     if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
