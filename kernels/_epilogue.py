@@ -17,6 +17,10 @@ from .activations import _apply_activation
 
 STATS_GROUP = 16
 LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), summed in fp64
+# up to this many groups (K <= 512) a reader adds a row's group statistics one after another; past
+# it (gpt2's 48 to 100 groups) by tl.sum over the (rows, groups) tile, whose order has matched
+# across the layouts at K = 768 and 1100 (test_gemv_layernorm_same_rows_at_any_batch)
+SUM_IN_ORDER_GROUPS = tl.constexpr(32)
 
 
 def new_row_stats(rows, cols, device):
@@ -76,8 +80,8 @@ def _load_row_stats(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.cons
     tl.sum's order follows how Triton spreads the (rows, groups) tile over threads, and so the
     tile's height (and the warps, and the layout of what uses it): one 32-row tile of 8 groups
     added a row up in another order than the 16-row layouts on an H100, so 32 rows are read as
-    two 16-row tiles. gpt2's rows (48 groups) then keep their bits; rows of 6 groups still may
-    not (gemv_config.ROWS32_MIN_K)."""
+    two 16-row tiles. gpt2's rows (48 groups) then keep their bits; rows of up to
+    SUM_IN_ORDER_GROUPS groups are added group after group, in every layout."""
     if BLOCK_M == 32:
         mean_a, rstd_a = _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2, 16)
         mean_b, rstd_b = _stats_tile(stats_ptr, m0 + 16, M, stride_sm, ln_eps, K, GROUPS_POW2, 16)
@@ -91,11 +95,22 @@ def _load_row_stats(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.cons
 def _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr, ROWS: tl.constexpr):
     rm = m0 + tl.arange(0, ROWS)
     n_groups = (K + 15) // 16
-    g = tl.arange(0, GROUPS_POW2)
-    mask = (rm < M)[:, None] & (g < n_groups)[None, :]
-    ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
-    row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order for a layout: deterministic
-    row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
+    if GROUPS_POW2 <= SUM_IN_ORDER_GROUPS:
+        # group after group, one vector add each: an order no layout can change. tl.sum's order
+        # changed with the layout at K = 96 (6 groups; bench/results/h100/rows32.md)
+        rows = stats_ptr + rm * stride_sm
+        row_sum = tl.zeros((ROWS,), dtype=tl.float32)
+        row_sq = tl.zeros((ROWS,), dtype=tl.float32)
+        for g in tl.static_range(GROUPS_POW2):
+            mask = (rm < M) & (tl.full((ROWS,), g, tl.int32) < n_groups)  # a vector: the interpreter wants one
+            row_sum += tl.load(rows + g, mask=mask, other=0.0)
+            row_sq += tl.load(rows + n_groups + g, mask=mask, other=0.0)
+    else:
+        g = tl.arange(0, GROUPS_POW2)
+        mask = (rm < M)[:, None] & (g < n_groups)[None, :]
+        ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
+        row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)  # fixed order for a layout: deterministic
+        row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0.0), axis=1)
     return _mean_rstd(row_sum, row_sq, K, ln_eps)
 
 

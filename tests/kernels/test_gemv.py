@@ -153,20 +153,18 @@ def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, d
         assert_rel_close(ys["1"], expect, dtype, f"TMA tiles {cfg}")
 
 
-# A known gap, GPU only: at K = 96 (6 statistics groups) the split programs (up to 16 rows, 4
-# warps) add a row's group statistics in another order than the looping one (8 warps): Triton lays
-# the statistics tile out like the epilogue tensors it meets, which follow the launch. So rows
-# may differ in the last bits at 8-16 rows (fp16: 3 of 12 random draws at 16 rows, fp32: 12 of
-# 12; H100, Triton 3.6, bench/results/h100/rows32.md). gpt2's K = 768 (48 groups) and K = 1100
-# hold. An exact, order-free sum closed it at a cost of 1-4% (bench/results/h100/exact-stats-sum.md).
-_STATS_ORDER_GAP = pytest.mark.xfail(ON_GPU, strict=False,
-                                     reason="row statistics added in another order by the split layout at K = 96")
+# At K = 96 (6 statistics groups) the split programs (up to 16 rows, 4 warps) added a row's group
+# statistics by tl.sum in another order than the looping ones (8 warps): Triton lays the tile out
+# like the epilogue tensors it meets, which follow the launch (fp16: 3 of 12 random draws differed
+# at 16 rows, fp32: 12 of 12; H100, bench/results/h100/rows32.md). Up to 32 groups they are now
+# added group after group (_epilogue.SUM_IN_ORDER_GROUPS): K = 96 and K = 320 (20 groups) check
+# that path, K = 768 (48) and 1100 (69) tl.sum's.
 
 
 @pytest.mark.parametrize("with_stats", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("K,N", [(1100, 40), (96, 200), (768, 1536)])
-def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device, request):
+@pytest.mark.parametrize("K,N", [(1100, 40), (96, 200), (320, 704), (768, 1536)])
+def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device):
     """At K >= 1024 and enough rows (TALL_MIN) a folded-layernorm linear runs 64-row tiles in
     half-chunk K steps; below, split programs (up to 16 rows) or the 16-row loop. gpt2's qkv
     and fc (K = 768, N >= 2K) run one 32-row tile at 17-32 rows and one 64-row tile past that in
@@ -174,8 +172,6 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device, 
     sums a K step in its own order)."""
     if K == 768 and not ON_GPU:
         pytest.skip("interpreter time: the gpt2-sized case runs on the GPU only")
-    if with_stats and K == 96:
-        request.applymarker(_STATS_ORDER_GAP)
     x = randn(SMALL_M, K, dtype=dtype, device=device, scale=2.0) + 0.5
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
