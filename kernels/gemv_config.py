@@ -21,8 +21,9 @@ NARROW_N = 1024
 # the least K of a wide layer that takes one 32-row tile at 17-32 rows and one 64-row tile past
 # that in half precision (gpt2's qkv and fc, K = 768; decode_config). There a row's bits match the
 # 16-row layouts' (32 rows: fp16 and fp32, 12 random draws, H100; 64 rows: fp16, H100 and H200);
-# at K = 96 its statistics added up another way, as the split and looping 16-row programs'
-# already do (test_gemv_layernorm_same_rows_at_any_batch)
+# at K = 96 its statistics added up another way, as the split and looping 16-row programs' did
+# then (test_gemv_layernorm_same_rows_at_any_batch). Such narrow rows now add their statistics in
+# a fixed order (_epilogue.SUM_IN_ORDER_GROUPS); they keep 16-row tiles, never timed against these
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
 # see tma_weights: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
