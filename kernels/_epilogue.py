@@ -19,7 +19,9 @@ STATS_GROUP = 16
 LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), summed in fp64
 # up to this many groups (K <= 512) a reader adds a row's group statistics one after another; past
 # it (gpt2's 48 to 100 groups) by tl.sum over the (rows, groups) tile, whose order has matched
-# across the layouts at K = 768 and 1100 (test_gemv_layernorm_same_rows_at_any_batch)
+# across the layouts at K = 768 and 1100 (test_gemv_layernorm_same_rows_at_any_batch). In order at
+# every width cost gpt2 batch 8 / 32 / 64 23% / 32% / 20% and gpt2-xl batch 8 90% (H200, alternated
+# twice; bench/results/h200/stats-in-order-everywhere-ab-811bd57.log)
 SUM_IN_ORDER_GROUPS = tl.constexpr(32)
 
 

@@ -282,6 +282,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     if tiles < 1 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
                          f"got {tiles}")
+    if stages < 1:
+        raise ValueError(f"LOOP_STAGES (_config or MINILLM_ATTN_STAGES): expected an integer >= 1, got {stages}")
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -151,3 +151,7 @@ def test_decode_attention_errors(device):
         kernels.decode_attention(q, kc, kc, lens, num_splits=3)
     with pytest.raises(ValueError, match="k_new/v_new"):
         kernels.decode_attention(q, kc, kc, lens, k_new=q)
+    with pytest.raises(ValueError, match="PREFETCH_TILES"):
+        kernels.decode_attention(q, kc, kc, lens, _config={"PREFETCH_TILES": 3})
+    with pytest.raises(ValueError, match="LOOP_STAGES"):
+        kernels.decode_attention(q, kc, kc, lens, _config={"LOOP_STAGES": 0})
