@@ -14,6 +14,19 @@ import triton
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.errors import OutOfResources
 
+
+def env_int(name, default=None):
+    """An integer A/B-timing switch from the environment (unset or empty: default), or one
+    error naming the variable."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+
+
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
 # Triton's CPU interpreter runs every program in Python: kernels give it one small config
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

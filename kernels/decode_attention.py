@@ -11,24 +11,23 @@ Optionally the new token's key and value are written into the cache by the same 
 (`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers.
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import launch, sm_count, use_pdl
+from ._tuning import env_int, launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 
 LOG2E = 1.4426950408889634
 # cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
 # MINILLM_ATTN_PREFETCH_TILES=N forces N there (A/B timing)
-PREFETCH_TILES_ENV = os.environ.get("MINILLM_ATTN_PREFETCH_TILES")
+PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
 # cache positions (the allocated length) from which the narrow unsplit layout's loop is
 # software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
 PIPELINE_MIN_L = 512
-LOOP_STAGES_ENV = os.environ.get("MINILLM_ATTN_STAGES")
+LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
 NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout)
 
 
@@ -188,7 +187,9 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
     tiles = 1
     if (block_n, warps) == NARROW:
-        tiles = int(PREFETCH_TILES_ENV) if PREFETCH_TILES_ENV else 4 if 2 * bh < _programs_wanted(device) else 1
+        tiles = 4 if 2 * bh < _programs_wanted(device) else 1
+        if PREFETCH_TILES_ENV is not None:
+            tiles = PREFETCH_TILES_ENV
     while tiles > 1 and tiles * block_n > chunk:
         tiles //= 2
     return tiles
@@ -211,8 +212,8 @@ def loop_stages(L, block_n, warps):
     -0.7% and gpt2-xl batch 32 -1.7%; at 512 gpt2 batch 64 -1.7%. Kept on both: no simple rule by
     (row, head) pairs or length separates the H100's losses from its gains (768 and 800 pairs lost, 576,
     1,024 and 1,600 gained)."""
-    if LOOP_STAGES_ENV:
-        return int(LOOP_STAGES_ENV)
+    if LOOP_STAGES_ENV is not None:
+        return LOOP_STAGES_ENV
     return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L else 1
 
 

@@ -19,18 +19,16 @@ itself:
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
   the same row among 2 to 64 rows may differ in the last bits.
 """
-import os
-
 import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from ._tuning import INTERPRET, launch, use_pdl
+from ._tuning import INTERPRET, env_int, launch, use_pdl
 from .activations import _apply_activation
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
 # (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
-MAX_ROWS = int(os.environ.get("MINILLM_FMA_ROWS", "1"))
+MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1)
 BLOCK_N = 4  # output columns per program
 INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)

@@ -119,3 +119,17 @@ def test_small_shared_memory_gives_the_same_bits(tmp_path):
     for i, (x, y) in enumerate(zip(a, b)):
         assert torch.isfinite(x).all(), f"output {i}: non-finite"
         assert torch.equal(x, y), f"output {i}: bits differ with fewer stages"
+
+
+def test_env_int(monkeypatch):
+    """The A/B switches' integers: unset or empty gives the default, a number itself (0 too),
+    anything else one error naming the variable."""
+    monkeypatch.delenv("MINILLM_TEST_SWITCH", raising=False)
+    assert _tuning.env_int("MINILLM_TEST_SWITCH") is None and _tuning.env_int("MINILLM_TEST_SWITCH", 1) == 1
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "")
+    assert _tuning.env_int("MINILLM_TEST_SWITCH", 1) == 1
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "0")
+    assert _tuning.env_int("MINILLM_TEST_SWITCH", 1) == 0
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "three")
+    with pytest.raises(ValueError, match="MINILLM_TEST_SWITCH: expected an integer, got 'three'"):
+        _tuning.env_int("MINILLM_TEST_SWITCH", 1)
