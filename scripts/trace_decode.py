@@ -75,7 +75,7 @@ PATCHES = {
          "    _record(trace_ptr, pid + pid_k * tl.num_programs(0), t0, t1, t2)\n\n\ndef weight_descriptor("),
     ],
     "gemv_fma": [
-        ("from ._tuning import INTERPRET, launch, use_pdl\n", "from ._tuning import INTERPRET, launch, use_pdl\n" + HELPERS),
+        ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n", "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
         ("EARLY_LAUNCH: tl.constexpr,\n):", "EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + row", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + row"),
