@@ -187,9 +187,7 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
     tiles = 1
     if (block_n, warps) == NARROW:
-        tiles = 4 if 2 * bh < _programs_wanted(device) else 1
-        if PREFETCH_TILES_ENV is not None:
-            tiles = PREFETCH_TILES_ENV
+        tiles = PREFETCH_TILES_ENV if PREFETCH_TILES_ENV is not None else 4 if 2 * bh < _programs_wanted(device) else 1
     while tiles > 1 and tiles * block_n > chunk:
         tiles //= 2
     return tiles

@@ -1,4 +1,4 @@
-import os
+import sys
 
 import pytest
 import torch
@@ -80,9 +80,17 @@ def test_decode_attention_whole_cache_tile(L, device):
     assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"whole-cache tile L={L}")
 
 
-def test_default_layout_by_rows(device):
+def _without_env_switches(monkeypatch):
+    """The layout rules as they run without MINILLM_ATTN_PREFETCH_TILES / MINILLM_ATTN_STAGES."""
+    module = sys.modules["kernels.decode_attention"]
+    monkeypatch.setattr(module, "PREFETCH_TILES_ENV", None)
+    monkeypatch.setattr(module, "LOOP_STAGES_ENV", None)
+
+
+def test_default_layout_by_rows(device, monkeypatch):
     """A short cache: one whole-cache tile per (row, head) for few pairs; from a third of the
     programs wanted, the narrow unsplit tiles of many rows (as at batch 64)."""
+    _without_env_switches(monkeypatch)
     dev = torch.device(device)
     many = _programs_wanted(dev) // 3
     assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
@@ -95,10 +103,9 @@ def test_default_layout_by_rows(device):
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
 
 
-def test_loop_stages_rule():
+def test_loop_stages_rule(monkeypatch):
     """The cache loop is pipelined in the narrow unsplit layout over long caches only."""
-    if os.environ.get("MINILLM_ATTN_STAGES"):
-        pytest.skip("MINILLM_ATTN_STAGES forces the stages")
+    _without_env_switches(monkeypatch)
     assert loop_stages(PIPELINE_MIN_L, 32, 2) == 3 and loop_stages(1024, 32, 2) == 3
     assert loop_stages(PIPELINE_MIN_L // 2, 32, 2) == 1
     assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
