@@ -196,3 +196,25 @@ def _fold_ln(acc, colsum, mean, rstd):
     layout and not in the split one, where the product crossed a layout conversion first, so a
     row's bits depended on the batch (test_gemv_layernorm_same_rows_at_any_batch)."""
     return tl.fma(-mean[:, None], colsum, acc) * rstd[:, None]
+
+
+@triton.jit
+def _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_ptr, rm, rn, m_mask, tile_mask, n0, N,
+                 stride_rm, stride_ym, stride_sm, negative_slope, ACTIVATION: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr, LN_FOLD: tl.constexpr,
+                 STATS_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A decode GEMV's output tile (rows rm, columns rn from n0) from its fp32 sum acc: the folded
+    layernorm (LN_FOLD: colsum, mean, rstd), _epilogue with the residual as prefetched (res) or
+    loaded now, and the tile's row statistics (STATS_OUT). Returns the stored values in fp32."""
+    if LN_FOLD:
+        acc = _fold_ln(acc, colsum, mean, rstd)
+    # res is the constant 0.0 here: loading into it inside a runtime if would change its type
+    if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
+        late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
+        y = _epilogue(acc, bias, late_res.to(tl.float32), y_ptr, rm, rn, tile_mask, stride_ym, negative_slope,
+                      ACTIVATION)
+    else:
+        y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+    if STATS_OUT:
+        _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, n0, N, stats_ptr, stride_sm, BLOCK_M, BLOCK_N)
+    return y

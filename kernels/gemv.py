@@ -36,14 +36,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._epilogue import (STATS_GROUP, _epilogue, _fold_ln, _load_bias_residual, _load_row_stats, _row_stats,
-                        _store_row_stats, row_stats_block, row_terms_pow2)
+from ._epilogue import (STATS_GROUP, _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, row_stats_block,
+                        row_terms_pow2)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, split_maxnreg, stage_first,
                           tma_weights)
 from .gemv_fma import fma_config, gemv_fma
+from .gemv_slab import gemv_slab
 from .vocab_fma import vocab_config, vocab_fma
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
@@ -191,18 +192,9 @@ def _gemv_kernel(
             # this one: relaxed, so the epilogue's stores need not wait for its round trip
             tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
     if finish:
-        if LN_FOLD:
-            acc = _fold_ln(acc, colsum, mean, rstd)
-        # res is the constant 0.0 here: loading into it inside a runtime if would change its type
-        if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
-            late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
-            late_res = late_res.to(tl.float32)
-            y = _epilogue(acc, bias, late_res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
-        else:
-            y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
-        if STATS_OUT:
-            _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
-                             BLOCK_M, BLOCK_N)
+        y = _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask,
+                         pid_n * BLOCK_N, N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION,
+                         HAS_RESIDUAL, PREFETCH_RESIDUAL, LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
         if ARGMAX:  # the tile's (max, its lowest column) per row, into the row's key
             v = tl.where(tile_mask, y, float("-inf"))
             vmax = tl.max(v, axis=1)
@@ -254,6 +246,11 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])
     meta.setdefault("BLOCK_M", BLOCK_M)
+    if meta.pop("SLAB", False):
+        if argmax_keys is not None:
+            raise ValueError("_config: the SLAB layout writes no argmax_keys")
+        return gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats,
+                         stats_out, prefetch_residual, meta, early_launch)
     meta.setdefault("CHUNK_GROUPS", 1)
     meta.setdefault("GROUP_SPLIT", False)
     parts = meta["PARTS"] = partial_count(meta)

@@ -7,7 +7,9 @@ import os
 
 import triton
 
+from ._tuning import env_int
 from .gemv_fma import VOCAB_N
+from .gemv_slab import MAX_CHUNKS as SLAB_CHUNKS
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64  # the most rows of the decode GEMV: linear sends M <= SMALL_M here
@@ -28,6 +30,8 @@ ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
 # see tma_weights: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
 TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
+# see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
+SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 
 
@@ -81,6 +85,9 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
             block_n //= 2
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
+    slab = slab_layout(M, K, itemsize)
+    if slab is not None:
+        return slab
     if K < 1024 and N >= 2 * K:
         if itemsize != 2 or K < ROWS32_MIN_K:  # (fp32 and narrow K keep 16-row tiles: see ROWS32_MIN_K)
             return dict(BLOCK_N=128, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=8)
@@ -116,6 +123,19 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     # four stages (160 KB of shared memory): gpt2-xl batch 64 16.9k -> 20.3k tok/s, batch 32 10.0k
     # -> 11.7k, gpt2 batch 64 +1% end to end on an H200
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
+
+
+def slab_layout(M, K, itemsize):
+    """The SLAB layout (gemv_slab.py) for M rows of a layer of K inputs, or None: half precision,
+    K from ROWS32_MIN_K to 768 (six 128-wide chunks; gpt2's qkv, attn-out and fc), past 32
+    rows: one 64-row tile a 32-column block, the chunks of gemv.py's layouts (the same bits).
+    H200, alternated twice in one call (bench/results/h200/slab-ab-23275e5.log): gpt2 batch 64
+    157.9k -> 166.3k tok/s (+5.3%), batch 48 +5.2%, batch 40 +5.6%; with qkv and fc alone +1.2% to
+    +1.8%. The ids of those batches changed, as attn-out's row statistics (fc's layernorm) add
+    up in the 64-row tile's order. 8 warps: -0.7%."""
+    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2 or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
+        return None
+    return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 
 
 def chunk_groups(N, K, ln):

@@ -4,7 +4,7 @@ its dependent-launch wait, has its prefetched weights, ends, and on which SM. to
 sees whole kernels; this sees how a kernel's programs share the SMs with the next kernel's
 early starters.
 
-How: the five decode kernel files (the CUDA-core vocabulary head's too) are copied with four
+How: the six decode kernel files (the CUDA-core vocabulary head's too) are copied with four
 `%globaltimer` reads and a record store added (text patches at fixed anchors, checked by
 tests/test_trace_decode.py), loaded as `kernels._traced_*`, and the engine's launchers are
 pointed at them. The weights' arrival is forced by a sum after the wait, so the trigger stays
@@ -73,6 +73,13 @@ PATCHES = {
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
         ("\n\ndef weight_descriptor(",
          "    _record(trace_ptr, pid + pid_k * tl.num_programs(0), t0, t1, t2)\n\n\ndef weight_descriptor("),
+    ],
+    "gemv_slab": [
+        ("from ._tuning import launch, use_pdl\n", "from ._tuning import launch, use_pdl\n" + HELPERS),
+        ("CHUNKS: tl.constexpr,\n):", "CHUNKS: tl.constexpr, trace_ptr,\n):"),
+        ("    n0 = tl.program_id(0) * BLOCK_N\n", "    n0 = tl.program_id(0) * BLOCK_N\n    t0 = _now()\n"),
+        ("    # all of x at once", "    t2 = _now()\n" + SUM_W.replace("w.to", "w0.to") + "    # all of x at once"),
+        ("\n\ndef gemv_slab(", "    _record(trace_ptr, tl.program_id(0), t0, t1, t2)\n\n\ndef gemv_slab("),
     ],
     "gemv_fma": [
         ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n", "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
@@ -163,10 +170,12 @@ def install(tmp):
     import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
     from kernels._tuning import launch
 
-    da, dap, gv, gf, vf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj", "gemv",
-                                                                  "gemv_fma", "vocab_fma"))
+    da, dap, gv, gs, gf, vf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj",
+                                                                      "gemv", "gemv_slab", "gemv_fma", "vocab_fma"))
     traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
+    traced_slab = _Traced(load_traced("gemv_slab", tmp)._gemv_slab_kernel, "gemv", ("N", "K"))
+    gs.launch = lambda kernel, grid, *a, **kw: launch(traced_slab, grid, *a, **kw)
     traced_proj = _Traced(load_traced("decode_attention_proj", tmp)._decode_attention_proj_kernel, "attn-proj",
                           ("H", "D"))
     dap.launch = lambda kernel, grid, *a, **kw: launch(traced_proj, grid, *a, **kw)

@@ -148,7 +148,11 @@ def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, d
             monkeypatch.setattr(gemv_config, "TMA_WEIGHTS", tma)
             ys[tma] = kernels.linear(x[:rows], wf, bf, residual=res[:rows], ln_fold=colsum,
                                      out=poisoned((rows, N), dtype, device), _config=cfg)
-        torch.testing.assert_close(ys["1"], ys["0"], rtol=0, atol=0)
+        if ON_GPU or dtype != torch.float32:
+            torch.testing.assert_close(ys["1"], ys["0"], rtol=0, atol=0)
+        else:  # the interpreter's fp32 products are numpy's BLAS, whose kernel follows the CPU: OpenBLAS's
+            # AVX-512 one added the descriptor's transposed W^T tile in another order (one ulp; its AVX2 one did not)
+            torch.testing.assert_close(ys["1"], ys["0"], rtol=1e-6, atol=1e-6)
         expect = ln_linear_ref(x[:rows], w, bias, g, be, residual=res[:rows])
         assert_rel_close(ys["1"], expect, dtype, f"TMA tiles {cfg}")
 

@@ -1,0 +1,159 @@
+"""Decode-time linear for 33 to 64 rows of a layer of K <= 768 (gpt2's qkv, attn-out and fc at
+batch 33-64): one program a 32-column block over every row, with the block's whole weight slab
+and all of x requested at once.
+
+The looping GEMV (gemv.py) takes a 64-row program's K chunks through a four-stage pipeline:
+its first weight tile before the dependent-launch wait, then x and the other tiles chunk by
+chunk. Timed per program on an H200 (bench/results/h200/slab-phases-23275e5.json), a chunk's x
+arrived 1.0-1.3 us after its request, the same with 24, 48 or 72 programs: each SM waited on
+its own few requests in flight, not on the memory system. So here:
+- every weight tile of the block (K x 32, 48 KB at K = 768) is requested before the wait (the
+  weights never change between launches), by pointer loads issued together;
+- right after the wait every x tile (64 x K, 96 KB) is requested at once;
+- the products run chunk by chunk, each chunk into a fresh accumulator and the chunk sums added
+  in chunk order: gemv.py's arithmetic, so a row keeps its bits in either kernel
+  (tests/kernels/test_gemv_slab.py).
+It takes 144 KB of shared memory at K = 768, so one program an SM. The chunk tiles are named one
+by one (MAX_CHUNKS of them): a tile held across the wait cannot live in a loop.
+"""
+import triton
+import triton.language as tl
+
+from ._epilogue import STATS_GROUP, _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, \
+    row_stats_block, row_terms_pow2
+from ._tuning import launch, use_pdl
+
+MAX_CHUNKS = 6  # K <= 6 x 128
+
+
+@triton.jit
+def _w_chunk(w_ptr, c: tl.constexpr, n0, N, stride_wk, stride_wn, K: tl.constexpr, CHUNKS: tl.constexpr,
+             BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W[c * BLOCK_K:(c + 1) * BLOCK_K, n0:n0 + BLOCK_N], zero past K and N; for a chunk past the
+    layer's last, a placeholder nothing uses (the compiler drops it)."""
+    if c < CHUNKS:
+        kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
+        rn = n0 + tl.arange(0, BLOCK_N)
+        return tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                       mask=(kk < K)[:, None] & (rn < N)[None, :], other=0.0)
+    else:
+        return tl.zeros((BLOCK_K, BLOCK_N), dtype=w_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _x_chunk(x_rows, c: tl.constexpr, m_mask, stride_xk, K: tl.constexpr, CHUNKS: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[rows, c * BLOCK_K:(c + 1) * BLOCK_K], zero past M and K (a placeholder past the last chunk)."""
+    if c < CHUNKS:
+        kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
+        return tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_K), dtype=x_rows.dtype.element_ty)
+
+
+@triton.jit
+def _add_chunk(acc, x, w, fresh, c: tl.constexpr, CHUNKS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc + chunk c's product in a fresh accumulator (gemv.py's order); acc past the last chunk."""
+    if c < CHUNKS:
+        return acc + tl.dot(x, w, fresh, input_precision=INPUT_PRECISION)
+    else:
+        return acc
+
+
+@triton.jit
+def _gemv_slab_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, stats_in_ptr, stats_out_ptr,
+    M, N, ln_eps, negative_slope, zero,
+    stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    LN_FOLD: tl.constexpr, LN_STATS: tl.constexpr, STATS_OUT: tl.constexpr, GROUPS_POW2: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
+    EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+):
+    if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
+        tl.extra.cuda.gdc_launch_dependents()
+    n0 = tl.program_id(0) * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    m_mask = rm < M
+    n_mask = rn < N
+    tile_mask = m_mask[:, None] & n_mask[None, :]
+
+    # the whole weight slab, before waiting on the kernel that writes x
+    w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    w2 = _w_chunk(w_ptr, 2, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    w3 = _w_chunk(w_ptr, 3, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    w4 = _w_chunk(w_ptr, 4, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    w5 = _w_chunk(w_ptr, 5, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    # the epilogue's bias and column sums, and the residual where the caller vouches for it (gemv.py)
+    bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
+                                    HAS_RESIDUAL and PREFETCH_RESIDUAL)
+    colsum = 0.0
+    if LN_FOLD:
+        colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
+        if not EARLY_LAUNCH:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    # all of x at once; the row statistics' loads after it overlap the products
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    x0 = _x_chunk(x_rows, 0, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    x1 = _x_chunk(x_rows, 1, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    x2 = _x_chunk(x_rows, 2, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    x3 = _x_chunk(x_rows, 3, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    x4 = _x_chunk(x_rows, 4, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    x5 = _x_chunk(x_rows, 5, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    mean, rstd = 0.0, 0.0
+    if LN_FOLD:
+        if LN_STATS:  # partial sums left by the kernel that wrote x
+            mean, rstd = _load_row_stats(stats_in_ptr, 0, M, stride_si, ln_eps, K, GROUPS_POW2, BLOCK_M)
+        else:
+            mean, rstd = _row_stats(x_ptr, rm, m_mask, stride_xm, stride_xk, ln_eps, K, BLOCK_M, LN_BLOCK, LN_POW2)
+
+    # a fresh accumulator starts at a runtime zero (gemv.py: Triton would fold a constant one into the sum)
+    fresh = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
+    acc = tl.dot(x0, w0, fresh, input_precision=INPUT_PRECISION)
+    acc = _add_chunk(acc, x1, w1, fresh, 1, CHUNKS, INPUT_PRECISION)
+    acc = _add_chunk(acc, x2, w2, fresh, 2, CHUNKS, INPUT_PRECISION)
+    acc = _add_chunk(acc, x3, w3, fresh, 3, CHUNKS, INPUT_PRECISION)
+    acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
+    acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
+    _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask, n0,
+                 N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION, HAS_RESIDUAL, PREFETCH_RESIDUAL,
+                 LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
+
+
+def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats, stats_out,
+              prefetch_residual, meta, early_launch):
+    """Launch for rows x2 (M <= BLOCK_M, K) already checked by `linear`, with a SLAB layout of
+    gemv_config.decode_config (or a test's); writes y2 (M, N)."""
+    M, K = x2.shape
+    N = weight.shape[1]
+    chunks = triton.cdiv(K, meta["BLOCK_K"])
+    if chunks > MAX_CHUNKS or meta["CHUNKS"] != chunks or M > meta["BLOCK_M"]:
+        raise ValueError(f"_config: a SLAB layout takes K in chunks of one BLOCK_K, at most {MAX_CHUNKS}, and at "
+                         f"most BLOCK_M rows; got K {K}, M {M} and {meta}")
+    pdl = use_pdl(x2.device)
+    dummy = y2
+    launch(
+        _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]),),
+        x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
+        ln_fold if ln_fold is not None else dummy, ln_stats if ln_stats is not None else dummy,
+        stats_out if stats_out is not None else dummy,
+        M, N, ln_eps, negative_slope, 0.0,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        (residual if residual is not None else y2).stride(0), y2.stride(0),
+        ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
+        K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+        LN_FOLD=ln_fold is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
+        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)),
+        INPUT_PRECISION="ieee" if x2.element_size() == 4 else "tf32", USE_PDL=pdl,
+        PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch),
+        LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K),
+        BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
+        num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
+    )
+    return y2
