@@ -133,6 +133,18 @@ def _mean_rstd(row_sum, row_sq, K, ln_eps):
     return mean, 1.0 / tl.sqrt(var + ln_eps)
 
 
+def epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual, early_launch,
+                  pdl):
+    """The constexpr arguments of a decode GEMV kernel (gemv.py, gemv_slab.py) that describe its
+    inputs and epilogue, for rows x2 of K columns."""
+    return dict(K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
+                LN_FOLD=ln_fold is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
+                GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)),
+                INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32", USE_PDL=pdl,
+                PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch),
+                LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K))
+
+
 def row_stats_block(K):
     """The chunk width of _row_stats for K columns."""
     return min(LN_BLOCK, triton.next_power_of_2(K))

@@ -36,8 +36,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._epilogue import (STATS_GROUP, _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, row_stats_block,
-                        row_terms_pow2)
+from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters
 from .argmax_key import _argmax_key, _no_token_if_nan
@@ -275,13 +274,9 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
-        K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        LN_FOLD=ln_fold is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
-        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), ARGMAX=argmax_keys is not None,
-        INPUT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-        USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K), EARLY_LAUNCH=bool(early_launch),
-        STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
+        ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
+        **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
+                        early_launch, pdl),
         W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

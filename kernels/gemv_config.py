@@ -129,10 +129,13 @@ def slab_layout(M, K, itemsize):
     """The SLAB layout (gemv_slab.py) for M rows of a layer of K inputs, or None: half precision,
     K from ROWS32_MIN_K to 768 (six 128-wide chunks; gpt2's qkv, attn-out and fc), past 32
     rows: one 64-row tile a 32-column block, the chunks of gemv.py's layouts (the same bits).
-    H200, alternated twice in one call (bench/results/h200/slab-ab-23275e5.log): gpt2 batch 64
-    157.9k -> 166.3k tok/s (+5.3%), batch 48 +5.2%, batch 40 +5.6%; with qkv and fc alone +1.2% to
-    +1.8%. The ids of those batches changed, as attn-out's row statistics (fc's layernorm) add
-    up in the 64-row tile's order. 8 warps: -0.7%."""
+    Alternated twice in one call against gemv.py's layouts (bench/results/h200/slab-ab-32c5898.log,
+    h100/slab-ab-32c5898.log): gpt2 batch 64 157,979 -> 165,646 tok/s on an H200 (+4.8%) and
+    150,114 -> 157,523 on an H100 (+4.9%), batches 33-48 +4.1% to +4.7%. In its first form
+    (h200/slab-ab-23275e5.log) qkv and fc alone gained 1.2-1.8%, attn-out the rest; 8 warps lost
+    0.7%. The ids of those batches changed, as attn-out's row statistics (fc's layernorm) add up
+    in the 64-row tile's order. mlp-out's two chunk groups as slabs of 32 rows lost 8.7%
+    (h200/slab-groups-ab-32c5898.log)."""
     if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2 or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
         return None
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)

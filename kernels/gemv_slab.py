@@ -19,8 +19,7 @@ by one (MAX_CHUNKS of them): a tile held across the wait cannot live in a loop.
 import triton
 import triton.language as tl
 
-from ._epilogue import STATS_GROUP, _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, \
-    row_stats_block, row_terms_pow2
+from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
 from ._tuning import launch, use_pdl
 
 MAX_CHUNKS = 6  # K <= 6 x 128
@@ -147,12 +146,8 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
         ln_stats.stride(0) if ln_stats is not None else 0, stats_out.stride(0) if stats_out is not None else 0,
-        K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        LN_FOLD=ln_fold is not None, LN_STATS=ln_stats is not None, STATS_OUT=stats_out is not None,
-        GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)),
-        INPUT_PRECISION="ieee" if x2.element_size() == 4 else "tf32", USE_PDL=pdl,
-        PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch),
-        LN_BLOCK=row_stats_block(K), LN_POW2=row_terms_pow2(K),
+        **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
+                        early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
         num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
     )
