@@ -3,7 +3,7 @@
 - layernorm / add_layernorm: LayerNorm over the last dim, optionally fused with a residual add
 - linear: act(x @ W + bias) + residual in one kernel, with a layernorm folded in (fold_layernorm:
   the gain and shift go into W and bias, the normalization into the epilogue); split-K path for
-  decode rows, a CUDA-core path for one row
+  decode rows, a whole-slab path past 32 rows of K <= 768, a CUDA-core path for one row
 - decode_row_stats: new_row_stats for a decode step, or None where its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
