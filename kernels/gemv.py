@@ -223,7 +223,8 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
-    or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows).
+    or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
+    a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768) to gemv_slab.py.
     early_launch: see `linear`.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""

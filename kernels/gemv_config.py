@@ -96,7 +96,8 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         #   84.1k -> 85.9k tok/s (qkv) and 85.4k (fc), both: 84.7k -> 87.0k, batch 24 63.6k -> 66.0k;
         #   at 64 rows it lost (qkv -3.7%, fc even), and so did 128-column blocks in 8 warps (batch
         #   32 -10%; bench/results/h100/rows32.md);
-        # - past 32 rows: one 64-row tile a 32-column block. Alone at 64 rows qkv 5.62 -> 5.38 us, fc
+        # - past 32 rows (where slab_layout does not take them: K of 769-1023, or the slab switched
+        #   off): one 64-row tile a 32-column block. Alone at 64 rows qkv 5.62 -> 5.38 us, fc
         #   5.87 -> 5.52 (the best of 16 layouts); gpt2 batch 64 153.5k / 154.2k -> 158.2k / 157.9k
         #   tok/s, batch 48 +3.0%, batch 40 +2.8%, the same ids (H200, alternated in one call;
         #   bench/results/h200/tall-narrow-ab.log)
