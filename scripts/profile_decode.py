@@ -29,7 +29,8 @@ from minillm.sampling import SamplingParams  # noqa: E402
 
 
 WARMUP_STEPS = 3
-LINEARS = ("_gemv_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel")  # tensor cores; CUDA cores at one row
+# tensor cores (the looping or split GEMV, the whole-slab one past 32 rows); CUDA cores at one row
+LINEARS = ("_gemv_kernel", "_gemv_slab_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel")
 FUSED = "_decode_attention_proj_kernel"
 
 

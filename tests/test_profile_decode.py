@@ -23,6 +23,14 @@ def test_roles_follow_launch_order():
         "embedding", "qkv", "decode_attention", "attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
 
 
+def test_whole_slab_linears_take_their_positions():
+    # past 32 rows qkv, attn-out and fc run gemv_slab.py's kernel, mlp-out and the lm_head gemv.py's
+    names = ["_embedding_kernel", "_gemv_slab_kernel", "_decode_attention_kernel", "_gemv_slab_kernel",
+             "_gemv_slab_kernel", "_gemv_kernel", "_gemv_kernel", "_append_tokens_kernel"]
+    assert profile_decode.label(names, n_layer=1) == [
+        "embedding", "qkv", "decode_attention", "attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
+
+
 def test_fused_attention_projection_takes_attn_outs_place():
     names = ["_embedding_kernel", "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel",
              "_gemv_kernel", "_decode_attention_proj_kernel", "_gemv_kernel", "_gemv_kernel", "_vocab_fma_kernel"]
