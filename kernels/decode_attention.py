@@ -29,6 +29,9 @@ PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
 PIPELINE_MIN_L = 512
 LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
 NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout)
+# splits of the narrow tiles over long caches at fewer pairs than programs wanted (default_layout);
+# MINILLM_ATTN_LONG_SPLITS=0 turns that layout off (A/B timing)
+LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
 
 
 @triton.jit
@@ -167,6 +170,16 @@ def default_layout(device, bh, L, block_d):
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
         # 27.7k): the one-tile programs below held the SMs the next linear starts on
         return 1, *NARROW
+    if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 2 // 3 <= bh < wanted:
+        # a long cache and two thirds of the programs wanted: many narrow programs of a 128-position
+        # chunk, not pipelined. H200, alternated twice in one call, 768-token prompts
+        # (bench/results/h200/attention-long-splits-ab.log): gpt2 batch 32 46.6k -> 50.4k tok/s
+        # (+8.2%), gpt2-xl batch 16 4,155 -> 4,580 (+10.3%). Alone (-sweep.log, 900 positions) it
+        # beat the split layouts below from batch 4 to 40 (batch 32 40.3 -> 29.5 us), but in the
+        # step fewer pairs lost: gpt2 batch 8 -3.4%, 16 -9.8%, gpt2-xl batch 8 -5.9%, batch 24 even;
+        # and at 512 positions, gpt2 batch 24 -4.9%, batch 32 even. (gpt2 batch 4 gained 8.3%,
+        # an outlier left out of the rule)
+        return min(LONG_SPLITS, L // NARROW[0]), *NARROW
     if block_d <= 64 and short:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
         # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
@@ -193,10 +206,11 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     return tiles
 
 
-def loop_stages(L, block_n, warps):
+def loop_stages(L, block_n, warps, splits=1):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
     layout (default_layout) over caches of PIPELINE_MIN_L positions or more, 1 (no pipelining)
-    elsewhere. The same arithmetic either way. H200, gpt2 unless named, alternated in one call,
+    elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
+    5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless named, alternated in one call,
     the same ids (bench/results/h200/attention-pipelined-loop-ab.log, -xl-ab.log):
     - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;
     - 1024 (768-token prompts): batch 64 69.7k / 69.2k -> 72.1k / 73.0k, batch 48 56.4k / 55.8k
@@ -212,7 +226,7 @@ def loop_stages(L, block_n, warps):
     1,024 and 1,600 gained)."""
     if LOOP_STAGES_ENV is not None:
         return LOOP_STAGES_ENV
-    return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L else 1
+    return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L and splits == 1 else 1
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -277,7 +291,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     if tiles is None:
         tiles = prefetch_tiles(q.device, B * H, BLOCK_N, meta["num_warps"], chunk)
     if stages is None:
-        stages = loop_stages(L, BLOCK_N, meta["num_warps"])
+        stages = loop_stages(L, BLOCK_N, meta["num_warps"], splits)
     if tiles < 1 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
                          f"got {tiles}")

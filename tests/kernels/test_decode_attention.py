@@ -85,6 +85,7 @@ def _without_env_switches(monkeypatch):
     module = sys.modules["kernels.decode_attention"]
     monkeypatch.setattr(module, "PREFETCH_TILES_ENV", None)
     monkeypatch.setattr(module, "LOOP_STAGES_ENV", None)
+    monkeypatch.setattr(module, "LONG_SPLITS", 8)
 
 
 def test_default_layout_by_rows(device, monkeypatch):
@@ -101,6 +102,47 @@ def test_default_layout_by_rows(device, monkeypatch):
     assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
     assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
+
+
+def test_default_layout_long_cache_splits(device, monkeypatch):
+    """Two thirds of the programs wanted or more, but fewer than all, over a cache of 1024
+    positions or more: 8 splits of narrow tiles, not pipelined (that is for unsplit programs).
+    MINILLM_ATTN_LONG_SPLITS=0 (LONG_SPLITS) turns it off."""
+    _without_env_switches(monkeypatch)
+    dev = torch.device(device)
+    wanted = _programs_wanted(dev)
+    low = wanted * 2 // 3
+    for bh in (low, wanted - 1):
+        assert default_layout(dev, bh, 1024, 64) == (8, 32, 2)
+    assert default_layout(dev, low - 1, 1024, 64)[1:] == (64, 4)
+    assert default_layout(dev, wanted, 1024, 64) == (1, 32, 2)
+    assert default_layout(dev, low, 512, 64)[1:] == (64, 4)
+    assert default_layout(dev, low, 1024, 128)[1:] == (32, 8)  # wide heads keep their tiles
+    assert loop_stages(1024, 32, 2, splits=8) == 1
+    monkeypatch.setattr(sys.modules["kernels.decode_attention"], "LONG_SPLITS", 0)
+    assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
+
+
+def test_long_cache_split_layout_by_default(device):
+    """The long-cache split layout as the engine runs it (defaults: first tiles read before the
+    wait, the new key/value written by the launch), NaN rows past each length."""
+    B, H, L, D = (32, 12, 1024, 64) if ON_GPU else (3, 2, 1024, 64)  # (the interpreter stands for 2 SMs)
+    assert default_layout(torch.device(device), B * H, L, D) == (8, 32, 2)
+    q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
+    kc, vc = (randn(B, H, L, D, dtype=torch.float16, device=device) for _ in range(2))
+    lens = torch.randint(1, L + 1, (B,), dtype=torch.int32)
+    lens[:3] = torch.tensor([1024, 300, 1])
+    lens = lens.to(device)
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]
+    kc.masked_fill_(past, float("nan"))
+    vc.masked_fill_(past, float("nan"))
+    expect_k, expect_v = kc.double().nan_to_num(), vc.double().nan_to_num()
+    rows = torch.arange(B, device=device)
+    expect_k[rows, :, lens - 1] = k_new.double()
+    expect_v[rows, :, lens - 1] = v_new.double()
+    o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, prefetch_cache=True,
+                                 out=poisoned((B, H, D), torch.float16, device))
+    assert_rel_close(o, ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
 
 
 def test_loop_stages_rule(monkeypatch):
