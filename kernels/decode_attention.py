@@ -170,15 +170,15 @@ def default_layout(device, bh, L, block_d):
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
         # 27.7k): the one-tile programs below held the SMs the next linear starts on
         return 1, *NARROW
-    if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 2 // 3 <= bh < wanted:
-        # a long cache and two thirds of the programs wanted: many narrow programs of a 128-position
-        # chunk, not pipelined. H200, alternated twice in one call, 768-token prompts
-        # (bench/results/h200/attention-long-splits-ab.log): gpt2 batch 32 46.6k -> 50.4k tok/s
-        # (+8.2%), gpt2-xl batch 16 4,155 -> 4,580 (+10.3%). Alone (-sweep.log, 900 positions) it
-        # beat the split layouts below from batch 4 to 40 (batch 32 40.3 -> 29.5 us), but in the
-        # step fewer pairs lost: gpt2 batch 8 -3.4%, 16 -9.8%, gpt2-xl batch 8 -5.9%, batch 24 even;
-        # and at 512 positions, gpt2 batch 24 -4.9%, batch 32 even. (gpt2 batch 4 gained 8.3%,
-        # an outlier left out of the rule)
+    if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 3 // 4 <= bh < wanted:
+        # a long cache and three quarters of the programs wanted: many narrow programs of a
+        # 128-position chunk, not pipelined. Alternated in one call, 768-token prompts
+        # (bench/results/h200/attention-long-splits-ab.log, h100/...): gpt2-xl batch 16 (400 pairs)
+        # +10.3% on an H200 (4,155 -> 4,580 tok/s), +5.4% on an H100. Alone (h200/...-sweep.log, 900
+        # positions) it beat the split layouts below from gpt2 batch 4 to 40 (batch 32 40.3 -> 29.5
+        # us), but not in the step: gpt2's batch bucket of 32 (384 pairs) gained at batch 32 (+8.2%
+        # H200, +1.0% H100) and lost at batch 24 (even, -6.1%); batch 8 -3.4%, 16 -9.8%, gpt2-xl
+        # batch 8 -5.9% (H200), and at 512 positions gpt2 batch 24 -4.9%
         return min(LONG_SPLITS, L // NARROW[0]), *NARROW
     if block_d <= 64 and short:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
