@@ -210,8 +210,9 @@ def loop_stages(L, block_n, warps, splits=1):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
     layout (default_layout) over caches of PIPELINE_MIN_L positions or more, 1 (no pipelining)
     elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
-    5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless named, alternated in one call,
-    the same ids (bench/results/h200/attention-pipelined-loop-ab.log, -xl-ab.log):
+    5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless
+    named, alternated in one call, the same ids (bench/results/h200/attention-pipelined-loop-ab.log,
+    -xl-ab.log):
     - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;
     - 1024 (768-token prompts): batch 64 69.7k / 69.2k -> 72.1k / 73.0k, batch 48 56.4k / 55.8k
       -> 60.4k / 60.7k, gpt2-medium batch 64 27.8k -> 29.2k;

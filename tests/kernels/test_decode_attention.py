@@ -123,9 +123,10 @@ def test_default_layout_long_cache_splits(device, monkeypatch):
     assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
 
 
-def test_long_cache_split_layout_by_default(device):
+def test_long_cache_split_layout_by_default(device, monkeypatch):
     """The long-cache split layout as the engine runs it (defaults: first tiles read before the
     wait, the new key/value written by the launch), NaN rows past each length."""
+    _without_env_switches(monkeypatch)
     B, H, L, D = (16, 25, 1024, 64) if ON_GPU else (3, 2, 1024, 64)  # (the interpreter stands for 2 SMs)
     assert default_layout(torch.device(device), B * H, L, D) == (8, 32, 2)
     q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
