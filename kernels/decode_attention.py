@@ -32,6 +32,8 @@ NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many ro
 # splits of the narrow tiles over long caches at fewer pairs than programs wanted (default_layout);
 # MINILLM_ATTN_LONG_SPLITS=0 turns that layout off (A/B timing)
 LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
+if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
+    raise ValueError(f"MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got {LONG_SPLITS}")
 
 
 @triton.jit
@@ -179,7 +181,7 @@ def default_layout(device, bh, L, block_d):
         # us), but not in the step: gpt2's batch bucket of 32 (384 pairs) gained at batch 32 (+8.2%
         # H200, +1.0% H100) and lost at batch 24 (even, -6.1%); batch 8 -3.4%, 16 -9.8%, gpt2-xl
         # batch 8 -5.9% (H200), and at 512 positions gpt2 batch 24 -4.9%
-        return min(LONG_SPLITS, L // NARROW[0]), *NARROW
+        return LONG_SPLITS, *NARROW
     if block_d <= 64 and short:
         # a short cache and few rows: one program per (row, head) and one tile of the whole
         # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an

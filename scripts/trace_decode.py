@@ -82,7 +82,8 @@ PATCHES = {
         ("\n\ndef gemv_slab(", "    _record(trace_ptr, tl.program_id(0), t0, t1, t2)\n\n\ndef gemv_slab("),
     ],
     "gemv_fma": [
-        ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n", "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
+        ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n",
+         "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
         ("EARLY_LAUNCH: tl.constexpr,\n):", "EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + row", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + row"),

@@ -13,8 +13,9 @@ trace_decode = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(trace_decode)
 
 
-KERNELS = {"gemv": "_gemv_kernel", "gemv_slab": "_gemv_slab_kernel", "gemv_fma": "_gemv_fma_kernel", "decode_attention": "_decode_attention_kernel",
-           "decode_attention_proj": "_decode_attention_proj_kernel", "vocab_fma": "_vocab_fma_kernel"}
+KERNELS = {"gemv": "_gemv_kernel", "gemv_slab": "_gemv_slab_kernel", "gemv_fma": "_gemv_fma_kernel",
+           "decode_attention": "_decode_attention_kernel", "decode_attention_proj": "_decode_attention_proj_kernel",
+           "vocab_fma": "_vocab_fma_kernel"}
 
 
 def _calls_in(tree, function):

@@ -1,3 +1,5 @@
+import os
+import subprocess
 import sys
 
 import pytest
@@ -121,6 +123,15 @@ def test_default_layout_long_cache_splits(device, monkeypatch):
     assert loop_stages(1024, 32, 2, splits=8) == 1
     monkeypatch.setattr(sys.modules["kernels.decode_attention"], "LONG_SPLITS", 0)
     assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
+
+
+def test_long_cache_splits_switch_must_be_a_power_of_two():
+    """MINILLM_ATTN_LONG_SPLITS=6 would reach the launcher as a split count it refuses under
+    another name: the import says which variable is wrong."""
+    env = {**os.environ, "MINILLM_ATTN_LONG_SPLITS": "6"}
+    run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got 6" in run.stderr
 
 
 def test_long_cache_split_layout_by_default(device, monkeypatch):
