@@ -73,10 +73,12 @@ def fold_layernorm(weight, bias, ln_weight, ln_bias):
     layernorm(x) @ W + c = rstd * (x @ (g * W) - mean * colsum(g * W)) + (b @ W + c), with W
     (K, N), c (N,) or None, g and b (K,). Returns (g * W in W's dtype and memory layout,
     b @ W + c in fp32, colsum in fp32). The column sums are of the rounded g * W the kernels
-    multiply, so the mean's share cancels exactly."""
+    multiply, so the mean's share cancels exactly. b @ W is summed in fp64 too: an fp32 matrix
+    product rounds a column by where it sits (BLAS's edge blocks), so equal columns of W could
+    get shifts an ulp apart, and tied logits untied."""
     w32 = weight.float()
     folded = torch.empty_like(weight).copy_(ln_weight.float()[:, None] * w32)  # W's strides
-    shift = ln_bias.float() @ w32
+    shift = (ln_bias.double() @ weight.double()).float()
     if bias is not None:
         shift = shift + bias.float()
     colsum = folded.double().sum(0).float()
