@@ -190,11 +190,14 @@ class GPT:
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             # x += attention(q) @ W + b, one launch at few rows and a short cache. It reads the
-            # cache's older rows before its wait; x (written by mlp-out, before qkv) and the
-            # lengths too where qkv triggers late, and so launches it only after its own wait
+            # cache's older rows before its wait, up to pos (final before the step: only
+            # append_tokens, after the lm_head, advances it); x (written by mlp-out, before qkv)
+            # and the lengths too where qkv triggers late, and so launches it only after its own wait
+            qkv_early = "qkv" in early
             x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
                                           *blk.attn_proj, residual=x, out=x, stats_out=st_b,
-                                          prefetch="cache" if "qkv" in early else True,
+                                          prefetch="positions" if qkv_early else True,
+                                          positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early)
             x = self._mlp(blk, x, st_b, st_a, early)
         return self._logits(x, st_a, argmax_keys)

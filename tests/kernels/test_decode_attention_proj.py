@@ -16,11 +16,12 @@ if ON_GPU:  # the GPT-2 widths at the row counts that fuse; a 128-wide head
                (2, 20, 77, 64, 1280), (1, 20, 256, 64, 1280), (1, 4, 256, 128, 300)]
 
 
-def _case(B, H, L, D, N, dtype, device, bias=True):
-    """Random inputs with cache rows past each length poisoned (NaN): read perhaps, never used."""
+def _case(B, H, L, D, N, dtype, device, bias=True, lens=()):
+    """Random inputs with cache rows past each length poisoned (NaN): read perhaps, never used.
+    Row 0 fills the cache; `lens` sets the lengths of the rows after it (random if not given)."""
     q, k_new, v_new = (randn(B, H, D, dtype=dtype, device=device) for _ in range(3))
     kc, vc = randn(B, H, L, D, dtype=dtype, device=device), randn(B, H, L, D, dtype=dtype, device=device)
-    lens = torch.randint(1, L + 1, (B,))
+    lens = torch.tensor([L, *lens]) if lens else torch.randint(1, L + 1, (B,))
     lens[0] = L
     lens = lens.to(device=device, dtype=torch.int32)
     past = (torch.arange(L, device=device)[None, :] >= lens[:, None] - 1)[:, None, :, None]  # (B, 1, L, 1)
@@ -59,7 +60,12 @@ def test_decode_attention_proj(B, H, L, D, N, dtype, device):
     assert torch.equal(vc.masked_fill(past, 0), ev.masked_fill(past, 0)), "new values not appended"
 
 
-@pytest.mark.parametrize("prefetch", [False, "cache", True])
+def _positions(prefetch, lens):
+    """The positions argument a prefetch mode takes: the new rows' positions for "positions"."""
+    return lens - 1 if prefetch == "positions" else None
+
+
+@pytest.mark.parametrize("prefetch", [False, "cache", True, "positions"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("with_stats", [True, False])
 def test_in_place_twice(prefetch, bias, with_stats, device):
@@ -72,7 +78,7 @@ def test_in_place_twice(prefetch, bias, with_stats, device):
         expect, ek, ev = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
         stats = torch.full((B, 2, N // 16), float("nan"), device=device) if with_stats else None
         y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, stats_out=stats,
-                                          prefetch=prefetch, early_launch=True)
+                                          prefetch=prefetch, early_launch=True, positions=_positions(prefetch, lens))
         assert y is x
         assert_rel_close(x, expect, torch.float32, "in place")
         if with_stats:
@@ -100,16 +106,18 @@ def test_partials_past_the_fixed_point_range_give_nan(device):
     assert not fixed_point_sums(torch.device(device), B * N)[:B * N].any(), "fixed-point words left set"
 
 
-@pytest.mark.parametrize("prefetch", ["cache", True])
+@pytest.mark.parametrize("prefetch", ["cache", True, "positions"])
 @pytest.mark.parametrize("layout", [(64, 32, 4), (16, 64, 2), (64, 256, 4)])
 def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     """The first BLOCK_L positions before the wait, the rest in tiles after it (lengths from 1
-    to past several tiles, the new row inside a later tile), or one tile past the cache's end.
-    "cache" reads the first tile whatever the lengths: its NaN rows past them stay unused."""
-    B, H, L, D, N = 3, 2, 150, 32, 72
-    case = _case(B, H, L, D, N, torch.float32, device)
+    to past several tiles, the new row inside a later tile or just past a tile's end), or one
+    tile past the cache's end. "cache" reads the first tile whatever the lengths: its NaN rows
+    past them stay unused."""
+    B, H, L, D, N = 4, 2, 150, 32, 72
+    case = _case(B, H, L, D, N, torch.float32, device, lens=(1, min(layout[1] + 1, L), 97))
     expect, _, _ = _expect(*case)
-    y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=layout)
+    y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=layout,
+                                      positions=_positions(prefetch, case[3]))
     assert_rel_close(y, expect, torch.float32, f"layout {layout}")
 
 
@@ -165,11 +173,16 @@ def test_reference_twin_matches(device):
     (lambda a: a.update(k_new=a["k_new"][:, :1]), r"k_new: expected shape \(2, 2, 16\)"),
     (lambda a: a.update(kc=a["kc"][:, :1]), r"k_cache: expected shape \(2, 2, L, 16\)"),
     (lambda a: a.update(x=a["x"].double()), r"residual: expected dtype in \(float32\)"),
-    (lambda a: a.update(prefetch="all"), r"prefetch: expected False, True or 'cache', got 'all'"),
+    (lambda a: a.update(prefetch="all"), r"prefetch: expected False, True, 'cache' or 'positions', got 'all'"),
+    (lambda a: a.update(prefetch="positions"), r"positions: expected a \(B,\) tensor with prefetch='positions'"),
+    (lambda a: a.update(positions=a["lens"] - 1), r"positions: .* got a tensor with prefetch=False"),
+    (lambda a: a.update(prefetch="positions", positions=(a["lens"] - 1).long()),
+     r"positions: expected dtype in \(int32\)"),
+    (lambda a: a.update(prefetch="positions", positions=a["lens"][:1] - 1), r"positions: expected shape \(2,\)"),
 ])
 def test_bad_arguments(change, match, device):
     names = ("q", "kc", "vc", "lens", "k_new", "v_new", "w", "b", "x")
-    a = dict(zip(names, _case(2, 2, 40, 16, 64, torch.float32, device)), prefetch=False)
+    a = dict(zip(names, _case(2, 2, 40, 16, 64, torch.float32, device)), prefetch=False, positions=None)
     change(a)
     with pytest.raises(ValueError, match=match):
-        kernels.decode_attention_proj(*(a[n] for n in names), prefetch=a["prefetch"])
+        kernels.decode_attention_proj(*(a[n] for n in names), prefetch=a["prefetch"], positions=a["positions"])
