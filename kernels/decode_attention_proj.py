@@ -103,10 +103,10 @@ def _first_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
 @triton.jit
 def _attend_older(q, k, v, older, m_i, l_i, acc, p_new):
     """Online-softmax update of (m_i, l_i, acc) with a tile of older cache rows (log2 domain).
-    The state starts from the new row's score (m_i finite from the start, l_i 1), and p_new
-    follows the new row's softmax weight, so that v_new is added once at the end: no per-element select
-    of the new row into K and V. Rows outside `older` must have been read as zeros (masked
-    loads): their scores become -inf, and p . V needs no select either."""
+    The state starts from the new row's score (m_i finite from the start, l_i 1) and p_new
+    follows the new row's softmax weight, so v_new is added once at the end: no per-element
+    select of the new row into K and V. Rows outside `older` must have been read as zeros
+    (masked loads): their scores become -inf, and p . V needs no select either."""
     s = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
     s = tl.where(older, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
