@@ -42,7 +42,7 @@ from .linear import linear
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
-PREFETCH_MODES = {False: 0, "cache": 1, True: 2, "positions": 3}
+PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
 # the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
 FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 # A fixed-point word: bits 0-51 the heads' partials, each in units of 2**-24 and raised by
@@ -146,7 +146,7 @@ def _add_fixed(part, words, n_mask, H: tl.constexpr):
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr, words_ptr, positions_ptr,
-    M, N, D, L, qk_scale,
+    M, N, D, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
@@ -173,26 +173,23 @@ def _decode_attention_proj_kernel(
     w = tl.load(w_ptr + (h * D + offs_d)[:, None] * stride_wk + rn[None, :] * stride_wn,
                 mask=d_mask[:, None] & n_mask[None, :], other=0.0)
     # what earlier kernels wrote, before the wait as far as the caller vouches (PREFETCH_MODES)
-    if PREFETCH == 3:  # the positions, final before the step began: the tile stops at each row's older rows
+    if PREFETCH == 1:  # the positions, final before the step began: the tile stops at each row's older rows
         n_older = tl.load(positions_ptr + b)
         k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < n_older, d_mask, stride_kl, stride_vl)
     if PREFETCH == 2:  # the lengths and x too: the tile stops at each row's older positions
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
         k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
-    if PREFETCH == 1:  # the tile as allocated: rows past the length are masked after the wait
-        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < L, d_mask, stride_kl, stride_vl)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH == 3:
+    if PREFETCH == 1:
         seq_len = n_older + 1
         bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
-    if PREFETCH < 2:
+    if PREFETCH == 0:
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
-    if PREFETCH == 0:
         k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
 
     pos = seq_len - 1
@@ -206,8 +203,6 @@ def _decode_attention_proj_kernel(
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
     older_rows = offs_l < pos
-    if PREFETCH == 1:  # the tile's rows past the length were read too, and may hold anything
-        v = tl.where(older_rows[:, None], v, 0.0)
     m_i, l_i, acc, p_new = _attend_older(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
                                          tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
     for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
@@ -258,23 +253,21 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     finite or reaches 2**21 in magnitude comes out NaN.
     prefetch: what is read before the wait on the previous kernel (programmatic dependent
     launch), where that kernel writes none of it, as in a decode step: False nothing; "cache"
-    the first cache tile (rows of earlier steps; rows past each length are masked after the
-    wait), which holds while the kernel before that one may still run; True the lengths and
-    the residual as well, which needs the kernel before to launch this one only after its own
-    wait; "positions" the first cache tile up to each row's new position, read from
-    `positions` ((B,) int32, seq_lens - 1), which must be final before any kernel that may
-    still run when this one starts (a decode step's input positions: only the step's last
-    kernel advances them), so the tile holds no row past the length. early_launch: the next
-    kernel may launch at this one's start
+    the first cache tile up to each row's new position, read from `positions` ((B,) int32,
+    seq_lens - 1), which must be final before any kernel that may still run when this one
+    starts (a decode step's input positions: only the step's last kernel advances them), so it
+    holds while the kernel before this one may still run; True the lengths and the residual as
+    well, which needs the kernel before to launch this one only after its own wait.
+    early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
-        raise ValueError(f"prefetch: expected False, True, 'cache' or 'positions', got {prefetch!r}")
+        raise ValueError(f"prefetch: expected False, True or 'cache', got {prefetch!r}")
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
-    if (prefetch == "positions") != (positions is not None):
-        raise ValueError("positions: expected a (B,) tensor with prefetch='positions' and None otherwise, "
+    if (prefetch == "cache") != (positions is not None):
+        raise ValueError("positions: expected a (B,) tensor with prefetch='cache' and None otherwise, "
                          f"got {'None' if positions is None else 'a tensor'} with prefetch={prefetch!r}")
     if positions is not None:
         check_tensor("positions", positions, ndim=1, dtypes=(torch.int32,), device=q.device)
@@ -315,7 +308,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
         part, counts, stats_out if stats_out is not None else part, words,
         positions if positions is not None else seq_lens,
-        B, N, D, k_cache.shape[2], scale * LOG2E,  # log2(e): softmax via exp2
+        B, N, D, scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),

@@ -196,7 +196,7 @@ class GPT:
             qkv_early = "qkv" in early
             x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
                                           *blk.attn_proj, residual=x, out=x, stats_out=st_b,
-                                          prefetch="positions" if qkv_early else True,
+                                          prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early)
             x = self._mlp(blk, x, st_b, st_a, early)

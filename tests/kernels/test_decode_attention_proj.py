@@ -61,11 +61,11 @@ def test_decode_attention_proj(B, H, L, D, N, dtype, device):
 
 
 def _positions(prefetch, lens):
-    """The positions argument a prefetch mode takes: the new rows' positions for "positions"."""
-    return lens - 1 if prefetch == "positions" else None
+    """The positions argument a prefetch mode takes: the new rows' positions for "cache"."""
+    return lens - 1 if prefetch == "cache" else None
 
 
-@pytest.mark.parametrize("prefetch", [False, "cache", True, "positions"])
+@pytest.mark.parametrize("prefetch", [False, "cache", True])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("with_stats", [True, False])
 def test_in_place_twice(prefetch, bias, with_stats, device):
@@ -106,13 +106,13 @@ def test_partials_past_the_fixed_point_range_give_nan(device):
     assert not fixed_point_sums(torch.device(device), B * N)[:B * N].any(), "fixed-point words left set"
 
 
-@pytest.mark.parametrize("prefetch", ["cache", True, "positions"])
+@pytest.mark.parametrize("prefetch", ["cache", True])
 @pytest.mark.parametrize("layout", [(64, 32, 4), (16, 64, 2), (64, 256, 4)])
 def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     """The first BLOCK_L positions before the wait, the rest in tiles after it (lengths from 1
     to past several tiles, the new row inside a later tile or just past a tile's end), or one
-    tile past the cache's end. "cache" reads the first tile whatever the lengths: its NaN rows
-    past them stay unused."""
+    tile past the cache's end. Every mode stops the first tile at the lengths: the NaN rows
+    past them stay unread."""
     B, H, L, D, N = 4, 2, 150, 32, 72
     case = _case(B, H, L, D, N, torch.float32, device, lens=(1, min(layout[1] + 1, L), 97))
     expect, _, _ = _expect(*case)
@@ -173,12 +173,12 @@ def test_reference_twin_matches(device):
     (lambda a: a.update(k_new=a["k_new"][:, :1]), r"k_new: expected shape \(2, 2, 16\)"),
     (lambda a: a.update(kc=a["kc"][:, :1]), r"k_cache: expected shape \(2, 2, L, 16\)"),
     (lambda a: a.update(x=a["x"].double()), r"residual: expected dtype in \(float32\)"),
-    (lambda a: a.update(prefetch="all"), r"prefetch: expected False, True, 'cache' or 'positions', got 'all'"),
-    (lambda a: a.update(prefetch="positions"), r"positions: expected a \(B,\) tensor with prefetch='positions'"),
+    (lambda a: a.update(prefetch="all"), r"prefetch: expected False, True or 'cache', got 'all'"),
+    (lambda a: a.update(prefetch="cache"), r"positions: expected a \(B,\) tensor with prefetch='cache'"),
     (lambda a: a.update(positions=a["lens"] - 1), r"positions: .* got a tensor with prefetch=False"),
-    (lambda a: a.update(prefetch="positions", positions=(a["lens"] - 1).long()),
+    (lambda a: a.update(prefetch="cache", positions=(a["lens"] - 1).long()),
      r"positions: expected dtype in \(int32\)"),
-    (lambda a: a.update(prefetch="positions", positions=a["lens"][:1] - 1), r"positions: expected shape \(2,\)"),
+    (lambda a: a.update(prefetch="cache", positions=a["lens"][:1] - 1), r"positions: expected shape \(2,\)"),
 ])
 def test_bad_arguments(change, match, device):
     names = ("q", "kc", "vc", "lens", "k_new", "v_new", "w", "b", "x")
