@@ -37,9 +37,10 @@ if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
 
 
 @triton.jit
-def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW: tl.constexpr):
+def _attend(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW: tl.constexpr):
     """Online-softmax update of (m_i, l_i, acc) with one tile of keys/values (log2 domain).
-    Rows past n_mask may hold anything (a prefetched tile reads to the cache's end)."""
+    Rows past n_mask may hold anything (a prefetched tile reads to the cache's end); the row at
+    pos is taken from registers (k_new, v_new) where HAS_NEW."""
     k = k.to(tl.float32)
     v = tl.where(n_mask[:, None], v.to(tl.float32), 0.0)
     if HAS_NEW:  # the cache row at pos may not be written yet: take it from registers
@@ -57,13 +58,53 @@ def _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, H
 
 
 @triton.jit
+def _attend_older(q, k, v, older, m_i, l_i, acc, p_new):
+    """Online-softmax update of (m_i, l_i, acc) with a tile of older cache rows (log2 domain).
+    Where the step's new row is attended from registers, the state starts from its score (m_i
+    finite from the start, l_i 1) and p_new follows its softmax weight, so v_new is added once
+    at the end: no per-element select of the new row into K and V. Elsewhere the state starts
+    neutral (-inf, 0, p_new 0). Rows outside `older` must hold zeros in v (masked loads, or a
+    select on a tile read to the cache's end): their scores become -inf and p . V needs no select."""
+    s = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
+    s = tl.where(older, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    return m_new, l_i, acc, p_new * alpha
+
+
+@triton.jit
+def _v_early(v, rows):
+    """A loop's V tile in fp32, rows outside `rows` zeroed: the masked load already gave zeros
+    there, but the select makes V needed before the scores, so ptxas issues the tile's K and V
+    loads together. Without it, it issued them two by two, each pair after the last one's use,
+    one memory round trip each (gpt2 batch 64's attention launch alone, H200: 11.4 -> 15.8 us).
+    decode_attention_proj's loop is left without it: gpt2-xl batch 1 lost 1.8% with it."""
+    return tl.where(rows[:, None], v.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new, HAS_NEW: tl.constexpr,
+                 NEW_APART: tl.constexpr):
+    """One tile's update in either form (new_row_apart): the tile's rows (`rows`) hold only older
+    rows where NEW_APART, and may hold the new row, taken from registers, elsewhere."""
+    if NEW_APART:
+        m_i, l_i, acc, p_new = _attend_older(q, k, _v_early(v, rows), rows, m_i, l_i, acc, p_new)
+    else:
+        m_i, l_i, acc = _attend(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
+    return m_i, l_i, acc, p_new
+
+
+@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -85,27 +126,36 @@ def _decode_attention_kernel(
     seq_len = tl.load(lens_ptr + b)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
-    end = tl.minimum(start + chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)  # this split's cache rows: [start, end)
+    m_i = float("-inf")
+    l_i = 0.0
+    p_new = 0.0
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     pos = seq_len - 1
     k_new = q
     v_new = q
     if HAS_NEW:
         k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
         v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
-        if (pos >= start) & (pos < start + chunk):  # exactly one split owns the new position
+        owner = (pos >= start) & (pos < start + chunk)  # exactly one split owns the new position
+        if owner:
             tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
             tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
+        if NEW_APART:  # the owner's softmax starts from the new row (weight 1, followed in p_new)
+            m_i = tl.where(owner, tl.sum(q * k_new.to(tl.float32), axis=0), m_i)
+            l_i = tl.where(owner, 1.0, 0.0)
+            p_new = l_i
+            end = tl.minimum(end, pos)
 
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     first = start
-    if PREFETCH_N > 0:
-        m1, l1, acc1 = _attend(q, k0, v0, offs_p, offs_p < end, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
-        live = start < end  # an empty split keeps the neutral state (its m1 is NaN)
+    if PREFETCH_N > 0:  # (rows past `end`, read to the cache's end, may hold anything)
+        m1, l1, acc1, p1 = _attend_tile(q, k0, v0, offs_p, offs_p < end, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                        HAS_NEW, NEW_APART)
+        live = start < end  # no row here: keep the state (a neutral one's update is NaN)
         m_i = tl.where(live, m1, m_i)
         l_i = tl.where(live, l1, l_i)
         acc = tl.where(live, acc1, acc)
+        p_new = tl.where(live, p1, p_new)
         first = start + PREFETCH_N
     # LOOP_STAGES > 1: Triton copies the tiles ahead into shared memory (cp.async); the same arithmetic
     for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
@@ -114,7 +164,10 @@ def _decode_attention_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, offs_n, n_mask, d_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
+        m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                            HAS_NEW, NEW_APART)
+    if NEW_APART:
+        acc += p_new * v_new.to(tl.float32)
 
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_d
     if NUM_SPLITS == 1:
@@ -132,7 +185,7 @@ def _decode_attention_kernel(
             m_s = tl.load(rows, cache_modifier=".cg")
             l_s = tl.load(rows + 1, cache_modifier=".cg")
             acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], cache_modifier=".cg")
-            m = tl.max(m_s, axis=0)  # split 0 is never empty (seq_len >= 1), so m is finite
+            m = tl.max(m_s, axis=0)  # finite: the new row's owner (or split 0, seq_len >= 1) has a row
             w = tl.exp2(m_s - m)  # empty splits: exp2(-inf) = 0
             out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
             tl.atomic_xchg(count_ptr + pid_bh, 0, sem="relaxed")  # next launch: after the kernel boundary
@@ -232,6 +285,20 @@ def loop_stages(L, block_n, warps, splits=1):
     return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L and splits == 1 else 1
 
 
+def new_row_apart(block_n, warps, stages):
+    """Whether the new row starts each owner's online softmax (its tiles then hold older rows
+    only, no per-element select of the new row into K and V): in the narrow layout's unpipelined
+    loop (default_layout, loop_stages) only. H200, alternated in one call, the same ids
+    (bench/results/h200/decode-new-row-apart-ab.log): alone, gpt2 batch 16's launch 5.70 ->
+    4.44 us, gpt2-xl batch 8's 5.80 -> 4.55; end to end gpt2 batch 16 +1.8%, gpt2-xl batch 8
+    +1.5%, batch 32 and 64 even. Elsewhere it lost: gpt2 batch 8 (the whole-cache tile) -4.2%,
+    batch 64 over 768-token prompts (the pipelined loop) -14.5%, though alone that launch was
+    3% faster. The form needs fewer registers a thread there (128 against 182, 80 against 107),
+    and the old form capped to as few lost as much (-5.8%, -11.5%): with more of its programs
+    fitting an SM, the step is slower, whatever the launch alone does."""
+    return (block_n, warps) == NARROW and stages == 1
+
+
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
     """decode_attention's argument checks (one ValueError naming the argument), shared with
     decode_attention_proj."""
@@ -267,8 +334,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_cache: each program reads its first cache tile (or tiles: prefetch_tiles) before
     waiting on the previous kernel (programmatic dependent launch). Only for caches that kernel
     does not write, as in a decode step, where the cache is written by this kernel alone.
-    _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ...} in place of the defaults
-    (benchmarks, tests).
+    _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
+    "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -287,6 +354,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     meta = {"BLOCK_N": block_n, "num_warps": warps, **(_config or {})}
     tiles = meta.pop("PREFETCH_TILES", None)
     stages = meta.pop("LOOP_STAGES", None)
+    apart = meta.pop("NEW_APART", None)
     BLOCK_N = meta["BLOCK_N"]
     if splits < 1 or splits & (splits - 1):
         raise ValueError(f"num_splits: expected a power of two >= 1, got {splits}")
@@ -295,6 +363,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         tiles = prefetch_tiles(q.device, B * H, BLOCK_N, meta["num_warps"], chunk)
     if stages is None:
         stages = loop_stages(L, BLOCK_N, meta["num_warps"], splits)
+    if apart is None:
+        apart = new_row_apart(BLOCK_N, meta["num_warps"], stages)
     if tiles < 1 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
                          f"got {tiles}")
@@ -313,7 +383,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
-        USE_PDL=pdl, PREFETCH_N=tiles * BLOCK_N if prefetch_cache else 0, LOOP_STAGES=stages, launch_pdl=pdl,
+        USE_PDL=pdl, PREFETCH_N=tiles * BLOCK_N if prefetch_cache else 0, LOOP_STAGES=stages,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o

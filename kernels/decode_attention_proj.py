@@ -36,7 +36,7 @@ from ._checks import check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
-from .decode_attention import LOG2E, check_inputs, decode_attention
+from .decode_attention import LOG2E, _attend_older, check_inputs, decode_attention
 from .linear import linear
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
@@ -98,23 +98,6 @@ def _first_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
     """The first cache tile's keys and values in the rows asked for (zero elsewhere)."""
     mask = rows[:, None] & d_mask[None, :]
     return _cache_tile(k_base, offs_l, offs_d, mask, stride_kl), _cache_tile(v_base, offs_l, offs_d, mask, stride_vl)
-
-
-@triton.jit
-def _attend_older(q, k, v, older, m_i, l_i, acc, p_new):
-    """Online-softmax update of (m_i, l_i, acc) with a tile of older cache rows (log2 domain).
-    The state starts from the new row's score (m_i finite from the start, l_i 1) and p_new
-    follows the new row's softmax weight, so v_new is added once at the end: no per-element
-    select of the new row into K and V. Rows outside `older` must have been read as zeros
-    (masked loads): their scores become -inf, and p . V needs no select either."""
-    s = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
-    s = tl.where(older, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-    return m_new, l_i, acc, p_new * alpha
 
 
 @triton.jit

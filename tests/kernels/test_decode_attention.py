@@ -7,7 +7,8 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.decode_attention import PIPELINE_MIN_L, _programs_wanted, default_layout, loop_stages, prefetch_tiles
+from kernels.decode_attention import (NARROW, PIPELINE_MIN_L, _programs_wanted, default_layout, loop_stages,
+                                      new_row_apart, prefetch_tiles)
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -38,26 +39,31 @@ def test_decode_attention(B, H, L, D, dtype, device):
 
 @pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
-                                    {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3}])
+                                    {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3},
+                                    {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False},
+                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True}])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
     """Every split count, with the new key/value written into the cache by the same launch, and
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
-    front (empty splits, 1-token rows included). Cache rows past a sequence's length are NaN: they
-    may be read (prefetched tiles), never used."""
-    B, H, L, D = 3, 2, 150, 32
+    front (empty splits, 1-token rows included). Both forms of the new row (new_row_apart: by
+    default in the narrow unpipelined layout, 32 rows and 2 warps, and forced on and off), with it
+    at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1). Cache rows past a sequence's length, the new row's own included, are NaN: they may be
+    read (prefetched tiles), never used."""
+    B, H, L, D = 4, 2, 150, 32
     q = randn(B, H, D, device=device)
     kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
     k_new, v_new = randn(B, H, D, device=device), randn(B, H, D, device=device)
-    lens = torch.tensor([150, 1, 77], dtype=torch.int32, device=device)
+    lens = torch.tensor([150, 1, 77, 33], dtype=torch.int32, device=device)
     expect_k, expect_v = kc.clone(), vc.clone()
     rows = torch.arange(B, device=device)
     expect_k[rows, :, lens - 1] = k_new
     expect_v[rows, :, lens - 1] = v_new
     past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]  # (B, 1, L, 1)
-    kc.masked_fill_(past, float("nan"))
-    vc.masked_fill_(past, float("nan"))
+    stale = past | (torch.arange(L, device=device)[None, :] == lens[:, None] - 1)[:, None, :, None]  # the new row too
+    kc.masked_fill_(stale, float("nan"))
+    vc.masked_fill_(stale, float("nan"))
     for _ in range(2):  # repeated launches reuse the arrival counters
         o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits,
                                      prefetch_cache=prefetch, _config=config)
@@ -155,6 +161,13 @@ def test_long_cache_split_layout_by_default(device, monkeypatch):
     o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, prefetch_cache=True,
                                  out=poisoned((B, H, D), torch.float16, device))
     assert_rel_close(o, ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
+
+
+def test_new_row_apart_rule():
+    """The new row starts the softmax only in the narrow layout's unpipelined loop."""
+    assert new_row_apart(*NARROW, 1)
+    assert not new_row_apart(*NARROW, 3)
+    assert not new_row_apart(256, 8, 1) and not new_row_apart(64, 4, 1)
 
 
 def test_loop_stages_rule(monkeypatch):
