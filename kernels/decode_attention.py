@@ -91,9 +91,9 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
     """One tile's update in either form (new_row_apart): the tile's rows (`rows`) hold only older
     rows where NEW_APART, and may hold the new row, taken from registers, elsewhere."""
     if NEW_APART:
-        # a prefetched tile, read to the cache's end before the wait, is in registers already:
-        # the select in fp16 only clears rows past `rows` (gpt2 batch 16's launch alone, H200:
-        # 4.62 us with _v_early's, 4.44 with it)
+        # a prefetched tile, read before the wait, needs no early V: a select in fp16 only
+        # clears rows past `rows` (gpt2 batch 16's launch alone, H200: 4.62 us with _v_early's
+        # select, 4.50 with this one, in two calls)
         v = tl.where(rows[:, None], v, 0.0) if PREFETCHED else _v_early(v, rows)
         m_i, l_i, acc, p_new = _attend_older(q, k, v, rows, m_i, l_i, acc, p_new)
     else:
@@ -290,16 +290,16 @@ def loop_stages(L, block_n, warps, splits=1):
 
 
 def new_row_apart(block_n, warps, stages):
-    """Whether the new row starts each owner's online softmax (its tiles then hold older rows
-    only, no per-element select of the new row into K and V): in the narrow layout's unpipelined
-    loop (default_layout, loop_stages) only. H200, alternated in one call, the same ids
-    (bench/results/h200/decode-new-row-apart-ab.log): alone, gpt2 batch 16's launch 5.70 ->
-    4.44 us, gpt2-xl batch 8's 5.80 -> 4.55; end to end gpt2 batch 16 +1.8%, gpt2-xl batch 8
-    +1.5%, batch 32 and 64 even. Elsewhere it lost: gpt2 batch 8 (the whole-cache tile) -4.2%,
-    batch 64 over 768-token prompts (the pipelined loop) -14.5%, though alone that launch was
-    3% faster. The form needs fewer registers a thread there (128 against 182, 80 against 107),
-    and the old form capped to as few lost as much (-5.8%, -11.5%): with more of its programs
-    fitting an SM, the step is slower, whatever the launch alone does."""
+    """Whether the new row starts its owner's online softmax (the tiles then hold older rows only:
+    no per-element select of the new row into K and V): in the narrow layout's unpipelined loop
+    (default_layout, loop_stages) only. Alternated in one call, against the select in every tile
+    (bench/results/h200/decode-new-row-apart/, h100/decode-new-row-apart-*): alone, gpt2 batch
+    16's launch 5.78 -> 4.50 us on an H200, gpt2-xl batch 8's 5.85 -> 4.57; end to end gpt2 batch
+    16 +1.6% (H100 +2.1%), gpt2-xl batch 8 +1.2% (+1.2%), batch 32 and 64 even. Elsewhere it lost
+    on the H200: gpt2 batch 8 (the whole-cache tile) -4.2%, batch 64 over 768-token prompts (the
+    pipelined loop) -14.5%, though that launch alone was 3% faster. There the form needs fewer
+    registers a thread (128 against 182, 80 against 107), and the old form capped to as few lost
+    as much (-5.8%, -11.5%): more of its programs fit an SM, and the step gets slower."""
     return (block_n, warps) == NARROW and stages == 1
 
 
