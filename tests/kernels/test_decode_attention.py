@@ -48,9 +48,10 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
     """Every split count, with the new key/value written into the cache by the same launch, and
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
     front (empty splits, 1-token rows included). Both forms of the new row (new_row_apart: by
-    default in the narrow unpipelined layout, 32 rows and 2 warps, and forced on and off), with it
-    at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1). Cache rows past a sequence's length, the new row's own included, are NaN: they may be
-    read (prefetched tiles), never used."""
+    default in the narrow unpipelined layout, 32 rows and 2 warps, and forced on and off), with
+    it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1).
+    Cache rows past a sequence's length, the new row's own included, are NaN: they may be read
+    (prefetched tiles), never used."""
     B, H, L, D = 4, 2, 150, 32
     q = randn(B, H, D, device=device)
     kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
