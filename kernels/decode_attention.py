@@ -37,36 +37,14 @@ if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
 
 
 @triton.jit
-def _attend(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW: tl.constexpr):
-    """Online-softmax update of (m_i, l_i, acc) with one tile of keys/values (log2 domain).
-    Rows past n_mask may hold anything (a prefetched tile reads to the cache's end); the row at
-    pos is taken from registers (k_new, v_new) where HAS_NEW."""
-    k = k.to(tl.float32)
-    v = tl.where(n_mask[:, None], v.to(tl.float32), 0.0)
-    if HAS_NEW:  # the cache row at pos may not be written yet: take it from registers
-        is_new = (offs_n == pos)[:, None]
-        k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
-        v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
-    s = tl.sum(q[None, :] * k, axis=1)
-    s = tl.where(n_mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _attend_older(q, k, v, older, m_i, l_i, acc, p_new):
-    """Online-softmax update of (m_i, l_i, acc) with a tile of older cache rows (log2 domain).
-    Where the step's new row is attended from registers, the state starts from its score (m_i
-    finite from the start, l_i 1) and p_new follows its softmax weight, so v_new is added once
-    at the end: no per-element select of the new row into K and V. Elsewhere the state starts
-    neutral (-inf, 0, p_new 0). Rows outside `older` must hold zeros in v (masked loads, or a
-    select on a tile read to the cache's end): their scores become -inf and p . V needs no select."""
+def _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new):
+    """Online-softmax update of (m_i, l_i, acc) with a tile of cache rows (log2 domain). Rows
+    outside `rows` must hold zeros in v (masked loads, or a select): their scores become -inf
+    and p . V needs no select. Where the step's new row is attended apart (new_row_apart), the
+    state starts from its score (m_i finite from the start, l_i 1) and p_new follows its softmax
+    weight, so v_new is added once at the end; elsewhere p_new goes unused."""
     s = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
-    s = tl.where(older, s, float("-inf"))
+    s = tl.where(rows, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new)
@@ -88,17 +66,23 @@ def _v_early(v, rows):
 @triton.jit
 def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new, HAS_NEW: tl.constexpr,
                  NEW_APART: tl.constexpr, PREFETCHED: tl.constexpr):
-    """One tile's update in either form (new_row_apart): the tile's rows (`rows`) hold only older
-    rows where NEW_APART, and may hold the new row, taken from registers, elsewhere."""
+    """One tile's update in either form (new_row_apart). Rows past `rows` may hold anything (a
+    prefetched tile reads to the cache's end). Where NEW_APART they are all older rows; elsewhere
+    the row at pos may be among them, and is taken from registers (k_new, v_new) where HAS_NEW:
+    the cache row may not be written yet."""
     if NEW_APART:
         # a prefetched tile, read before the wait, needs no early V: a select in fp16 only
         # clears rows past `rows` (gpt2 batch 16's launch alone, H200: 4.62 us with _v_early's
         # select, 4.50 with this one, in two calls)
         v = tl.where(rows[:, None], v, 0.0) if PREFETCHED else _v_early(v, rows)
-        m_i, l_i, acc, p_new = _attend_older(q, k, v, rows, m_i, l_i, acc, p_new)
     else:
-        m_i, l_i, acc = _attend(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, HAS_NEW)
-    return m_i, l_i, acc, p_new
+        k = k.to(tl.float32)
+        v = tl.where(rows[:, None], v.to(tl.float32), 0.0)
+        if HAS_NEW:
+            is_new = (offs_n == pos)[:, None]
+            k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
+            v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
+    return _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new)
 
 
 @triton.jit

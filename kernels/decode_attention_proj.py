@@ -36,7 +36,7 @@ from ._checks import check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
-from .decode_attention import LOG2E, _attend_older, check_inputs, decode_attention
+from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .linear import linear
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
@@ -89,15 +89,12 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
 
 
 @triton.jit
-def _cache_tile(base, offs_l, offs_d, mask, stride_l):
-    return tl.load(base + offs_l[:, None] * stride_l + offs_d[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _first_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride_vl):
-    """The first cache tile's keys and values in the rows asked for (zero elsewhere)."""
+def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride_vl):
+    """A cache tile's keys and values in the rows asked for (zero elsewhere)."""
     mask = rows[:, None] & d_mask[None, :]
-    return _cache_tile(k_base, offs_l, offs_d, mask, stride_kl), _cache_tile(v_base, offs_l, offs_d, mask, stride_vl)
+    k = tl.load(k_base + offs_l[:, None] * stride_kl + offs_d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_base + offs_l[:, None] * stride_vl + offs_d[None, :], mask=mask, other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -158,11 +155,11 @@ def _decode_attention_proj_kernel(
     # what earlier kernels wrote, before the wait as far as the caller vouches (PREFETCH_MODES)
     if PREFETCH == 1:  # the positions, final before the step began: the tile stops at each row's older rows
         n_older = tl.load(positions_ptr + b)
-        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < n_older, d_mask, stride_kl, stride_vl)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < n_older, d_mask, stride_kl, stride_vl)
     if PREFETCH == 2:  # the lengths and x too: the tile stops at each row's older positions
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
-        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
@@ -173,7 +170,7 @@ def _decode_attention_proj_kernel(
     if PREFETCH == 0:
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
-        k, v = _first_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
 
     pos = seq_len - 1
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -186,15 +183,13 @@ def _decode_attention_proj_kernel(
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
     older_rows = offs_l < pos
-    m_i, l_i, acc, p_new = _attend_older(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
+    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
                                          tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
     for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
         offs = start + offs_l
         older_rows = offs < pos
-        mask = older_rows[:, None] & d_mask[None, :]
-        k = _cache_tile(k_base, offs, offs_d, mask, stride_kl)
-        v = _cache_tile(v_base, offs, offs_d, mask, stride_vl)
-        m_i, l_i, acc, p_new = _attend_older(q, k, v, older_rows, m_i, l_i, acc, p_new)
+        k, v = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
+        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, m_i, l_i, acc, p_new)
     acc += p_new * v_new.to(tl.float32)
     o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
