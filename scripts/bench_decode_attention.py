@@ -7,7 +7,6 @@ the best split count, and the launcher's own choice (default_layout).
     python3 scripts/bench_decode_attention.py --out bench/results
 """
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -16,9 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
+from kernels.decode_attention_config import default_layout  # noqa: E402
 from minillm.benchutil import device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
-
-da = importlib.import_module("kernels.decode_attention")  # the package exports a function of that name
 
 SHAPES = [  # (name, batch, heads, cache positions L covered (the length bucket), filled positions)
     ("gpt2", 1, 12, 128, 100), ("gpt2", 1, 12, 256, 160), ("gpt2", 1, 12, 1024, 1000),
@@ -49,7 +47,7 @@ def main():
             return q, k, v, kn, vn, torch.full((B,), filled, dtype=torch.int32, device="cuda")
 
         sets = rotating(make, 2 * B * H * L * D * 2)
-        default, block_n, warps = da.default_layout(torch.device("cuda"), B * H, L, D)
+        default, block_n, warps = default_layout(torch.device("cuda"), B * H, L, D)
         per = {}
         for splits in (1, 2, 4, 8, 16, 32):
             if splits * 32 > L:

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import reference
+from kernels import decode_attention_config, reference
 
 from tests.conftest import ON_GPU
 
@@ -41,3 +41,11 @@ def ln_linear_ref(x, w, bias, g, b, eps=1e-5, **kw):
     xn = F.layer_norm(x.double(), (x.shape[-1],), g.double(), b.double(), eps)
     kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     return reference.linear(xn, w.double(), bias.double() if bias is not None else None, **kw)
+
+
+def without_env_switches(monkeypatch):
+    """decode_attention_config's rules as they run without MINILLM_ATTN_PREFETCH_TILES,
+    MINILLM_ATTN_STAGES and MINILLM_ATTN_LONG_SPLITS."""
+    monkeypatch.setattr(decode_attention_config, "PREFETCH_TILES_ENV", None)
+    monkeypatch.setattr(decode_attention_config, "LOOP_STAGES_ENV", None)
+    monkeypatch.setattr(decode_attention_config, "LONG_SPLITS", 8)

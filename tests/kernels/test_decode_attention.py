@@ -1,16 +1,11 @@
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import kernels
 from kernels import reference as ref
-from kernels.decode_attention import (NARROW, PIPELINE_MIN_L, _programs_wanted, default_layout, loop_stages,
-                                      new_row_apart, prefetch_tiles)
+from kernels.decode_attention_config import default_layout
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
+from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn, without_env_switches
 
 # (B, H, L, D) with per-sequence lengths drawn in [1, L]
 SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80), (1, 2, 200, 64)]  # 200: one 256-row tile
@@ -89,62 +84,10 @@ def test_decode_attention_whole_cache_tile(L, device):
     assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"whole-cache tile L={L}")
 
 
-def _without_env_switches(monkeypatch):
-    """The layout rules as they run without MINILLM_ATTN_PREFETCH_TILES / MINILLM_ATTN_STAGES."""
-    module = sys.modules["kernels.decode_attention"]
-    monkeypatch.setattr(module, "PREFETCH_TILES_ENV", None)
-    monkeypatch.setattr(module, "LOOP_STAGES_ENV", None)
-    monkeypatch.setattr(module, "LONG_SPLITS", 8)
-
-
-def test_default_layout_by_rows(device, monkeypatch):
-    """A short cache: one whole-cache tile per (row, head) for few pairs; from a third of the
-    programs wanted, the narrow unsplit tiles of many rows (as at batch 64)."""
-    _without_env_switches(monkeypatch)
-    dev = torch.device(device)
-    many = _programs_wanted(dev) // 3
-    assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
-    assert default_layout(dev, many, 256, 64) == (1, 32, 2)
-    assert default_layout(dev, 8 * many, 256, 64) == (1, 32, 2)
-    # tiles read before the wait: four in that layout below half the programs wanted, at most the chunk
-    half = _programs_wanted(dev) // 2
-    assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
-    assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
-    assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
-
-
-def test_default_layout_long_cache_splits(device, monkeypatch):
-    """Three quarters of the programs wanted or more, but fewer than all, over a cache of 1024
-    positions or more: 8 splits of narrow tiles, not pipelined (that is for unsplit programs).
-    MINILLM_ATTN_LONG_SPLITS=0 (LONG_SPLITS) turns it off."""
-    _without_env_switches(monkeypatch)
-    dev = torch.device(device)
-    wanted = _programs_wanted(dev)
-    low = wanted * 3 // 4
-    for bh in (low, wanted - 1):
-        assert default_layout(dev, bh, 1024, 64) == (8, 32, 2)
-    assert default_layout(dev, low - 1, 1024, 64)[1:] == (64, 4)
-    assert default_layout(dev, wanted, 1024, 64) == (1, 32, 2)
-    assert default_layout(dev, low, 512, 64)[1:] == (64, 4)
-    assert default_layout(dev, low, 1024, 128)[1:] == (32, 8)  # wide heads keep their tiles
-    assert loop_stages(1024, 32, 2, splits=8) == 1
-    monkeypatch.setattr(sys.modules["kernels.decode_attention"], "LONG_SPLITS", 0)
-    assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
-
-
-def test_long_cache_splits_switch_must_be_a_power_of_two():
-    """MINILLM_ATTN_LONG_SPLITS=6 would reach the launcher as a split count it refuses under
-    another name: the import says which variable is wrong."""
-    env = {**os.environ, "MINILLM_ATTN_LONG_SPLITS": "6"}
-    run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
-    assert run.returncode != 0
-    assert "MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got 6" in run.stderr
-
-
 def test_long_cache_split_layout_by_default(device, monkeypatch):
     """The long-cache split layout as the engine runs it (defaults: first tiles read before the
     wait, the new key/value written by the launch), NaN rows past each length."""
-    _without_env_switches(monkeypatch)
+    without_env_switches(monkeypatch)
     B, H, L, D = (16, 25, 1024, 64) if ON_GPU else (3, 2, 1024, 64)  # (the interpreter stands for 2 SMs)
     assert default_layout(torch.device(device), B * H, L, D) == (8, 32, 2)
     q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
@@ -162,21 +105,6 @@ def test_long_cache_split_layout_by_default(device, monkeypatch):
     o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, prefetch_cache=True,
                                  out=poisoned((B, H, D), torch.float16, device))
     assert_rel_close(o, ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
-
-
-def test_new_row_apart_rule():
-    """The new row starts the softmax only in the narrow layout's unpipelined loop."""
-    assert new_row_apart(*NARROW, 1)
-    assert not new_row_apart(*NARROW, 3)
-    assert not new_row_apart(256, 8, 1) and not new_row_apart(64, 4, 1)
-
-
-def test_loop_stages_rule(monkeypatch):
-    """The cache loop is pipelined in the narrow unsplit layout over long caches only."""
-    _without_env_switches(monkeypatch)
-    assert loop_stages(PIPELINE_MIN_L, 32, 2) == 3 and loop_stages(1024, 32, 2) == 3
-    assert loop_stages(PIPELINE_MIN_L // 2, 32, 2) == 1
-    assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
 
 
 def test_pipelined_loop_same_bits(device):

@@ -1,0 +1,158 @@
+"""Launch layouts of the split-K decode attention (decode_attention.py), host side: for (row,
+head) pairs over a cache length, the splits, the tile (rows and warps), the tiles read before the
+dependent-launch wait, the loop's pipeline stages and the form the new row takes. The arithmetic
+of a split is the same in every layout; each rule cites the GPU timing it came from.
+"""
+import triton
+
+from ._tuning import env_int, sm_count
+
+# cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
+# MINILLM_ATTN_PREFETCH_TILES=N forces N there (A/B timing)
+PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
+# cache positions (the allocated length) from which the narrow unsplit layout's loop is
+# software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
+PIPELINE_MIN_L = 512
+LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
+NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout)
+# splits of the narrow tiles over long caches at fewer pairs than programs wanted (default_layout);
+# MINILLM_ATTN_LONG_SPLITS=0 turns that layout off (A/B timing)
+LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
+if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
+    raise ValueError(f"MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got {LONG_SPLITS}")
+
+
+def _programs_wanted(device):
+    """Programs that cover the SMs a few times over (the interpreter stands for 2 SMs)."""
+    return 4 * sm_count(device)
+
+
+def _num_splits(wanted, bh, L, block_n):
+    """Enough programs (`wanted`) to cover the SMs a few times over, each with at least one full
+    tile (block_n positions): on an H200 thinner splits cost more in the merge than they save
+    (scripts/bench_decode_attention.py)."""
+    splits = 1
+    while bh * splits < wanted and splits * 2 * block_n <= L and splits < 64:
+        splits *= 2
+    return splits
+
+
+def _base_layout(block_d):
+    """(BLOCK_N, num_warps) of a tile: 64 or 32 cache rows, 8 or 16 KB of fp16 keys."""
+    return (64, 4) if block_d <= 64 else (32, 8)
+
+
+def default_layout(device, bh, L, block_d):
+    """(splits, BLOCK_N, num_warps) for bh (row, head) pairs over L cache positions."""
+    block_n, warps = _base_layout(block_d)
+    wanted = _programs_wanted(device)
+    splits = _num_splits(wanted, bh, L, block_n)
+    short = splits > 1 and L <= 4 * block_n  # (splits > 1: fewer pairs than programs wanted)
+    if block_d <= 64 and (bh >= wanted or (short and bh >= wanted // 3)):
+        # many rows: narrow tiles, two warps a program, unsplit. (Row, head) pairs that fill
+        # the GPU alone (batch 64, L = 256: 13.0 against 15.4 us on an H200), or a short cache and
+        # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
+        # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
+        # 27.7k): the one-tile programs below held the SMs the next linear starts on
+        return 1, *NARROW
+    if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 3 // 4 <= bh < wanted:
+        # a long cache and three quarters of the programs wanted: many narrow programs of a
+        # 128-position chunk, not pipelined. Alternated in one call, 768-token prompts
+        # (bench/results/h200/attention-long-splits-ab.log, h100/...): gpt2-xl batch 16 (400 pairs)
+        # +10.3% on an H200 (4,155 -> 4,580 tok/s), +5.4% on an H100. Alone (h200/...-sweep.log, 900
+        # positions) it beat the split layouts below from gpt2 batch 4 to 40 (batch 32 40.3 -> 29.5
+        # us), but not in the step: gpt2's batch bucket of 32 (384 pairs) gained at batch 32 (+8.2%
+        # H200, +1.0% H100) and lost at batch 24 (even, -6.1%); batch 8 -3.4%, 16 -9.8%, gpt2-xl
+        # batch 8 -5.9% (H200), and at 512 positions gpt2 batch 24 -4.9%
+        return LONG_SPLITS, *NARROW
+    if block_d <= 64 and short:
+        # a short cache and few rows: one program per (row, head) and one tile of the whole
+        # cache, read before the wait, no merge (L = 128: 2.1 against 3.3 us at batch 1 on an
+        # H200; L = 256: gpt2 batch 1 +4% and batch 8 +10% end to end). Not at batch 64, where the
+        # step got slower with them (a profile: 11.0 against 7.7 us at L = 128)
+        block_n = triton.next_power_of_2(L)  # 128 or 256
+        warps = 4 if block_n <= 128 else 8
+        splits = _num_splits(wanted, bh, L, block_n)
+    return splits, block_n, warps
+
+
+def prefetch_tiles(device, bh, block_n, warps, chunk):
+    """Cache tiles of block_n rows a program reads before its wait (prefetch_cache): at most its
+    chunk, in a power of two. One, except in the narrow unsplit layout (default_layout) with
+    fewer (row, head) pairs than half the programs wanted: four. H200, alternated in one call
+    (bench/results/h200/attention-prefetch-tiles-ab.log): gpt2 batch 16 (192 pairs) 52.0k / 52.3k
+    -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
+    batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
+    tiles = 1
+    if (block_n, warps) == NARROW:
+        tiles = PREFETCH_TILES_ENV if PREFETCH_TILES_ENV is not None else 4 if 2 * bh < _programs_wanted(device) else 1
+    while tiles > 1 and tiles * block_n > chunk:
+        tiles //= 2
+    return tiles
+
+
+def loop_stages(L, block_n, warps, splits=1):
+    """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
+    layout (default_layout) over caches of PIPELINE_MIN_L positions or more, 1 (no pipelining)
+    elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
+    5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless
+    named, alternated in one call, the same ids (bench/results/h200/attention-pipelined-loop-ab.log,
+    -xl-ab.log):
+    - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;
+    - 1024 (768-token prompts): batch 64 69.7k / 69.2k -> 72.1k / 73.0k, batch 48 56.4k / 55.8k
+      -> 60.4k / 60.7k, gpt2-medium batch 64 27.8k -> 29.2k;
+    - the benchmark's 256-position cache: batch 64 -3% (157.9k / 158.2k -> 152.7k / 153.3k),
+      batch 32 and 16 even;
+    - the split layouts at a 1024-position cache: batch 1 -10%, batch 8 -6.5%;
+    - gpt2-xl, 1024 positions: batch 64 8,618 -> 9,112 tok/s, batch 32 6,195 -> 6,738.
+    On an H100 it is mixed (bench/results/h100/attention-pipelined-loop-ab.log): at 1024 positions
+    gpt2 batch 48 +3.0%, gpt2-medium batch 64 +1.3%, gpt2-xl batch 64 +3.0%, but gpt2 batch 64
+    -0.7% and gpt2-xl batch 32 -1.7%; at 512 gpt2 batch 64 -1.7%. Kept on both: no simple rule by
+    (row, head) pairs or length separates the H100's losses from its gains (768 and 800 pairs lost, 576,
+    1,024 and 1,600 gained)."""
+    if LOOP_STAGES_ENV is not None:
+        return LOOP_STAGES_ENV
+    return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L and splits == 1 else 1
+
+
+def new_row_apart(block_n, warps, stages):
+    """Whether the new row starts its owner's online softmax (the tiles then hold older rows only:
+    no per-element select of the new row into K and V): in the narrow layout's unpipelined loop
+    (default_layout, loop_stages) only. Alternated in one call, against the select in every tile
+    (bench/results/h200/decode-new-row-apart/, h100/decode-new-row-apart-*): alone, gpt2 batch
+    16's launch 5.78 -> 4.50 us on an H200, gpt2-xl batch 8's 5.85 -> 4.57; end to end gpt2 batch
+    16 +1.6% (H100 +2.1%), gpt2-xl batch 8 +1.2% (+1.2%), batch 32 and 64 even. Elsewhere it lost
+    on the H200: gpt2 batch 8 (the whole-cache tile) -4.2%, batch 64 over 768-token prompts (the
+    pipelined loop) -14.5%, though that launch alone was 3% faster. There the form needs fewer
+    registers a thread (128 against 182, 80 against 107), and the old form capped to as few lost
+    as much (-5.8%, -11.5%): more of its programs fit an SM, and the step gets slower."""
+    return (block_n, warps) == NARROW and stages == 1
+
+
+def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
+    """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
+    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES and NEW_APART, from the rules above
+    unless `config` (decode_attention's _config) names them; num_splits forces the split count
+    with the base tiles. One ValueError naming the argument for a count out of range."""
+    if num_splits is None:
+        splits, block_n, warps = default_layout(device, bh, L, block_d)
+    else:
+        splits, (block_n, warps) = int(num_splits), _base_layout(block_d)
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"num_splits: expected a power of two >= 1, got {splits}")
+    meta = {"BLOCK_N": block_n, "num_warps": warps, **(config or {})}
+    block_n, warps = meta["BLOCK_N"], meta["num_warps"]
+    chunk = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
+    if meta.get("PREFETCH_TILES") is None:
+        meta["PREFETCH_TILES"] = prefetch_tiles(device, bh, block_n, warps, chunk)
+    if meta.get("LOOP_STAGES") is None:
+        meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits)
+    if meta.get("NEW_APART") is None:
+        meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
+    tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
+    if tiles < 1 or tiles & (tiles - 1):
+        raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
+                         f"got {tiles}")
+    if stages < 1:
+        raise ValueError(f"LOOP_STAGES (_config or MINILLM_ATTN_STAGES): expected an integer >= 1, got {stages}")
+    return splits, chunk, meta

@@ -1,0 +1,98 @@
+"""The split-K decode attention's layout rules (kernels/decode_attention_config.py): host-side,
+no kernel runs (test_decode_attention.py runs each layout)."""
+import os
+import subprocess
+import sys
+
+import torch
+
+from kernels import decode_attention_config
+from kernels.decode_attention_config import (NARROW, PIPELINE_MIN_L, _programs_wanted, default_layout, launch_layout,
+                                             loop_stages, new_row_apart, prefetch_tiles)
+from tests.kernels.helpers import without_env_switches
+
+
+def test_default_layout_by_rows(device, monkeypatch):
+    """A short cache: one whole-cache tile per (row, head) for few pairs; from a third of the
+    programs wanted, the narrow unsplit tiles of many rows (as at batch 64)."""
+    without_env_switches(monkeypatch)
+    dev = torch.device(device)
+    many = _programs_wanted(dev) // 3
+    assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
+    assert default_layout(dev, many, 256, 64) == (1, 32, 2)
+    assert default_layout(dev, 8 * many, 256, 64) == (1, 32, 2)
+    # tiles read before the wait: four in that layout below half the programs wanted, at most the chunk
+    half = _programs_wanted(dev) // 2
+    assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
+    assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
+    assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
+
+
+def test_default_layout_long_cache_splits(device, monkeypatch):
+    """Three quarters of the programs wanted or more, but fewer than all, over a cache of 1024
+    positions or more: 8 splits of narrow tiles, not pipelined (that is for unsplit programs).
+    MINILLM_ATTN_LONG_SPLITS=0 (LONG_SPLITS) turns it off."""
+    without_env_switches(monkeypatch)
+    dev = torch.device(device)
+    wanted = _programs_wanted(dev)
+    low = wanted * 3 // 4
+    for bh in (low, wanted - 1):
+        assert default_layout(dev, bh, 1024, 64) == (8, 32, 2)
+    assert default_layout(dev, low - 1, 1024, 64)[1:] == (64, 4)
+    assert default_layout(dev, wanted, 1024, 64) == (1, 32, 2)
+    assert default_layout(dev, low, 512, 64)[1:] == (64, 4)
+    assert default_layout(dev, low, 1024, 128)[1:] == (32, 8)  # wide heads keep their tiles
+    assert loop_stages(1024, 32, 2, splits=8) == 1
+    monkeypatch.setattr(decode_attention_config, "LONG_SPLITS", 0)
+    assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
+
+
+def test_long_cache_splits_switch_must_be_a_power_of_two():
+    """MINILLM_ATTN_LONG_SPLITS=6 would reach the launcher as a split count it refuses under
+    another name: the import says which variable is wrong."""
+    env = {**os.environ, "MINILLM_ATTN_LONG_SPLITS": "6"}
+    run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got 6" in run.stderr
+
+
+def test_new_row_apart_rule():
+    """The new row starts the softmax only in the narrow layout's unpipelined loop."""
+    assert new_row_apart(*NARROW, 1)
+    assert not new_row_apart(*NARROW, 3)
+    assert not new_row_apart(256, 8, 1) and not new_row_apart(64, 4, 1)
+
+
+def test_loop_stages_rule(monkeypatch):
+    """The cache loop is pipelined in the narrow unsplit layout over long caches only."""
+    without_env_switches(monkeypatch)
+    assert loop_stages(PIPELINE_MIN_L, 32, 2) == 3 and loop_stages(1024, 32, 2) == 3
+    assert loop_stages(PIPELINE_MIN_L // 2, 32, 2) == 1
+    assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
+
+
+
+
+def test_launch_layout_resolves_config_and_rules(monkeypatch):
+    """launch_layout: the rules fill what _config leaves out, and what it names wins; num_splits
+    forces the split count with the base tiles; the chunk is whole tiles."""
+    without_env_switches(monkeypatch)
+    dev = torch.device("cpu")
+    many = _programs_wanted(dev)
+    splits, chunk, meta = launch_layout(dev, many, 256, 64)
+    assert (splits, chunk) == (1, 256)
+    assert meta == {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
+    _, _, meta = launch_layout(dev, many, 1024, 64)  # pipelined: the new row stays in the tiles
+    assert (meta["LOOP_STAGES"], meta["NEW_APART"]) == (3, False)
+    _, _, meta = launch_layout(dev, many, 256, 64, config={"LOOP_STAGES": 2, "NEW_APART": True, "num_warps": 4})
+    assert meta == {"BLOCK_N": 32, "num_warps": 4, "PREFETCH_TILES": 1, "LOOP_STAGES": 2, "NEW_APART": True}
+    splits, chunk, meta = launch_layout(dev, 1, 200, 64, num_splits=4)
+    assert (splits, chunk, meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 64, 4)  # cdiv(200, 4) = 50 -> a 64-row tile
+    for bad, name in (({"num_splits": 3}, "num_splits"), ({"config": {"PREFETCH_TILES": 3}}, "PREFETCH_TILES"),
+                      ({"config": {"LOOP_STAGES": 0}}, "LOOP_STAGES")):
+        try:
+            launch_layout(dev, 1, 200, 64, **bad)
+        except ValueError as e:
+            assert str(e).startswith(name)
+        else:
+            raise AssertionError(f"{bad}: no ValueError")
