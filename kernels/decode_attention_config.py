@@ -20,6 +20,10 @@ NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many ro
 LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
 if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
     raise ValueError(f"MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got {LONG_SPLITS}")
+# see new_row_apart; MINILLM_ATTN_NEW_APART=1 or 0 forces the form everywhere (A/B timing)
+NEW_APART_ENV = env_int("MINILLM_ATTN_NEW_APART")
+if NEW_APART_ENV not in (None, 0, 1):
+    raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
 
 
 def _programs_wanted(device):
@@ -126,6 +130,8 @@ def new_row_apart(block_n, warps, stages):
     pipelined loop) -14.5%, though that launch alone was 3% faster. There the form needs fewer
     registers a thread (128 against 182, 80 against 107), and the old form capped to as few lost
     as much (-5.8%, -11.5%): more of its programs fit an SM, and the step gets slower."""
+    if NEW_APART_ENV is not None:
+        return bool(NEW_APART_ENV)
     return (block_n, warps) == NARROW and stages == 1
 
 

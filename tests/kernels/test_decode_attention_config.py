@@ -47,20 +47,29 @@ def test_default_layout_long_cache_splits(device, monkeypatch):
     assert default_layout(dev, low, 1024, 64)[1:] == (64, 4)
 
 
-def test_long_cache_splits_switch_must_be_a_power_of_two():
-    """MINILLM_ATTN_LONG_SPLITS=6 would reach the launcher as a split count it refuses under
-    another name: the import says which variable is wrong."""
-    env = {**os.environ, "MINILLM_ATTN_LONG_SPLITS": "6"}
-    run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
-    assert run.returncode != 0
-    assert "MINILLM_ATTN_LONG_SPLITS: expected 0 or a power of two, got 6" in run.stderr
+def test_env_switches_checked_at_import():
+    """A switch out of range would reach the launcher as a value it refuses under another name
+    (MINILLM_ATTN_LONG_SPLITS=6, a split count) or be read as another (MINILLM_ATTN_NEW_APART=2):
+    the import says which variable is wrong."""
+    for name, value, message in (("MINILLM_ATTN_LONG_SPLITS", "6", "expected 0 or a power of two, got 6"),
+                                 ("MINILLM_ATTN_NEW_APART", "2", "expected 0 or 1, got 2")):
+        env = {**os.environ, name: value}
+        run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
+        assert run.returncode != 0
+        assert f"{name}: {message}" in run.stderr
 
 
-def test_new_row_apart_rule():
-    """The new row starts the softmax only in the narrow layout's unpipelined loop."""
+def test_new_row_apart_rule(monkeypatch):
+    """The new row starts the softmax only in the narrow layout's unpipelined loop, unless
+    MINILLM_ATTN_NEW_APART (NEW_APART_ENV) forces it."""
+    without_env_switches(monkeypatch)
     assert new_row_apart(*NARROW, 1)
     assert not new_row_apart(*NARROW, 3)
     assert not new_row_apart(256, 8, 1) and not new_row_apart(64, 4, 1)
+    monkeypatch.setattr(decode_attention_config, "NEW_APART_ENV", 0)
+    assert not new_row_apart(*NARROW, 1)
+    monkeypatch.setattr(decode_attention_config, "NEW_APART_ENV", 1)
+    assert new_row_apart(256, 8, 1)
 
 
 def test_loop_stages_rule(monkeypatch):
