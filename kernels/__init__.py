@@ -8,7 +8,8 @@
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - decode_attention_proj: decode attention and the output projection (+ residual) in one launch
-  for few rows and a short cache
+  for few rows and a short cache; fixed_row_stats: its statistics buffers in fixed point, where
+  its one-atomic merge takes them
 - embedding: token + position embedding gather
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
@@ -26,7 +27,7 @@ from . import argmax_key
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
-from .decode_attention_proj import decode_attention_proj
+from .decode_attention_proj import decode_attention_proj, fixed_row_stats
 from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats
@@ -40,6 +41,6 @@ from .softmax import softmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
            "decode_attention_proj", "decode_row_stats", "embedding", "exponential", "ExponentialNoise",
-           "fold_layernorm", "gelu", "layernorm", "linear", "new_exponential_noise", "new_row_stats",
+           "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear", "new_exponential_noise", "new_row_stats",
            "SAMPLE_MAX_TOP_K", "sample_logits", "softmax", "torch_exponential_matches"]
 __version__ = "0.1.0"

@@ -7,6 +7,12 @@ tensor knows its values anyway and adds them up per tile for free; the linear th
 it (a folded layernorm, `_fold_ln`) then reads a few dozen numbers per row instead of the whole
 row, in every one of its programs. Group boundaries depend on the column count only, so the
 statistics are the same whatever the tiling or the batch.
+
+A second form, fixed point, serves the one launch whose columns are finished by different
+programs (decode_attention_proj's one-atomic merge): a zeroed int64 (rows, 2, groups) buffer
+into which each program adds the groups' sums of the columns it finished, sums in units of
+FIXED_SUM_UNIT (exact for half-precision values) and squares rounded to units of FIXED_SQ_UNIT.
+Integer adds give the same words in any order. Readers tell the forms apart by the dtype.
 """
 import torch
 import triton
@@ -16,6 +22,14 @@ from ._checks import check_shape, check_tensor
 from .activations import _apply_activation
 
 STATS_GROUP = 16
+# the fixed-point form's units: every fp16 value is a multiple of 2**-24, so its sum is exact;
+# a square (below 2**32) in units of 2**-16 keeps a row of up to 2**14 columns below 2**62
+FIXED_SUM_SCALE = tl.constexpr(float(1 << 24))
+FIXED_SQ_SCALE = tl.constexpr(float(1 << 16))
+FIXED_SUM_UNIT = 2.0 ** -24
+FIXED_SQ_UNIT = 2.0 ** -16
+FIXED_SUM_UNIT_C = tl.constexpr(FIXED_SUM_UNIT)
+FIXED_SQ_UNIT_C = tl.constexpr(FIXED_SQ_UNIT)
 LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), summed in fp64
 # up to this many groups (K <= 512) a reader adds a row's group statistics one after another; past
 # it (gpt2's 48 to 100 groups) by tl.sum over the (rows, groups) tile, whose order has matched
@@ -25,15 +39,21 @@ LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), sum
 SUM_IN_ORDER_GROUPS = tl.constexpr(32)
 
 
-def new_row_stats(rows, cols, device):
-    """An empty statistics buffer for `rows` rows of `cols` columns."""
-    return torch.empty((rows, 2, triton.cdiv(cols, STATS_GROUP)), dtype=torch.float32, device=device)
+def new_row_stats(rows, cols, device, fixed=False):
+    """An empty statistics buffer for `rows` rows of `cols` columns; fixed: the fixed-point
+    form, zeroed."""
+    shape = (rows, 2, triton.cdiv(cols, STATS_GROUP))
+    if fixed:
+        return torch.zeros(shape, dtype=torch.int64, device=device)
+    return torch.empty(shape, dtype=torch.float32, device=device)
 
 
-def check_row_stats(name, t, rows, cols, device):
-    """A launcher's check of a statistics buffer argument (None passes)."""
+def check_row_stats(name, t, rows, cols, device, fixed_ok=False):
+    """A launcher's check of a statistics buffer argument (None passes); fixed_ok: the
+    fixed-point form (int64) too."""
     if t is not None:
-        check_tensor(name, t, ndim=3, dtypes=(torch.float32,), device=device)
+        check_tensor(name, t, ndim=3, dtypes=(torch.float32, torch.int64) if fixed_ok else (torch.float32,),
+                     device=device)
         check_shape(name, t, (rows, 2, triton.cdiv(cols, STATS_GROUP)))
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor")
@@ -77,6 +97,26 @@ def _store_row_stats(vals, rm, m_mask, n0, N, stats_ptr, stride_sm,
 
 
 @triton.jit
+def _add_row_stats_fixed(vals, done, b, n0, N, stats_ptr, stride_sm, BLOCK_N: tl.constexpr):
+    """Adds row b's statistics of the columns `done` of vals (BLOCK_N,), half-precision values as
+    stored, whose first column is n0 (a multiple of STATS_GROUP), into the fixed-point buffer:
+    one relaxed atomic per group word, for the groups with a column done. Values that are not
+    finite add nothing: the row's values carry them to the next layer's output."""
+    GROUPS: tl.constexpr = BLOCK_N // 16  # STATS_GROUP
+    v = tl.where(done & (tl.abs(vals) <= 65504.0), vals, 0.0)  # False for NaN and inf
+    s = tl.sum(tl.reshape((v * FIXED_SUM_SCALE).to(tl.int64), (GROUPS, 16)), axis=1)  # exact
+    # v * v is exact in fp32 (11-bit significands), and so is + 0.5 below 2**23: round to nearest
+    sq = tl.sum(tl.reshape(tl.floor(v * v * FIXED_SQ_SCALE + 0.5).to(tl.int64), (GROUPS, 16)), axis=1)
+    any_done = tl.max(tl.reshape(done.to(tl.int32), (GROUPS, 16)), axis=1) > 0
+    n_groups = tl.cdiv(N, 16)
+    g = n0 // 16 + tl.arange(0, GROUPS)
+    mask = any_done & (g < n_groups)
+    ptrs = stats_ptr + b * stride_sm + g
+    tl.atomic_add(ptrs, s, mask=mask, sem="relaxed")
+    tl.atomic_add(ptrs + n_groups, sq, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _load_row_stats(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
     """Mean and 1/std of the BLOCK_M rows from m0 (over K columns) from their partial statistics.
     tl.sum's order follows how Triton spreads the (rows, groups) tile over threads, and so the
@@ -97,7 +137,13 @@ def _load_row_stats(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.cons
 def _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexpr, ROWS: tl.constexpr):
     rm = m0 + tl.arange(0, ROWS)
     n_groups = (K + 15) // 16
-    if GROUPS_POW2 <= SUM_IN_ORDER_GROUPS:
+    if stats_ptr.dtype.element_ty == tl.int64:  # the fixed-point form: integer sums, any order
+        g = tl.arange(0, GROUPS_POW2)
+        mask = (rm < M)[:, None] & (g < n_groups)[None, :]
+        ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
+        row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SUM_UNIT_C
+        row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SQ_UNIT_C
+    elif GROUPS_POW2 <= SUM_IN_ORDER_GROUPS:
         # group after group, one vector add each: an order no layout can change. tl.sum's order
         # changed with the layout at K = 96 (6 groups; bench/results/h100/rows32.md)
         rows = stats_ptr + rm * stride_sm

@@ -18,7 +18,10 @@ prologue of the projection, so a layer runs four:
     to H holds the column's whole sum and runs its epilogue (bias, residual), then zeroes the
     word. So the merge is one round trip, where storing partials, passing an arrival counter and
     reading the partials back took three;
-  - with the next layernorm's row statistics, which need a whole column block in one program,
+    Where the next layernorm's row statistics are asked for in the fixed-point form
+    (_epilogue.py; half precision), the program that completes columns also adds their
+    statistics into the row's group words, one relaxed atomic each, awaited by nobody;
+  - with the row statistics as stored partials, which need a whole column block in one program,
     the last program of a (row, column block) to arrive adds the heads' partials in head order
     and runs the epilogue, as gemv.py's split layout does.
 The attention output is rounded to x's dtype before the product, as decode_attention would
@@ -33,7 +36,8 @@ import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor
-from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
+from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
+                        new_row_stats)
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
@@ -45,6 +49,9 @@ MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split
 PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
 # the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
 FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
+# the one-atomic merge with the statistics in fixed point (fixed_row_stats); MINILLM_FIXED_STATS=0
+# keeps the stored-partial merge wherever statistics are asked for (A/B timing)
+FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1") != "0"
 # A fixed-point word: bits 0-51 the heads' partials, each in units of 2**-24 and raised by
 # FIXED_OFFSET (so each adds less than 2**46, and up to 63 heads stay below bit 52); bits 52-57
 # the heads that arrived; bits 58-63 the heads whose partial was not finite or not below
@@ -195,7 +202,7 @@ def _decode_attention_proj_kernel(
 
     part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
-    if FIXED:  # (H > 1, no statistics) finish the columns where this program came last
+    if FIXED:  # (H > 1) finish the columns where this program came last
         part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
         tile_mask = tile_mask & done[None, :]
     elif H > 1:
@@ -212,9 +219,27 @@ def _decode_attention_proj_kernel(
             tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")  # next launch: after the kernel boundary
     if finish:
         y = _epilogue(part[None, :], bias, res, y_ptr, rm, rn, tile_mask, stride_ym, 0.0, None)
-        if STATS_OUT:
+        if STATS_OUT and FIXED:
+            _add_row_stats_fixed(tl.reshape(y, (BLOCK_N,)), done, b, pid_n * BLOCK_N, N, stats_ptr, stride_sm,
+                                 BLOCK_N)
+        elif STATS_OUT:
             _store_row_stats(tl.where(tile_mask, y, 0.0), rm, rm < M, pid_n * BLOCK_N, N, stats_ptr, stride_sm,
                              1, BLOCK_N)
+
+
+def _fixed_merge(heads):
+    return FIXED_MERGE and 1 < heads <= MAX_FIXED_HEADS
+
+
+def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
+    """Zeroed fixed-point statistics buffers (layers, rows, 2, groups) for decode_attention_proj's
+    stats_out (one a layer: each is added into once, then read), or None where its launch for
+    these shapes would not take them: the two-kernel path, a head count the fixed merge does not
+    take, or other values than half precision."""
+    if (not FIXED_STATS or dtype != torch.float16 or not _fixed_merge(heads)
+            or fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device)) is None):
+        return None
+    return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
 
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
@@ -226,9 +251,10 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     q, k_new, v_new: (B, H, D); k_cache, v_cache: (B, H, L, D) (the new key and value land at
     position seq_lens[b] - 1); weight: (H * D, N) with any strides; bias: (N,) or None;
     residual: (B, N). Writes (B, N) into `out` (may be residual itself), with its rows' partial
-    statistics into stats_out (new_row_stats(B, N)) if given. Without stats_out (and with 2 to 63
-    heads) the heads' partials add up in fixed point: a column where a head's partial is not
-    finite or reaches 2**21 in magnitude comes out NaN.
+    statistics into stats_out if given: new_row_stats(B, N), or a zeroed buffer of the fixed-point
+    form (a layer of fixed_row_stats), added into. Without stats_out or with the fixed form (and
+    with 2 to 63 heads) the heads' partials add up in fixed point: a column where a head's
+    partial is not finite or reaches 2**21 in magnitude comes out NaN.
     prefetch: what is read before the wait on the previous kernel (programmatic dependent
     launch), where that kernel writes none of it, as in a decode step: False nothing; "cache"
     the first cache tile up to each row's new position, read from `positions` ((B,) int32,
@@ -263,8 +289,12 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     y = torch.empty_like(residual) if out is None else out
     check_tensor("out", y, ndim=2, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     check_shape("out", y, (B, N))
-    check_row_stats("stats_out", stats_out, B, N, q.device)
+    check_row_stats("stats_out", stats_out, B, N, q.device, fixed_ok=True)
+    fixed_stats = stats_out is not None and stats_out.dtype == torch.int64
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
+    if fixed_stats and (layout is None or not _fixed_merge(H) or q.dtype != torch.float16):
+        raise ValueError("stats_out: the fixed-point form (int64) is written by the fused launch's fixed merge only "
+                         "(fixed_row_stats says where); expected new_row_stats' float32 buffer here")
     if layout is None:
         # decode_attention reads only the cache before its wait, and launches the linear after it:
         # whatever launched this op, the residual is final by then
@@ -272,8 +302,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
-    fixed = FIXED_MERGE and 1 < H <= MAX_FIXED_HEADS and stats_out is None
-    if fixed:  # no partials, counters or statistics: their pointers go unused
+    fixed = _fixed_merge(H) and (stats_out is None or fixed_stats)
+    if fixed:  # no partials or counters: their pointers go unused
         words = part = counts = fixed_point_sums(q.device, B * N)
     else:
         part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)

@@ -58,6 +58,17 @@ def decode_row_stats(rows, cols, device):
     return new_row_stats(rows, cols, device)
 
 
+def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
+    """None: the reference writes the float32 statistics everywhere."""
+    return None
+
+
+def fixed_stats_values(stats):
+    """The fixed-point form (int64, kernels._epilogue) as the float64 sums it stands for."""
+    units = torch.tensor([2.0 ** -24, 2.0 ** -16], dtype=torch.float64, device=stats.device)
+    return stats.double() * units[:, None]
+
+
 def row_stats(y):
     """(rows, 2, groups) fp32: the sum and the sum of squares of every STATS_GROUP columns of
     each row of y (..., N): the partial statistics the kernels pass to a following layernorm."""
@@ -92,6 +103,8 @@ def _mean_rstd(x, stats, eps):
         mean = x.mean(-1, keepdim=True)
         var = x.var(-1, unbiased=False, keepdim=True)
     else:
+        if stats.dtype == torch.int64:
+            stats = fixed_stats_values(stats)
         total = stats.to(x.dtype).sum(-1).view(*x.shape[:-1], 2)
         mean = total[..., 0:1] / K
         var = (total[..., 1:2] / K - mean * mean).clamp_min(0)

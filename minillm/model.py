@@ -185,19 +185,24 @@ class GPT:
         # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         early = early_roles(B, cuda_core=st_a is None)
+        # where the attention launch merges its heads in fixed point, its statistics for fc come
+        # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
+        st_fixed = None if st_b is None else ops.fixed_row_stats(
+            c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
+            st_attn = st_b if st_fixed is None else st_fixed[i]
             # x += attention(q) @ W + b, one launch at few rows and a short cache. It reads the
             # cache's older rows before its wait, up to pos (final before the step: only
             # append_tokens, after the lm_head, advances it); x (written by mlp-out, before qkv)
             # and the lengths too where qkv triggers late, and so launches it only after its own wait
             qkv_early = "qkv" in early
             x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
-                                          *blk.attn_proj, residual=x, out=x, stats_out=st_b,
+                                          *blk.attn_proj, residual=x, out=x, stats_out=st_attn,
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early)
-            x = self._mlp(blk, x, st_b, st_a, early)
+            x = self._mlp(blk, x, st_attn, st_a, early)
         return self._logits(x, st_a, argmax_keys)

@@ -5,7 +5,7 @@ import kernels
 from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
-from kernels.decode_attention_proj import FIXED_MERGE, MAX_CACHE, MAX_ROWS, fused_layout
+from kernels.decode_attention_proj import FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, fused_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -104,6 +104,47 @@ def test_partials_past_the_fixed_point_range_give_nan(device):
     keep = [c for c in range(N) if c not in (5, 7)]
     assert_rel_close(y[:, keep], expect[:, keep], torch.float32, "the columns that fit")
     assert not fixed_point_sums(torch.device(device), B * N)[:B * N].any(), "fixed-point words left set"
+
+
+def _exact_group_sums(y):
+    """(rows, 2, groups) float64: each 16-column group's sum and sum of squares of y, exactly."""
+    yd = torch.nn.functional.pad(y.double(), (0, -y.shape[1] % 16)).view(y.shape[0], -1, 16)
+    return torch.stack([yd.sum(-1), (yd * yd).sum(-1)], dim=1)
+
+
+@pytest.mark.skipif(not (FIXED_MERGE and FIXED_STATS), reason="MINILLM_FIXED_MERGE=0 or MINILLM_FIXED_STATS=0")
+def test_fixed_point_statistics(device):
+    """Half precision, statistics asked for in the fixed-point form (fixed_row_stats, one zeroed
+    buffer a layer): the values have the bits of the launch without statistics, the sums are
+    exact, the squares within half a unit (2**-17) a column, and a folded layernorm reading
+    them (linear's ln_stats) matches the one that reads whole rows. Twice in place, a NaN
+    residual in row 1's column 3 (the row's other statistics stay right), a partial group."""
+    B, H, L, D, N = 2, 3, 70, 32, 200
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float16, device)
+    x[1, 3] = float("nan")
+    stats = fixed_row_stats(2, B, N, L, D, H, torch.float16, torch.device(device))
+    assert stats.dtype == torch.int64 and stats.shape == (2, B, 2, 13) and not stats.any()
+    g, beta = 1 + 0.2 * randn(N, device=device), 0.1 * randn(N, device=device)
+    wf, bf, colsum = ref.fold_layernorm(randn(N, 48, device=device).half(), None, g, beta)
+    for layer in range(2):
+        plain = kernels.decode_attention_proj(q, kc.clone(), vc.clone(), lens, k_new, v_new, w, b, x)
+        y = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, stats_out=stats[layer])
+        assert torch.equal(y.nan_to_num(), plain.nan_to_num()) and torch.isnan(y[1, 3])
+        got = ref.fixed_stats_values(stats[layer])
+        expect = _exact_group_sums(y.nan_to_num(nan=0.0))
+        assert torch.equal(got[:, 0], expect[:, 0]), "sums"
+        assert ((got[:, 1] - expect[:, 1]).abs() <= 16 * 2.0 ** -17).all(), "squares"
+        read = kernels.linear(y[:1], wf, bf, ln_fold=colsum, ln_stats=stats[layer][:1])
+        assert_rel_close(read, ref.linear(y[:1].double(), wf.double(), bf.double(), ln_fold=colsum.double()),
+                         torch.float16, "folded layernorm from fixed-point statistics")
+    dev = torch.device(device)
+    assert fixed_row_stats(2, B, N, L, D, H, torch.float32, dev) is None  # half precision only
+    assert fixed_row_stats(2, B, N, L, D, 1, torch.float16, dev) is None  # one head: nothing to merge
+    assert fixed_row_stats(2, MAX_ROWS + 1, N, L, D, H, torch.float16, dev) is None  # two kernels
+    assert fixed_row_stats(2, B, N, MAX_CACHE + 1, D, H, torch.float16, dev) is None
+    with pytest.raises(ValueError, match=r"stats_out: the fixed-point form \(int64\) is written by the fused"):
+        kernels.decode_attention_proj(q.float(), kc.float(), vc.float(), lens, k_new.float(), v_new.float(),
+                                      w.float(), b.float(), x.float(), stats_out=stats[0])
 
 
 @pytest.mark.parametrize("prefetch", ["cache", True])

@@ -1,12 +1,15 @@
 """kernels/_epilogue.py's row statistics from whole rows (_row_stats): right, and the same bits in
 any order of addition. That order follows how Triton lays a tile over threads (rows, warps, the
-Triton version), so without it a row's layernorm would depend on its batch."""
+Triton version), so without it a row's layernorm would depend on its batch. And the fixed-point
+form's adds (_add_row_stats_fixed)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from kernels._epilogue import _row_stats, row_stats_block, row_terms_pow2
+import kernels
+from kernels import reference as ref
+from kernels._epilogue import _add_row_stats_fixed, _row_stats, row_stats_block, row_terms_pow2
 from tests.conftest import ON_GPU
 
 from .helpers import poisoned
@@ -84,3 +87,36 @@ def test_row_stats_same_bits_in_any_order(K, dtype, device):
         # torch's own sum of a permutation stands for a layout's order
         plain_differs |= not torch.equal(xp.float().sum(dim=1), x.float().sum(dim=1))
     assert plain_differs, "no permutation changed a plain fp32 sum: the rows are too easy"
+
+
+@triton.jit
+def _add_fixed_kernel(vals_ptr, done_ptr, stats_ptr, N, stride_sm, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    vals = tl.load(vals_ptr + b * N + rn, mask=rn < N, other=0.0).to(tl.float32)
+    done = tl.load(done_ptr + b * N + rn, mask=rn < N, other=0) != 0
+    _add_row_stats_fixed(vals, done & (rn < N), b, tl.program_id(1) * BLOCK_N, N, stats_ptr, stride_sm, BLOCK_N)
+
+
+@pytest.mark.parametrize("N", [40, 200])  # a partial group; several column blocks
+def test_fixed_point_statistics_add_up(N, device):
+    """_add_row_stats_fixed, the fixed-point form: columns finished in three launches, each by
+    a random share (as decode_attention_proj's heads finish them), add up to the row's exact
+    group sums whatever the split; squares within half a unit a column; values that are not
+    finite (and the largest fp16 value's square) add nothing or fit; the reader
+    (_load_row_stats; here the reference twin of its units) takes the words back."""
+    g = torch.Generator().manual_seed(N)
+    x = (torch.randn(3, N, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(-12, 8, (3, N), generator=g))
+    x = x.half()
+    x[0, 1], x[1, 2], x[2, 0] = float("nan"), float("inf"), 65504.0
+    stats = kernels.new_row_stats(3, N, device, fixed=True)
+    owner = torch.randint(0, 3, (3, N), generator=g)
+    xd = x.to(device)
+    for k in range(3):
+        done = (owner == k).to(torch.int32).to(device)
+        _add_fixed_kernel[(3, triton.cdiv(N, 64))](xd, done, stats, N, stats.stride(0), BLOCK_N=64)
+    finite = torch.nan_to_num(x.double(), nan=0.0, posinf=0.0)
+    groups = torch.nn.functional.pad(finite, (0, -N % 16)).view(3, -1, 16)
+    got = ref.fixed_stats_values(stats.cpu())
+    assert torch.equal(got[:, 0], groups.sum(-1))
+    assert ((got[:, 1] - (groups * groups).sum(-1)).abs() <= 16 * 2.0 ** -17).all()

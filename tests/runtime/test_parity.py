@@ -5,6 +5,8 @@ TRITON_INTERPRET=1 on the CPU) on the smallest one. Each test model's logits are
 every greedy comparison first checks that the top-1/top-2 margin at each step is far larger than
 the logit difference between the two engines, so an agreement cannot be luck.
 """
+import sys
+
 import pytest
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
@@ -168,3 +170,49 @@ def test_ragged_batch(engines):
         assert batch[i].token_ids == alone.token_ids, f"prompt {i} ({len(p)} tokens): batch != alone"
         assert alone.token_ids == expect, f"prompt {i} ({len(p)} tokens): minillm != transformers"
         assert alone.finish_reason == ("stop" if eos in expect else "length")
+
+
+def test_half_precision_decode_with_fixed_point_statistics(tmp_path, monkeypatch):
+    """fp16, two rows: the attention launch merges its heads in fixed point and hands fc its
+    row statistics in fixed point (kernels.fixed_row_stats), layer after layer. Each decode
+    step's logits, teacher-forced: against the same steps with the statistics as stored
+    partials (MINILLM_FIXED_STATS=0; only their rounding differs: 0.2% of the logits' scale),
+    and against transformers in fp32 (fp16's reach: 2%), with the greedy token the same
+    wherever transformers' top-1/top-2 margin is larger than that difference."""
+    size, _, _ = BACKENDS["triton"]
+    hf = build_checkpoint(tmp_path, seed=3, **size)
+    dev = "cuda" if ON_GPU else "cpu"
+    hf = hf.to(dev)
+    m = LLM(str(tmp_path), device=dev, dtype="float16", backend="triton").model
+    c = m.config
+    g = torch.Generator().manual_seed(5)
+    ids = [torch.randint(0, size["vocab_size"] - 1, (n,), generator=g).tolist() for n in (14, 9)]
+    start = [5, 2]  # each row's prompt, then teacher-forced steps over the rest
+    ref = [_hf_logits(hf, seq) for seq in ids]
+    proj = sys.modules["kernels.decode_attention_proj"]
+    steps = {}
+    for fixed in (True, False):
+        monkeypatch.setattr(proj, "FIXED_STATS", fixed)
+        cache = m.new_cache(2, 32)
+        taken = m.ops.fixed_row_stats(c.n_layer, 2, c.n_embd, 32, c.head_dim, c.n_head, m.dtype, torch.device(dev))
+        assert (taken is not None) == fixed
+        for row, (seq, n) in enumerate(zip(ids, start)):
+            one = m.new_cache(1, 32)
+            m.prefill(torch.tensor([seq[:n]], device=dev), torch.tensor([n], dtype=torch.int32, device=dev), one)
+            cache.k[:, row], cache.v[:, row] = one.k[:, 0], one.v[:, 0]
+        steps[fixed] = []
+        for step in range(7):
+            tokens = torch.tensor([seq[n + step] for seq, n in zip(ids, start)], dtype=torch.int32, device=dev)
+            pos = torch.tensor([n + step for n in start], dtype=torch.int32, device=dev)
+            steps[fixed].append(m.decode(tokens, pos, cache, 32).double().cpu())
+    for step, (logits, plain) in enumerate(zip(steps[True], steps[False])):
+        for row in range(2):
+            expect = ref[row][start[row] + step]
+            scale = expect.abs().max().item()
+            near = (logits[row] - plain[row]).abs().max().item()
+            assert near <= 2e-3 * scale, f"row {row}, step {step}: {near:.3e} from the stored-partial statistics"
+            diff = (logits[row] - expect).abs().max().item()
+            assert diff <= 0.02 * scale, f"row {row}, step {step}: logits differ by {diff:.3e} (scale {scale:.1f})"
+            top2 = expect.topk(2).values
+            if top2[0] - top2[1] > 2 * diff:
+                assert logits[row].argmax() == expect.argmax()
