@@ -231,12 +231,23 @@ def _fixed_merge(heads):
     return FIXED_MERGE and 1 < heads <= MAX_FIXED_HEADS
 
 
+def fixed_stats_rule(rows, heads):
+    """Whether the statistics come in fixed point (where the fused launch runs): up to 16 heads,
+    or 2 rows from 24 heads. H200, alternated twice in one call, the same ids
+    (bench/results/h200/fixed-stats/): gpt2 batch 2 8,893 / 8,907 -> 9,251 / 9,249 tok/s
+    (+3.9%), gpt2-medium batch 1 +2.5%, batch 2 +2.3%, gpt2-xl batch 2 +5.0%; but gpt2-large
+    (20 heads) batch 1 -0.7%, batch 2 -1.2%, and gpt2-xl batch 1 -1.3%. There the graph profile
+    has the launch's share 6.54 -> 5.62 us a layer and qkv's, the launch after the next,
+    5.91 -> 7.41 (not explained)."""
+    return heads <= 16 or (rows == 2 and heads >= 24)
+
+
 def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
     """Zeroed fixed-point statistics buffers (layers, rows, 2, groups) for decode_attention_proj's
     stats_out (one a layer: each is added into once, then read), or None where its launch for
-    these shapes would not take them: the two-kernel path, a head count the fixed merge does not
-    take, or other values than half precision."""
-    if (not FIXED_STATS or dtype != torch.float16 or not _fixed_merge(heads)
+    these shapes would not take them (the two-kernel path, a head count the fixed merge does not
+    take, other values than half precision) or fixed_stats_rule says no."""
+    if (not FIXED_STATS or dtype != torch.float16 or not _fixed_merge(heads) or not fixed_stats_rule(rows, heads)
             or fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device)) is None):
         return None
     return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
