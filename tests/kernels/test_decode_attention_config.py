@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from kernels import decode_attention_config
@@ -80,8 +81,6 @@ def test_loop_stages_rule(monkeypatch):
     assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
 
 
-
-
 def test_launch_layout_resolves_config_and_rules(monkeypatch):
     """launch_layout: the rules fill what _config leaves out, and what it names wins; num_splits
     forces the split count with the base tiles; the chunk is whole tiles."""
@@ -99,9 +98,5 @@ def test_launch_layout_resolves_config_and_rules(monkeypatch):
     assert (splits, chunk, meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 64, 4)  # cdiv(200, 4) = 50 -> a 64-row tile
     for bad, name in (({"num_splits": 3}, "num_splits"), ({"config": {"PREFETCH_TILES": 3}}, "PREFETCH_TILES"),
                       ({"config": {"LOOP_STAGES": 0}}, "LOOP_STAGES")):
-        try:
+        with pytest.raises(ValueError, match=f"^{name}"):
             launch_layout(dev, 1, 200, 64, **bad)
-        except ValueError as e:
-            assert str(e).startswith(name)
-        else:
-            raise AssertionError(f"{bad}: no ValueError")

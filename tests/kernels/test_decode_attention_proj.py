@@ -142,6 +142,7 @@ def test_fixed_point_statistics(device):
     assert fixed_row_stats(2, B, N, L, D, 1, torch.float16, dev) is None  # one head: nothing to merge
     assert fixed_row_stats(2, MAX_ROWS + 1, N, L, D, H, torch.float16, dev) is None  # two kernels
     assert fixed_row_stats(2, B, N, MAX_CACHE + 1, D, H, torch.float16, dev) is None
+    assert fixed_row_stats(2, B, (1 << 14) + 16, L, D, H, torch.float16, dev) is None  # squares past 2**62
     # the rule: gpt2 and gpt2-medium, and gpt2-xl at 2 rows; not gpt2-large, nor gpt2-xl at 1 row
     assert fixed_row_stats(24, 2, 1024, 256, 64, 16, torch.float16, dev) is not None
     assert fixed_row_stats(48, 2, 1600, 256, 64, 25, torch.float16, dev) is not None
