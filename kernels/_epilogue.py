@@ -24,12 +24,10 @@ from .activations import _apply_activation
 STATS_GROUP = 16
 # the fixed-point form's units: every fp16 value is a multiple of 2**-24, so its sum is exact;
 # a square (below 2**32) in units of 2**-16 keeps a row of up to 2**14 columns below 2**62
-FIXED_SUM_SCALE = tl.constexpr(float(1 << 24))
-FIXED_SQ_SCALE = tl.constexpr(float(1 << 16))
-FIXED_SUM_UNIT = 2.0 ** -24
-FIXED_SQ_UNIT = 2.0 ** -16
-FIXED_SUM_UNIT_C = tl.constexpr(FIXED_SUM_UNIT)
-FIXED_SQ_UNIT_C = tl.constexpr(FIXED_SQ_UNIT)
+FIXED_SUM_UNIT = tl.constexpr(2.0 ** -24)
+FIXED_SQ_UNIT = tl.constexpr(2.0 ** -16)
+FIXED_SUM_SCALE = tl.constexpr(1.0 / FIXED_SUM_UNIT.value)  # (multiplied: exact, where a division is not free)
+FIXED_SQ_SCALE = tl.constexpr(1.0 / FIXED_SQ_UNIT.value)
 LN_BLOCK = 256  # columns per chunk of the row-statistics pass (_row_stats), summed in fp64
 # up to this many groups (K <= 512) a reader adds a row's group statistics one after another; past
 # it (gpt2's 48 to 100 groups) by tl.sum over the (rows, groups) tile, whose order has matched
@@ -141,8 +139,8 @@ def _stats_tile(stats_ptr, m0, M, stride_sm, ln_eps, K, GROUPS_POW2: tl.constexp
         g = tl.arange(0, GROUPS_POW2)
         mask = (rm < M)[:, None] & (g < n_groups)[None, :]
         ptrs = stats_ptr + rm[:, None] * stride_sm + g[None, :]
-        row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SUM_UNIT_C
-        row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SQ_UNIT_C
+        row_sum = tl.sum(tl.load(ptrs, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SUM_UNIT
+        row_sq = tl.sum(tl.load(ptrs + n_groups, mask=mask, other=0), axis=1).to(tl.float32) * FIXED_SQ_UNIT
     elif GROUPS_POW2 <= SUM_IN_ORDER_GROUPS:
         # group after group, one vector add each: an order no layout can change. tl.sum's order
         # changed with the layout at K = 96 (6 groups; bench/results/h100/rows32.md)

@@ -243,15 +243,18 @@ def fixed_stats_rule(rows, heads):
     return heads <= 16 or (rows == 2 and heads >= 24)
 
 
+def _fixed_stats_fit(heads, n, dtype, layout):
+    """Whether a launch can write the fixed-point statistics: the fused one (`layout` not None)
+    with the fixed merge, in half precision, rows of up to MAX_FIXED_STATS_COLS columns."""
+    return layout is not None and _fixed_merge(heads) and dtype == torch.float16 and n <= MAX_FIXED_STATS_COLS
+
+
 def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
     """Zeroed fixed-point statistics buffers (layers, rows, 2, groups) for decode_attention_proj's
     stats_out (one a layer: each is added into once, then read), or None where its launch for
-    these shapes would not take them (the two-kernel path, a head count the fixed merge does not
-    take, other values than half precision, rows wider than MAX_FIXED_STATS_COLS) or
-    fixed_stats_rule says no."""
-    if (not FIXED_STATS or dtype != torch.float16 or n > MAX_FIXED_STATS_COLS or not _fixed_merge(heads)
-            or not fixed_stats_rule(rows, heads)
-            or fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device)) is None):
+    these shapes cannot write them (_fixed_stats_fit) or fixed_stats_rule says no."""
+    layout = fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device))
+    if not (FIXED_STATS and fixed_stats_rule(rows, heads) and _fixed_stats_fit(heads, n, dtype, layout)):
         return None
     return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
 
@@ -306,7 +309,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     check_row_stats("stats_out", stats_out, B, N, q.device, fixed_ok=True)
     fixed_stats = stats_out is not None and stats_out.dtype == torch.int64
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
-    if fixed_stats and (layout is None or not _fixed_merge(H) or q.dtype != torch.float16 or N > MAX_FIXED_STATS_COLS):
+    if fixed_stats and not _fixed_stats_fit(H, N, q.dtype, layout):
         raise ValueError("stats_out: the fixed-point form (int64) is written by the fused launch's fixed merge only "
                          "(fixed_row_stats says where); expected new_row_stats' float32 buffer here")
     if layout is None:

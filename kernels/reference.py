@@ -9,6 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._epilogue import FIXED_SQ_UNIT, FIXED_SUM_UNIT  # the fixed-point statistics' units
 from .argmax_key import EMPTY, argmax_index, row_keys  # the key format (plain torch)
 
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
@@ -65,7 +66,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def fixed_stats_values(stats):
     """The fixed-point form (int64, kernels._epilogue) as the float64 sums it stands for."""
-    units = torch.tensor([2.0 ** -24, 2.0 ** -16], dtype=torch.float64, device=stats.device)
+    units = torch.tensor([FIXED_SUM_UNIT.value, FIXED_SQ_UNIT.value], dtype=torch.float64, device=stats.device)
     return stats.double() * units[:, None]
 
 
