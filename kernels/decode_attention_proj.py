@@ -12,12 +12,10 @@ prologue of the projection, so a layer runs four:
 - the heads' partials meet in one of two ways, both deterministic, and a row's result does not
   depend on the batch:
   - without row statistics (one row of gpt2's size, where the CUDA-core linears read whole
-    rows), each program adds its partial to one int64 word per (row, column) in fixed point
-    (units of 2**-24), with an arrival count in the same word, by one atomic that returns
-    the word. Integer sums do not depend on the order. The program that brings a column's count
-    to H holds the column's whole sum and runs its epilogue (bias, residual), then zeroes the
-    word. So the merge is one round trip, where storing partials, passing an arrival counter and
-    reading the partials back took three;
+    rows), by the one-atomic merge (_fixed_merge.py): each program adds its partial to one
+    int64 word per (row, column) in fixed point, and the program that completes a column runs
+    its epilogue (bias, residual). One round trip, where storing partials, passing an arrival
+    counter and reading the partials back took three;
     Where the next layernorm's row statistics are asked for in the fixed-point form
     (_epilogue.py; half precision), the program that completes columns also adds their
     statistics into the row's group words, one relaxed atomic each, awaited by nobody;
@@ -38,6 +36,7 @@ import triton.language as tl
 from ._checks import check_shape, check_tensor
 from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
                         new_row_stats)
+from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
@@ -53,21 +52,6 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 # keeps the stored-partial merge wherever statistics are asked for (A/B timing)
 FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1") != "0"
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
-# A fixed-point word: bits 0-51 the heads' partials, each in units of 2**-24 and raised by
-# FIXED_OFFSET (so each adds less than 2**46, and up to 63 heads stay below bit 52); bits 52-57
-# the heads that arrived; bits 58-63 the heads whose partial was not finite or not below
-# FIXED_LIMIT (the column's result is NaN then)
-FIXED_SCALE = tl.constexpr(float(1 << 24))
-FIXED_UNIT = tl.constexpr(1.0 / FIXED_SCALE.value)
-FIXED_OFFSET = tl.constexpr(1 << 45)
-FIXED_LIMIT = tl.constexpr(FIXED_OFFSET.value / FIXED_SCALE.value)  # 2**21
-ARRIVE_SHIFT = tl.constexpr(52)
-UNFIT_SHIFT = tl.constexpr(58)
-ARRIVAL = tl.constexpr(1 << ARRIVE_SHIFT.value)
-UNFIT = tl.constexpr(1 << UNFIT_SHIFT.value)
-SUMS_MASK = tl.constexpr(ARRIVAL.value - 1)
-ARRIVE_MASK = tl.constexpr((1 << (UNFIT_SHIFT.value - ARRIVE_SHIFT.value)) - 1)  # the count's 6 bits
-MAX_FIXED_HEADS = ARRIVE_MASK.value
 
 
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
@@ -111,23 +95,6 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
     seq_len = tl.load(lens_ptr + b)
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
     return seq_len, bias, res
-
-
-@triton.jit
-def _add_fixed(part, words, n_mask, H: tl.constexpr):
-    """Adds this head's partial (BLOCK_N,) into its columns' fixed-point words (one returning
-    atomic each). Returns the columns' sums, in fp32, and which of them this program completed:
-    those where it was the H-th to arrive (the sums of the others lack heads: mask them); it
-    leaves their words zero for the next launch."""
-    fits = tl.abs(part) < FIXED_LIMIT  # False for NaN and inf too
-    units = (tl.where(fits, part, 0.0) * FIXED_SCALE).to(tl.int64)  # exact scaling, then truncation
-    word = tl.where(fits, units + (FIXED_OFFSET + ARRIVAL), ARRIVAL + UNFIT)
-    total = tl.atomic_add(words, word, mask=n_mask, sem="relaxed") + word
-    done = n_mask & (((total >> ARRIVE_SHIFT) & ARRIVE_MASK) == H)
-    tl.store(words, tl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
-    field = (total & SUMS_MASK) - H * FIXED_OFFSET
-    sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
-    return tl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
 
 
 @triton.jit
@@ -229,7 +196,7 @@ def _decode_attention_proj_kernel(
 
 
 def _fixed_merge(heads):
-    return FIXED_MERGE and 1 < heads <= MAX_FIXED_HEADS
+    return FIXED_MERGE and 1 < heads <= MAX_FIXED_PARTS
 
 
 def fixed_stats_rule(rows, heads):

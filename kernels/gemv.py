@@ -9,8 +9,13 @@ weight read plus fixed latency, and the kernel is built around that:
   loops over the chunks and adds them in the same order, or (chunk_groups > 1: gpt2's
   mlp-out) one program per group of chunks does, and the last to arrive adds the groups. The
   chunk sums are added within the groups, then the groups, in every mode. The arithmetic
-  depends on (N, K) only: a row's result is bit-identical at any M <= 64, in every mode, in
-  every launch;
+  depends on (N, K) only: a row's result is bit-identical at any M from 2 to 64, in every mode,
+  in every launch;
+- one row alone, where no row statistics go out, meets by the one-atomic merge instead
+  (_fixed_merge.py, gemv_config.fixed_split): each chunk adds its sum in fixed point into one
+  int64 word per column and the chunk that completes a column runs its epilogue, one round trip
+  where the stored partials took three. Its bits then differ from the row's among others
+  (MINILLM_GEMV_FIXED=0: the same bits at any M <= 64);
 - row blocks (16 rows, or 64 for vocabulary heads at batch) that share a weight tile are
   neighbouring programs: W crosses the memory bus once and the other row blocks read it from L2;
 - the first weight tile is loaded before anything an earlier kernel writes; decode_config
@@ -37,11 +42,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
+from ._fixed_merge import _add_fixed
 from ._tuning import launch, sm_count, use_pdl
-from ._workspace import arrival_counters
+from ._workspace import arrival_counters, fixed_point_sums
 from .argmax_key import _argmax_key, _no_token_if_nan
-from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, partial_count, split_maxnreg, stage_first,
-                          tma_weights)
+from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, fixed_split, partial_count, split_maxnreg,
+                          stage_first, tma_weights)
 from .gemv_fma import fma_config, gemv_fma
 from .gemv_slab import gemv_slab
 from .vocab_fma import vocab_config, vocab_fma
@@ -89,7 +95,7 @@ def _chunk_dot(x_rows, w_ptr, w_desc, w_first, n0, N, m_mask, k0, acc, stride_xk
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, part_ptr, count_ptr, stats_in_ptr, stats_out_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, part_ptr, count_ptr, words_ptr, stats_in_ptr, stats_out_ptr,
     key_ptr, w_desc,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
@@ -99,6 +105,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
     LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
+    FIXED: tl.constexpr,
     W_DESC: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -165,7 +172,10 @@ def _gemv_kernel(
                               stride_wn, K, False, ITERS, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, W_DESC)
 
     finish = True
-    if (SPLIT or GROUP_SPLIT) and PARTS > 1:
+    if FIXED:  # (PARTS > 1) the one-atomic merge: each element finished by the part completing it
+        acc, done = _add_fixed(acc, words_ptr + rm[:, None] * N + rn[None, :], tile_mask, PARTS)
+        tile_mask = tile_mask & done
+    elif (SPLIT or GROUP_SPLIT) and PARTS > 1:
         part = part_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + pid_k * M * N, acc, mask=tile_mask)
         # acq_rel: our partial is visible before the count moves; the last arriver sees all
@@ -255,9 +265,11 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     meta.setdefault("GROUP_SPLIT", False)
     parts = meta["PARTS"] = partial_count(meta)
     split = parts > 1
-    part = x2.new_empty((parts * M * N,) if split else (1,), dtype=torch.float32)
+    fixed = fixed_split(parts, stats_out is not None or argmax_keys is not None, M)
+    part = x2.new_empty((parts * M * N,) if split and not fixed else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
-    counts = arrival_counters(x2.device, tiles) if split else part
+    counts = arrival_counters(x2.device, tiles) if split and not fixed else part
+    words = fixed_point_sums(x2.device, M * N) if fixed else part
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), parts)
     pdl = use_pdl(x2.device)
     dummy = y2
@@ -269,7 +281,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else part,
-        part, counts, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
+        part, counts, words, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
         argmax_keys if argmax_keys is not None else part, w_desc,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
@@ -278,6 +290,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
-        W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
+        FIXED=fixed, W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

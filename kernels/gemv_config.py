@@ -7,6 +7,7 @@ import os
 
 import triton
 
+from ._fixed_merge import MAX_FIXED_PARTS
 from ._tuning import env_int
 from .gemv_fma import VOCAB_N
 from .gemv_slab import MAX_CHUNKS as SLAB_CHUNKS
@@ -33,6 +34,9 @@ TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 # see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
+GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
+if GEMV_FIXED not in ("auto", "0", "1"):
+    raise ValueError(f"MINILLM_GEMV_FIXED: expected 0 or 1 (or unset), got {GEMV_FIXED!r}")
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -204,14 +208,40 @@ def split_maxnreg(meta, itemsize):
     """A register cap for a split program whose weight tile arrives by tensor descriptor, or
     None. A 64 KB tile (128 x 256 fp16, gpt2-xl at few rows) lets three programs share an SM's
     shared memory; 168 registers a thread (65,536 / (3 x 128 threads), in the allocator's steps
-    of 8) lets them share its registers too. The compiler takes 168-172 unbounded and spills
-    nothing at 168 (scripts/check_compile.py); at 172, two programs fit: gpt2-xl batch 1 663
-    -> 757 tok/s under Triton 3.9, 667 -> 739 under 3.6 (H200, bench/results/h200/tma-weight-tiles.md).
-    fp32 tiles (128 x 128) spill with or without it, and are left to the compiler."""
+    of 8) lets them share its registers too. The compiler took 168-172 unbounded and spilled
+    nothing at 168 when this was timed (scripts/check_compile.py); at 172, two programs fit:
+    gpt2-xl batch 1 663 -> 757 tok/s under Triton 3.9, 667 -> 739 under 3.6 (H200,
+    bench/results/h200/tma-weight-tiles.md).
+    fp32 tiles (128 x 128) spill with or without it, and are left to the compiler. Compiled
+    again in the sixty-third session (Triton 3.9.0, sm_90a): gpt2-xl's qkv and fc tiles at one
+    row keep 8 bytes of local memory a thread at 168 (32 with the one-atomic merge), at two rows
+    32-136 bytes (bench/results/h200/gemv-fixed-merge/README.md); not timed since."""
     if meta["SPLIT"] and itemsize == 2 and meta.get("num_warps", 4) == 4 and meta["BLOCK_M"] == BLOCK_M and \
             meta["BLOCK_K"] * meta["BLOCK_N"] >= 32768:
         return 168
     return None
+
+
+def fixed_split(parts, whole_tiles, rows):
+    """Whether the split programs' partials meet by the one-atomic merge (_fixed_merge.py: each
+    element's K chunks add up in an int64 word, and the chunk completing it runs its epilogue)
+    instead of stored partials, an arrival counter and the last arriver's read-back. Not where
+    whole_tiles (row statistics or the fused argmax go out: they need a whole column block in
+    one program).
+    The arithmetic differs (each chunk's sum truncated to units of 2**-24, then added exactly),
+    so a row alone no longer has the bits it has among 2 to 64 rows, as with gemv_fma.py.
+    H200, one round in one call (bench/results/h200/gemv-fixed-merge/), the same ids at one row:
+    - one row: gpt2-medium 2,146 -> 2,276 tok/s (+6.1%; its qkv and fc, 4 chunks each), gpt2-xl
+      755 -> 758 (even; 7 chunks); gpt2-large not timed;
+    - more rows lost: gpt2 batch 2 9,213 -> 8,661 (-6.0%), batch 8 32,932 -> 27,448 (-16.7%),
+      gpt2-xl batch 2 1,226 -> 1,168 (-4.7%). Not profiled; likely the atomics, one returning
+      8-byte round trip per (row, column), where stored partials move as vectors.
+    MINILLM_GEMV_FIXED=1 or 0 forces it on or off wherever it can run (A/B timing)."""
+    if whole_tiles or not 1 < parts <= MAX_FIXED_PARTS:
+        return False
+    if GEMV_FIXED in ("0", "1"):
+        return GEMV_FIXED == "1"
+    return rows == 1
 
 
 def chunk_count(K, block_k, chunks):

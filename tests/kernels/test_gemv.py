@@ -59,13 +59,15 @@ def test_gemv_layernorm_across_chunks(chunks, dtype, device):
 # vocabulary heads, narrow and wide (K >= 1024: another BLOCK_K and 64-row tiles past 16 rows)
 @pytest.mark.parametrize("K,N", [(96, 200), (1100, 200), (40, 16500), (1100, 16500)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
+def test_gemv_same_rows_at_any_batch(K, N, dtype, monkeypatch, device):
     """A row's result does not depend on how many other rows share the launch (<= 64), nor on
     the layout decode_config picks for that M (split programs or one looping program, 16- or
-    64-row tiles, BLOCK_K)."""
+    64-row tiles, BLOCK_K). A row alone keeps those bits with the one-atomic merge off (its
+    own arithmetic: test_gemv_fixed_merge_one_row)."""
     if max(K, N) > 1000 and not ON_GPU:  # numpy sums tiles of other shapes in its own order
         pytest.skip("the K >= 1024 and vocabulary-head cases run on the GPU only: the interpreter's numpy "
                     "matmul cannot show whether two layouts round alike")
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", "0")
     w, bias = randn(K, N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
     x = randn(SMALL_M, K, dtype=dtype, device=device)
     for cfg in (None, _cfg(chunks=3)):
@@ -81,6 +83,51 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, device):
             assert torch.equal(other, split), what
         else:  # numpy's matmul sums a tile of another shape in its own order (OpenBLAS picks by CPU)
             assert_rel_close(other, split, dtype, what)
+
+
+@pytest.mark.parametrize("M,force", [(1, "auto"), (5, "1")])
+@pytest.mark.parametrize("chunks", [3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_fixed_merge_one_row(M, force, chunks, dtype, monkeypatch, device):
+    """A row alone's split programs meet by the one-atomic merge (gemv_config.fixed_split; forced
+    at 5 rows of a 16-row tile). With a folded layernorm, bias, GELU and a residual it matches
+    the float64 reference in fresh draws, twice over (the words are back at zero), the second
+    time with the row mean large against its spread. A column whose partial is not finite or
+    reaches 2**21 comes out NaN beside finite ones, its word reset all the same. 8 chunks of 32
+    over K = 230: the last one short."""
+    from kernels import gemv
+    from kernels._workspace import fixed_point_sums
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", force)
+    merges, launch = [], gemv.launch
+
+    def spy(kernel, grid, *args, **kw):  # which merge each launch runs
+        merges.append(kw["FIXED"])
+        return launch(kernel, grid, *args, **kw)
+    monkeypatch.setattr(gemv, "launch", spy)
+    K, N = 230, 75
+    cfg = _cfg(block_k=32, chunks=chunks)
+    assert gemv_config.fixed_split(chunks, False, M) and not gemv_config.fixed_split(chunks, True, M)
+    for shift in (0.5, 8.0):  # 8: the row mean large against its spread (the fold's cancellation)
+        x = randn(M, K, dtype=dtype, device=device, scale=2.0) + shift
+        w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+        b, h, g, be = (randn(n, dtype=dtype, device=device) for n in ((N,), (M, N), (K,), (K,)))
+        out = poisoned((M, N), dtype, device)
+        y = ln_linear(x, w, b, g, be, activation="gelu_tanh", residual=h, out=out, _config=cfg)
+        assert_rel_close(y, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh", residual=h), dtype,
+                         f"fixed merge, {chunks} chunks, M = {M}")
+    words = fixed_point_sums(device, M * N)
+    assert not words.any(), "the completing programs leave the words zero"
+    x = randn(M, K, device=device)
+    w = randn(K, N, device=device, scale=K ** -0.5)
+    w[:, 7] = float("nan")
+    w[:40, 9] = 2.0 ** 21 / 8  # the first chunks' partials reach 2**21 for a row of ones
+    y = kernels.linear(torch.ones(M, K, device=device), w, None, _config=cfg)
+    assert y[:, 7].isnan().all() and y[:, 9].isnan().all()
+    finite = [c for c in range(N) if c not in (7, 9)]
+    assert_rel_close(y[:, finite], _ref(torch.ones(M, K, device=device), w[:, finite]), torch.float32, "beside NaN")
+    assert not words.any(), "NaN columns reset their words too"
+    assert kernels.linear(x, w[:, finite], None, _config=cfg).isfinite().all()
+    assert merges == [True] * 4
 
 
 # K = 230 in 32-wide chunks: 8 chunks in 2 or 3 groups (3 + 3 + 2), 5 in 2 (3 + 2), one chunk
@@ -168,14 +215,15 @@ def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, d
 @pytest.mark.parametrize("with_stats", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("K,N", [(1100, 40), (96, 200), (320, 704), (768, 1536)])
-def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, device):
+def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, monkeypatch, device):
     """At K >= 1024 and enough rows (TALL_MIN) a folded-layernorm linear runs 64-row tiles in
     half-chunk K steps; below, split programs (up to 16 rows) or the 16-row loop. gpt2's qkv
     and fc (K = 768, N >= 2K) run one 32-row tile at 17-32 rows and one 64-row tile past that in
     half precision. A row gets the same bits every way on the GPU (the interpreter's numpy matmul
-    sums a K step in its own order)."""
+    sums a K step in its own order); a row alone with the one-atomic merge off."""
     if K == 768 and not ON_GPU:
         pytest.skip("interpreter time: the gpt2-sized case runs on the GPU only")
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", "0")
     x = randn(SMALL_M, K, dtype=dtype, device=device, scale=2.0) + 0.5
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias, g, b = (randn(n, dtype=dtype, device=device) for n in (N, K, K))

@@ -111,3 +111,21 @@ def test_split_maxnreg_three_programs_an_sm():
     assert cap(1, 4800, 1600, itemsize=4) is None  # 128 x 128 fp32: 64 KB as well
     assert cap(8, 2304, 768) is None  # gpt2: 32 KB tiles
     assert cap(1, 1600, 1600) is None  # 64-column blocks
+
+
+def test_fixed_split_rule(monkeypatch):
+    """The one-atomic merge runs at one row, where the partials of 2 to 63 programs meet and no
+    statistics or argmax need whole column blocks; MINILLM_GEMV_FIXED=1 or 0 forces it on or off
+    (never past the word's 63 arrivals or where tiles must be whole)."""
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", "auto")
+    assert gemv_config.fixed_split(7, False, 1)  # gpt2-xl's qkv and fc
+    assert gemv_config.fixed_split(63, False, 1)
+    assert not gemv_config.fixed_split(64, False, 1)  # past the arrival count's 6 bits
+    assert not gemv_config.fixed_split(1, False, 1)  # one program: nothing to merge
+    assert not gemv_config.fixed_split(7, True, 1)  # statistics out (attn-out, mlp-out)
+    assert not gemv_config.fixed_split(7, False, 2)  # gpt2 batch 2 -6.0% on the H200
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", "1")
+    assert gemv_config.fixed_split(7, False, 16) and not gemv_config.fixed_split(7, True, 16)
+    assert not gemv_config.fixed_split(64, False, 1)
+    monkeypatch.setattr(gemv_config, "GEMV_FIXED", "0")
+    assert not gemv_config.fixed_split(7, False, 1)
