@@ -1,0 +1,169 @@
+"""Same-call A/B of minillm's decode speed between settings of its environment switches.
+
+Every engine switch (MINILLM_GEMV_FIXED, MINILLM_FIXED_STATS, MINILLM_ATTN_NEW_APART, ...) is
+read at import, so each variant runs in a fresh process; the variants alternate in rounds, so a
+drift of the machine (clocks, another tenant) shows as spread between rounds instead of as a
+difference between variants. Each process builds the model (a preset gets random weights, as
+`minillm bench`), generates once cold, then times --runs warm runs per batch (prompt 32, 128 new
+tokens, greedy, EOS ignored) and reports the median decode tokens/s, the range and a hash of the
+ids. The table gives each variant's median per round, the change against the first variant and
+whether the ids matched it.
+
+  python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
+      --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
+  python3 scripts/ab_decode.py --env "" --env MINILLM_PDL=0 --model gpt2 --batch 1   # "": as set
+"""
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def variant(text):
+    """'NAME=VALUE,NAME=VALUE' (or '' for the environment as it is) -> {NAME: VALUE}."""
+    env = {}
+    for item in filter(None, text.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier() or not name.isupper():
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs split by commas, got {item!r}")
+        env[name] = value
+    return env
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", type=variant, action="append", default=[],
+                   help="one variant: NAME=VALUE[,...] ('' = the environment as it is); two or more")
+    p.add_argument("--model", nargs="+", default=["gpt2"], help="presets (random weights) or checkpoint folders")
+    p.add_argument("--batch", nargs="+", type=int, default=[1])
+    p.add_argument("--rounds", type=int, default=2, help="times every variant runs, alternated (default 2)")
+    p.add_argument("--runs", type=int, default=7, help="timed runs per batch after the cold one (default 7)")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--backend", default="triton", choices=["triton", "torch"])
+    p.add_argument("--no-graphs", action="store_true", help="run without CUDA graphs")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a variant's process may take (default 300)")
+    p.add_argument("--out", type=Path, help="folder for ab.json and ab.md")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ("rounds", "runs", "prompt_len", "new_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if min(args.batch) < 1:
+        p.error(f"--batch: expected integers >= 1, got {args.batch}")
+    if not args.worker and len(args.env) < 2:
+        p.error("--env: expected two or more variants to compare")
+    return args
+
+
+def worker(args):
+    """One variant, in this process: a JSON line per (model, batch)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from minillm.bench import build
+    from minillm.generate import Engine
+    from minillm.model import GPT
+    from minillm.sampling import SamplingParams
+
+    for model in args.model:
+        cfg, hf, weights = build(model, args.device, getattr(torch, args.dtype))
+        del hf
+        engine = Engine(GPT(cfg, weights, args.backend), use_cuda_graphs=not args.no_graphs)
+        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+        for B in args.batch:
+            prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len),
+                                    generator=torch.Generator().manual_seed(B)).tolist()
+            t0 = time.perf_counter()
+            engine.generate(prompts, params)
+            cold = time.perf_counter() - t0
+            rates = []
+            for _ in range(args.runs):
+                ids, t = engine.generate(prompts, params)
+                rates.append(B * (t["steps"] - 1) / t["decode_s"])
+            print(json.dumps({"model": model, "batch": B, "tok_s": statistics.median(rates), "min": min(rates),
+                              "max": max(rates), "ids": hashlib.sha1(str(ids).encode()).hexdigest()[:10],
+                              "cold_s": round(cold, 2)}), flush=True)
+
+
+def run_variant(args, env, argv):
+    """The variant's rows, from a fresh process with its switches set."""
+    label = ",".join(f"{k}={v}" for k, v in env.items()) or "(as set)"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *argv]
+    try:
+        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"ab_decode: variant {label} took more than --timeout {args.timeout:g} s")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        sys.exit(f"ab_decode: variant {label} failed (exit {done.returncode}): {last}")
+    return label, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def table(results, labels):
+    """Markdown: a row per (model, batch), each variant's median per round, the change of the mean
+    of those medians against the first variant, and whether its ids matched the first's."""
+    head = "| model | batch | " + " | ".join(labels) + " | change | ids |"
+    lines = [head, "|---|---:|" + "---:|" * len(labels) + "---|---|"]
+    for key in dict.fromkeys((r["model"], r["batch"]) for r in results):
+        rows = {lab: [r for r in results if (r["model"], r["batch"]) == key and r["variant"] == lab] for lab in labels}
+        cells = [" / ".join(f"{r['tok_s']:,.0f}" for r in rows[lab]) for lab in labels]
+        base = statistics.mean(r["tok_s"] for r in rows[labels[0]])
+        change = ", ".join(f"{statistics.mean(r['tok_s'] for r in rows[lab]) / base - 1:+.1%}" for lab in labels[1:])
+        first_ids = {r["ids"] for r in rows[labels[0]]}
+        same = all({r["ids"] for r in rows[lab]} == first_ids for lab in labels[1:]) and len(first_ids) == 1
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {change} | {'same' if same else 'differ'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    worker_argv = _without_option(_without_option(argv, "--out"), "--env")  # the rest goes to each process
+    results, labels = [], []
+    for rnd in range(1, args.rounds + 1):
+        for env in args.env:
+            label, rows = run_variant(args, env, worker_argv)
+            if label not in labels:
+                labels.append(label)
+            for r in rows:
+                print(f"round {rnd}  {label:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
+                      f"({r['min']:,.0f}-{r['max']:,.0f})  ids {r['ids']}  cold {r['cold_s']} s", flush=True)
+                results.append({**r, "variant": label, "round": rnd})
+    md = table(results, labels)
+    print(md)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "ab.json").write_text(json.dumps(results, indent=1))
+        (args.out / "ab.md").write_text(f"`python3 scripts/ab_decode.py {' '.join(argv)}`\n\n{md}\n")
+
+
+def _without_option(argv, name):
+    """argv less `name` and the values after it (up to the next option)."""
+    out, skip = [], False
+    for a in argv:
+        if a == name or a.startswith(name + "="):
+            skip = a == name
+            continue
+        if skip and not a.startswith("--"):
+            continue
+        skip = False
+        out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""scripts/ab_decode.py: variants alternated in fresh processes, the table, the records, and a
+clear one-line error for a bad variant (on the CPU, plain-torch backend, a tiny checkpoint)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.models import build_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "ab_decode.py"
+spec = importlib.util.spec_from_file_location("ab_decode", SCRIPT)
+ab_decode = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ab_decode)
+
+CPU = ["--device", "cpu", "--dtype", "float32", "--backend", "torch", "--no-graphs", "--runs", "2",
+       "--prompt-len", "5", "--new-tokens", "4", "--batch", "1", "2"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    p = tmp_path_factory.mktemp("ab-ckpt")
+    build_checkpoint(p, seed=3)
+    return str(p)
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+
+
+def test_variants_alternate_and_the_table_compares_them(ckpt, tmp_path):
+    done = _run("--env", "MINILLM_GEMV_FIXED=0", "--env", "MINILLM_GEMV_FIXED=1,MINILLM_PDL=0", "--model", ckpt,
+                "--rounds", "1", "--out", str(tmp_path), *CPU)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "ab.json").read_text())
+    assert [(r["variant"], r["batch"]) for r in rows] == [
+        ("MINILLM_GEMV_FIXED=0", 1), ("MINILLM_GEMV_FIXED=0", 2),
+        ("MINILLM_GEMV_FIXED=1,MINILLM_PDL=0", 1), ("MINILLM_GEMV_FIXED=1,MINILLM_PDL=0", 2)]
+    assert all(r["tok_s"] > 0 and r["min"] <= r["tok_s"] <= r["max"] for r in rows)
+    md = (tmp_path / "ab.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith(f"| {ckpt} |")]
+    assert len(table) == 2 and all(line.endswith("| same |") for line in table)  # torch backend: no switch applies
+
+
+def test_a_bad_variant_is_one_line():
+    done = _run("--env", "MINILLM_GEMV_FIXED=2", "--env", "", "--model", "gpt2", "--rounds", "1", *CPU)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("ab_decode: variant MINILLM_GEMV_FIXED=2 failed (exit 1): ValueError: "
+                                   "MINILLM_GEMV_FIXED: expected 0 or 1 (or unset), got '2'")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--env", "1", "--env", ""], "expected NAME=VALUE pairs"),
+    (["--env", "minillm_a=1", "--env", ""], "expected NAME=VALUE pairs"),
+    (["--env", "MINILLM_A=1"], "expected two or more variants"),
+    (["--env", "", "--env", "", "--runs", "0"], "--runs: expected an integer >= 1"),
+])
+def test_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        ab_decode.parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_worker_options_drop_the_parents_own():
+    argv = ["--env", "MINILLM_A=1", "--model", "gpt2", "--env=", "--out", "/tmp/x", "--batch", "1", "2"]
+    assert ab_decode._without_option(ab_decode._without_option(argv, "--out"), "--env") == [
+        "--model", "gpt2", "--batch", "1", "2"]
