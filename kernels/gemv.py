@@ -266,9 +266,10 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     parts = meta["PARTS"] = partial_count(meta)
     split = parts > 1
     fixed = fixed_split(parts, stats_out is not None or argmax_keys is not None, M)
-    part = x2.new_empty((parts * M * N,) if split and not fixed else (1,), dtype=torch.float32)
+    stored = split and not fixed  # partials stored and counted (the one-atomic merge needs neither)
+    part = x2.new_empty((parts * M * N,) if stored else (1,), dtype=torch.float32)
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, 16)  # at the narrowest BLOCK_N
-    counts = arrival_counters(x2.device, tiles) if split and not fixed else part
+    counts = arrival_counters(x2.device, tiles) if stored else part
     words = fixed_point_sums(x2.device, M * N) if fixed else part
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), parts)
     pdl = use_pdl(x2.device)

@@ -64,6 +64,8 @@ def parse_args(argv=None):
         p.error(f"--batch: expected integers >= 1, got {args.batch}")
     if not args.worker and len(args.env) < 2:
         p.error("--env: expected two or more variants to compare")
+    if len({label(env) for env in args.env}) < len(args.env):
+        p.error("--env: expected different variants, got one twice")
     return args
 
 
@@ -97,18 +99,23 @@ def worker(args):
                               "cold_s": round(cold, 2)}), flush=True)
 
 
+def label(env):
+    """A variant's name in the output: its switches, or "(as set)"."""
+    return ",".join(f"{k}={v}" for k, v in env.items()) or "(as set)"
+
+
 def run_variant(args, env, argv):
     """The variant's rows, from a fresh process with its switches set."""
-    label = ",".join(f"{k}={v}" for k, v in env.items()) or "(as set)"
+    name = label(env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *argv]
     try:
         done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        sys.exit(f"ab_decode: variant {label} took more than --timeout {args.timeout:g} s")
+        sys.exit(f"ab_decode: variant {name} took more than --timeout {args.timeout:g} s")
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        sys.exit(f"ab_decode: variant {label} failed (exit {done.returncode}): {last}")
-    return label, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        sys.exit(f"ab_decode: variant {name} failed (exit {done.returncode}): {last}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def table(results, labels):
@@ -133,16 +140,14 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     worker_argv = _without_option(_without_option(argv, "--out"), "--env")  # the rest goes to each process
-    results, labels = [], []
+    results, labels = [], [label(env) for env in args.env]
     for rnd in range(1, args.rounds + 1):
         for env in args.env:
-            label, rows = run_variant(args, env, worker_argv)
-            if label not in labels:
-                labels.append(label)
-            for r in rows:
-                print(f"round {rnd}  {label:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
+            name = label(env)
+            for r in run_variant(args, env, worker_argv):
+                print(f"round {rnd}  {name:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
                       f"({r['min']:,.0f}-{r['max']:,.0f})  ids {r['ids']}  cold {r['cold_s']} s", flush=True)
-                results.append({**r, "variant": label, "round": rnd})
+                results.append({**r, "variant": name, "round": rnd})
     md = table(results, labels)
     print(md)
     if args.out:

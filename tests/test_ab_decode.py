@@ -57,7 +57,8 @@ def test_a_bad_variant_is_one_line():
     (["--env", "1", "--env", ""], "expected NAME=VALUE pairs"),
     (["--env", "minillm_a=1", "--env", ""], "expected NAME=VALUE pairs"),
     (["--env", "MINILLM_A=1"], "expected two or more variants"),
-    (["--env", "", "--env", "", "--runs", "0"], "--runs: expected an integer >= 1"),
+    (["--env", "", "--env", "MINILLM_A=1", "--runs", "0"], "--runs: expected an integer >= 1"),
+    (["--env", "MINILLM_A=1", "--env", "MINILLM_A=1"], "expected different variants"),
 ])
 def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
