@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -203,6 +205,26 @@ def test_layout_policy():
     assert fused_layout(1, 768, 40, 64, 12, sms=132) == (256, 64, 4)
     assert fused_layout(4, 768, 256, 64, 12, sms=132) is None
     assert fused_layout(1, 768, 512, 64, 12, sms=132) is None
+
+
+@pytest.mark.skipif(not FIXED_MERGE, reason="MINILLM_FIXED_MERGE=0")
+def test_fixed_stats_rule_and_its_switch(monkeypatch):
+    """The fixed-point statistics by rule: up to 16 heads (gpt2, gpt2-medium) or two rows from
+    24 (gpt2-xl), not gpt2-large's 20 heads nor gpt2-xl at one row; MINILLM_FIXED_STATS=all
+    takes them past the rule, =0 nowhere; never in fp32 (the launch cannot write them)."""
+    proj = sys.modules["kernels.decode_attention_proj"]
+    cpu = torch.device("cpu")
+
+    def taken(rows, heads, dtype=torch.float16):
+        return fixed_row_stats(2, rows, heads * 64, 96, 64, heads, dtype, cpu) is not None
+
+    cases = [(1, 12), (2, 12), (1, 16), (1, 20), (2, 20), (1, 25), (2, 25)]
+    monkeypatch.setattr(proj, "FIXED_STATS_MODE", "1")
+    assert [taken(r, h) for r, h in cases] == [True, True, True, False, False, False, True]
+    monkeypatch.setattr(proj, "FIXED_STATS_MODE", "all")
+    assert all(taken(r, h) for r, h in cases) and not taken(1, 25, torch.float32)
+    monkeypatch.setattr(proj, "FIXED_STATS", False)
+    assert not any(taken(r, h) for r, h in cases)
 
 
 def test_reference_twin_matches(device):
