@@ -230,12 +230,14 @@ def fixed_split(parts, whole_tiles, rows):
     one program).
     The arithmetic differs (each chunk's sum truncated to units of 2**-24, then added exactly),
     so a row alone no longer has the bits it has among 2 to 64 rows, as with gemv_fma.py.
-    H200, one round in one call (bench/results/h200/gemv-fixed-merge/), the same ids at one row:
-    - one row: gpt2-medium 2,146 -> 2,276 tok/s (+6.1%; its qkv and fc, 4 chunks each), gpt2-xl
-      755 -> 758 (even; 7 chunks); gpt2-large not timed;
-    - more rows lost: gpt2 batch 2 9,213 -> 8,661 (-6.0%), batch 8 32,932 -> 27,448 (-16.7%),
-      gpt2-xl batch 2 1,226 -> 1,168 (-4.7%). Not profiled; likely the atomics, one returning
-      8-byte round trip per (row, column), where stored partials move as vectors.
+    H200 (bench/results/h200/gemv-fixed-merge/), the same ids at one row:
+    - one row, alternated twice in one call: gpt2-medium 2,141 / 2,146 -> 2,280 / 2,283 tok/s
+      (+6.4%; its qkv and fc, 4 chunks each), gpt2-large 1,244 / 1,246 -> 1,279 / 1,278 (+2.7%),
+      gpt2-xl 756 -> 757 (even; 7 chunks: its qkv and fc got 1.1 and 1.5 us shorter in the
+      graph profile, the kernel after each as much longer);
+    - more rows lost (one round): gpt2 batch 2 9,213 -> 8,661 (-6.0%), batch 8 32,932 -> 27,448
+      (-16.7%), gpt2-xl batch 2 1,226 -> 1,168 (-4.7%). Not profiled; likely the atomics, one
+      returning 8-byte round trip per (row, column), where stored partials move as vectors.
     MINILLM_GEMV_FIXED=1 or 0 forces it on or off wherever it can run (A/B timing)."""
     if whole_tiles or not 1 < parts <= MAX_FIXED_PARTS:
         return False
