@@ -51,10 +51,9 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 # the one-atomic merge with the statistics in fixed point (fixed_row_stats); MINILLM_FIXED_STATS=0
 # keeps the stored-partial merge wherever statistics are asked for, =all takes the fixed form
 # wherever it fits, past fixed_stats_rule (A/B timing)
-FIXED_STATS_MODE = os.environ.get("MINILLM_FIXED_STATS", "1")
-if FIXED_STATS_MODE not in ("0", "1", "all"):
-    raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS_MODE!r}")
-FIXED_STATS = FIXED_STATS_MODE != "0"
+FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
+if FIXED_STATS not in ("0", "1", "all"):
+    raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -228,8 +227,8 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
     stats_out (one a layer: each is added into once, then read), or None where its launch for
     these shapes cannot write them (_fixed_stats_fit) or fixed_stats_rule says no."""
     layout = fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device))
-    ruled = FIXED_STATS_MODE == "all" or fixed_stats_rule(rows, heads)
-    if not (FIXED_STATS and ruled and _fixed_stats_fit(heads, n, dtype, layout)):
+    ruled = FIXED_STATS == "all" or (FIXED_STATS == "1" and fixed_stats_rule(rows, heads))
+    if not (ruled and _fixed_stats_fit(heads, n, dtype, layout)):
         return None
     return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
 

@@ -126,11 +126,13 @@ def table(results, labels):
     for key in dict.fromkeys((r["model"], r["batch"]) for r in results):
         rows = {lab: [r for r in results if (r["model"], r["batch"]) == key and r["variant"] == lab] for lab in labels}
         cells = [" / ".join(f"{r['tok_s']:,.0f}" for r in rows[lab]) for lab in labels]
+        timed = [lab for lab in labels[1:] if rows[lab]]  # (a call cut short: variants not run yet)
         base = statistics.mean(r["tok_s"] for r in rows[labels[0]])
-        change = ", ".join(f"{statistics.mean(r['tok_s'] for r in rows[lab]) / base - 1:+.1%}" for lab in labels[1:])
+        change = ", ".join(f"{statistics.mean(r['tok_s'] for r in rows[lab]) / base - 1:+.1%}" for lab in timed)
         first_ids = {r["ids"] for r in rows[labels[0]]}
-        same = all({r["ids"] for r in rows[lab]} == first_ids for lab in labels[1:]) and len(first_ids) == 1
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {change} | {'same' if same else 'differ'} |")
+        same = all({r["ids"] for r in rows[lab]} == first_ids for lab in timed) and len(first_ids) == 1
+        ids = ("same" if same else "differ") if timed else "-"
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {change or '-'} | {ids} |")
     return "\n".join(lines)
 
 
@@ -148,12 +150,16 @@ def main(argv=None):
                 print(f"round {rnd}  {name:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
                       f"({r['min']:,.0f}-{r['max']:,.0f})  ids {r['ids']}  cold {r['cold_s']} s", flush=True)
                 results.append({**r, "variant": name, "round": rnd})
-    md = table(results, labels)
-    print(md)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ab.json").write_text(json.dumps(results, indent=1))
-        (args.out / "ab.md").write_text(f"`python3 scripts/ab_decode.py {' '.join(argv)}`\n\n{md}\n")
+            if args.out:  # after every variant: a call cut short keeps the rows it has
+                write(args.out, argv, results, labels)
+    print(table(results, labels))
+
+
+def write(out, argv, results, labels):
+    """ab.json (every row so far) and ab.md (the command and the table) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.json").write_text(json.dumps(results, indent=1))
+    (out / "ab.md").write_text(f"`python3 scripts/ab_decode.py {' '.join(argv)}`\n\n{table(results, labels)}\n")
 
 
 def _without_option(argv, name):

@@ -53,6 +53,18 @@ def test_a_bad_variant_is_one_line():
                                    "MINILLM_GEMV_FIXED: expected 0 or 1 (or unset), got '2'")
 
 
+def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
+    """The records are written after every variant: the first variant's rows survive a later one
+    that fails (as they would a device call's timeout)."""
+    done = _run("--env", "", "--env", "MINILLM_GEMV_FIXED=2", "--model", ckpt, "--rounds", "1",
+                "--out", str(tmp_path), *CPU)
+    assert done.returncode == 1 and "variant MINILLM_GEMV_FIXED=2 failed" in done.stderr
+    rows = json.loads((tmp_path / "ab.json").read_text())
+    assert [(r["variant"], r["batch"]) for r in rows] == [("(as set)", 1), ("(as set)", 2)]
+    md = (tmp_path / "ab.md").read_text()
+    assert "| (as set) | MINILLM_GEMV_FIXED=2 |" in md and md.rstrip().endswith("|  | - | - |")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--env", "1", "--env", ""], "expected NAME=VALUE pairs"),
     (["--env", "minillm_a=1", "--env", ""], "expected NAME=VALUE pairs"),

@@ -114,7 +114,7 @@ def _exact_group_sums(y):
     return torch.stack([yd.sum(-1), (yd * yd).sum(-1)], dim=1)
 
 
-@pytest.mark.skipif(not (FIXED_MERGE and FIXED_STATS), reason="MINILLM_FIXED_MERGE=0 or MINILLM_FIXED_STATS=0")
+@pytest.mark.skipif(not FIXED_MERGE or FIXED_STATS == "0", reason="MINILLM_FIXED_MERGE=0 or MINILLM_FIXED_STATS=0")
 def test_fixed_point_statistics(device):
     """Half precision, statistics asked for in the fixed-point form (fixed_row_stats, one zeroed
     buffer a layer): the values have the bits of the launch without statistics, the sums are
@@ -219,11 +219,11 @@ def test_fixed_stats_rule_and_its_switch(monkeypatch):
         return fixed_row_stats(2, rows, heads * 64, 96, 64, heads, dtype, cpu) is not None
 
     cases = [(1, 12), (2, 12), (1, 16), (1, 20), (2, 20), (1, 25), (2, 25)]
-    monkeypatch.setattr(proj, "FIXED_STATS_MODE", "1")
+    monkeypatch.setattr(proj, "FIXED_STATS", "1")
     assert [taken(r, h) for r, h in cases] == [True, True, True, False, False, False, True]
-    monkeypatch.setattr(proj, "FIXED_STATS_MODE", "all")
+    monkeypatch.setattr(proj, "FIXED_STATS", "all")
     assert all(taken(r, h) for r, h in cases) and not taken(1, 25, torch.float32)
-    monkeypatch.setattr(proj, "FIXED_STATS", False)
+    monkeypatch.setattr(proj, "FIXED_STATS", "0")
     assert not any(taken(r, h) for r, h in cases)
 
 

@@ -192,7 +192,7 @@ def test_half_precision_decode_with_fixed_point_statistics(tmp_path, monkeypatch
     proj = sys.modules["kernels.decode_attention_proj"]
     steps = {}
     for fixed in (True, False):
-        monkeypatch.setattr(proj, "FIXED_STATS", fixed)
+        monkeypatch.setattr(proj, "FIXED_STATS", "1" if fixed else "0")
         cache = m.new_cache(2, 32)
         taken = m.ops.fixed_row_stats(c.n_layer, 2, c.n_embd, 32, c.head_dim, c.n_head, m.dtype, torch.device(dev))
         assert (taken is not None) == fixed
