@@ -37,10 +37,6 @@ CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected 0 or 1 (or unset), got {GEMV_FIXED!r}")
-# see one_row_groups: K chunks a one-row program of a wide layer loops over (A/B timing; 1: one each)
-PER_PROGRAM = env_int("MINILLM_GEMV_PER_PROGRAM", 1)
-if not 1 <= PER_PROGRAM <= 8:
-    raise ValueError(f"MINILLM_GEMV_PER_PROGRAM: expected 1 to 8 chunks a program, got {PER_PROGRAM}")
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
@@ -92,10 +88,6 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         # batch 4 and 8) it gained under 1% and the first token came later
         while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
             block_n //= 2
-        looped = one_row_groups(M, K, chunks)
-        if looped:
-            return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True,
-                        CHUNK_GROUPS=looped, num_warps=4, num_stages=2)
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
     slab = slab_layout(M, K, itemsize)
     if slab is not None:
@@ -161,24 +153,6 @@ def chunk_groups(N, K, ln):
     block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
     the looping program on 32-column blocks (A/B timing)."""
     return 2 if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
-
-
-def one_row_groups(M, K, chunks):
-    """Chunk groups for one row of a wide layer (K >= 1024) whose programs each loop over
-    PER_PROGRAM chunks (GROUP_SPLIT), or 0: one program a chunk (SPLIT), the default.
-    An experiment for gpt2-xl at one row, not yet timed. There each split linear is about one
-    wave (fc 350 programs of 64 KB tiles, mlp-out 325, against 396 slots, three an SM), so the
-    next kernel finds no shared memory for its early weight requests until this one's programs
-    leave, and a pair of linears streams at 0.69 of the copy bandwidth (docs/performance.md,
-    sixty-fourth session). Fewer programs leave slots free; each requests its first tile before
-    the wait and the rest in its loop (two stages). Compiled for sm_90a under Triton 3.6 (the
-    GPU's), gpt2-xl's three such launches take 214-224 registers and 72 KB of shared memory, so
-    two programs an SM (264 slots for fc's 200 programs, mlp-out's 169); a cap of 168 registers
-    spilled 112-144 bytes. The groups are part of the arithmetic, so a row alone then has other
-    bits than among more rows."""
-    if PER_PROGRAM == 1 or M != 1 or K < 1024 or chunks <= PER_PROGRAM:
-        return 0
-    return triton.cdiv(chunks, PER_PROGRAM)
 
 
 def stage_first(meta, M, K, ln):

@@ -243,40 +243,6 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, monkeypa
             assert_rel_close(part, full[:m], dtype, f"M = {m}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_one_row_groups(dtype, monkeypatch, device):
-    """MINILLM_GEMV_PER_PROGRAM=2 (gemv_config.one_row_groups, an A/B experiment): one row of a
-    wide layer (K = 1100 >= 1024, the last chunk short) whose programs loop over two chunks each.
-    Twice over (the words and arrival counters back at zero): with a folded layernorm and GELU
-    the groups meet by the one-atomic merge; with a residual and statistics out, through stored
-    group partials, and the statistics are the output's."""
-    from kernels import gemv
-    monkeypatch.setattr(gemv_config, "PER_PROGRAM", 2)
-    metas, launch = [], gemv.launch
-
-    def spy(kernel, grid, *args, **kw):
-        metas.append((kw["GROUP_SPLIT"], kw["SPLIT"], kw["FIXED"], grid[1], kw["CHUNKS"]))
-        return launch(kernel, grid, *args, **kw)
-    monkeypatch.setattr(gemv, "launch", spy)
-    K, N = 1100, 75
-    for _ in range(2):
-        x = randn(1, K, dtype=dtype, device=device) + 0.5
-        w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
-        b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
-        y = ln_linear(x, w, b, g, be, activation="gelu_tanh", out=poisoned((1, N), dtype, device))
-        assert_rel_close(y, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), dtype, "groups, fixed merge")
-        res = randn(1, N, dtype=dtype, device=device, scale=2.0)
-        stats = torch.full((1, 2, 5), float("nan"), device=device)
-        h = kernels.linear(x, w, b, residual=res, stats_out=stats)
-        assert_rel_close(h, _ref(x, w, bias=b, residual=res), dtype, "groups, stored partials")
-        torch.testing.assert_close(stats.cpu(), ref.row_stats(h).cpu(), rtol=1e-5, atol=1e-4)
-    assert [m[:3] for m in metas] == [(True, False, True), (True, False, False)] * 2
-    assert all(parts == -(-chunks // 2) and parts > 1 for *_, parts, chunks in metas)
-    monkeypatch.setattr(gemv_config, "PER_PROGRAM", 1)
-    kernels.linear(x, w, b, residual=res)
-    assert metas[-1][:2] == (False, True), "one program a chunk by default"
-
-
 @pytest.mark.parametrize("M", [1, 20, 70])  # 70: the prefill tile path writes statistics too
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_row_stats_out_and_in(M, dtype, device):

@@ -129,19 +129,3 @@ def test_fixed_split_rule(monkeypatch):
     assert not gemv_config.fixed_split(64, False, 1)
     monkeypatch.setattr(gemv_config, "GEMV_FIXED", "0")
     assert not gemv_config.fixed_split(7, False, 1)
-
-
-def test_one_row_groups_switch(monkeypatch):
-    """MINILLM_GEMV_PER_PROGRAM (an A/B experiment): one row of a wide layer loops over that many
-    chunks a program (GROUP_SPLIT); more rows, narrow layers and the default keep a program a
-    chunk. gpt2-xl's fc (7 chunks) runs 4 programs a column block, mlp-out (25) 13."""
-    monkeypatch.setattr(gemv_config, "PER_PROGRAM", 1)
-    assert gemv_config.decode_config(1, 6400, 1600, 2, True, sms=132)["SPLIT"]
-    monkeypatch.setattr(gemv_config, "PER_PROGRAM", 2)
-    for (N, K, ln), groups in {(6400, 1600, True): 4, (1600, 6400, False): 13}.items():
-        meta = gemv_config.decode_config(1, N, K, 2, ln, sms=132)
-        assert (meta["SPLIT"], meta["GROUP_SPLIT"], meta["CHUNK_GROUPS"]) == (False, True, groups)
-        assert gemv_config.partial_count(meta) == groups
-        assert gemv_config.decode_config(2, N, K, 2, ln, sms=132)["SPLIT"]
-    assert gemv_config.decode_config(1, 2304, 768, 2, True, sms=132)["SPLIT"]  # K < 1024
-    assert gemv_config.one_row_groups(1, 1600, 2) == 0  # a chunk or two: nothing to group
