@@ -1,0 +1,329 @@
+"""Probe: how fast could a batch-1 decode step be as ONE persistent launch with grid barriers?
+
+minillm runs a layer as four dependent kernels, and at gpt2-xl's size each linear fills about
+all the bytes its resident programs can have in flight, so each kernel boundary drains the
+memory pipe (README, "What limits the speed"). A persistent launch keeps one program on every
+SM for the whole step; the phases meet at grid barriers (an arrival counter, then a spin), which
+cost more than a kernel boundary (scripts/bench_sync.py: 1.27 against 0.91 us), but a program
+can ask for its next phase's first weight tile right after it arrives, so weights keep
+streaming while it waits. This measures whether that wins.
+
+The step, with real arithmetic in fp32 over fp16 weights (checked against torch):
+- each linear's output columns are split evenly over the programs, every program over the whole
+  of K (no split-K merge), its weights streamed as (TN columns x TK of K) tiles, each tile asked
+  for one tile ahead;
+- attention: one program a head (heads round-robin over the programs), over CACHE_POSITIONS cached keys and values (asked for ahead
+  like a weight tile);
+- a layer is five phases (qkv, attention, attn-out + residual, fc, mlp-out + residual), then the
+  lm_head; one barrier between phases.
+Left out (each cheap in this design, or a launch minillm has too): the layernorms (each program
+reads whole rows of x, so it can take their statistics itself), GELU, the embedding, the new
+key and value's store, the lm_head's argmax.
+
+    python3 scripts/bench_persistent.py --out bench/results
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minillm.bench import floor_seconds  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda  # noqa: E402
+from minillm.config import PRESETS  # noqa: E402
+
+CACHE_POSITIONS = 96  # the generation benchmark's mean context, as scripts/bench_floor.py
+IDLE, GEMV, ATTEND = 0, 1, 2  # what a descriptor asks of its program
+FIRST, LAST_K, LAST_IN_PHASE, RESID = 1, 2, 4, 8  # descriptor flags
+NF = 11  # fields: kind, w_off, ldw, in_off, out_off, res_off, n_valid, k_valid, flags, phase, n_pos
+TILES = [(8, 1024, 4), (16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 8)]  # (TN, TK, warps)
+
+
+@triton.jit
+def _desc(dp, i):
+    """The i-th descriptor of a program's list (NF int32 fields)."""
+    d = dp + i * 11
+    return (tl.load(d), tl.load(d + 1), tl.load(d + 2), tl.load(d + 3), tl.load(d + 4), tl.load(d + 5),
+            tl.load(d + 6), tl.load(d + 7), tl.load(d + 8), tl.load(d + 9), tl.load(d + 10))
+
+
+@triton.jit
+def _weight_tile(w_ptr, w_off, ldw, n_valid, k_valid, TN: tl.constexpr, TK: tl.constexpr):
+    """(TN, TK) fp16 weights, out-major rows; zeros (and no bytes) outside n_valid x k_valid."""
+    rows = tl.arange(0, TN)
+    cols = tl.arange(0, TK)
+    mask = (rows < n_valid)[:, None] & (cols < k_valid)[None, :]
+    ptrs = w_ptr + w_off.to(tl.int64) + rows[:, None].to(tl.int64) * ldw + cols[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _kv_tiles(c_ptr, c_off, n_pos, BLOCK_P: tl.constexpr, HEAD_D: tl.constexpr):
+    """A head's cached keys and values, (BLOCK_P, HEAD_D) each (n_pos = 0: no bytes)."""
+    p = tl.arange(0, BLOCK_P)
+    d = tl.arange(0, HEAD_D)
+    ptrs = c_ptr + c_off.to(tl.int64) + p[:, None] * HEAD_D + d[None, :]
+    mask = (p < n_pos)[:, None] & (d < HEAD_D)[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + n_pos * HEAD_D, mask=mask, other=0.0)
+
+
+@triton.jit
+def _wait(bar_ptr, target):
+    """Spin until the arrival counter reaches target (relaxed reads: no fence, so the weight
+    tiles this thread has in flight are not waited for)."""
+    seen = tl.load(bar_ptr, volatile=True)
+    while seen < target:
+        seen = tl.load(bar_ptr, volatile=True)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, bar_ptr, epoch_ptr, max_desc, n_phases,
+                            qk_scale, TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr,
+                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    # the counter only grows: launch e's barrier before phase j waits for (e * phases + j) * G
+    # arrivals. Program 0 advances the epoch last; by then every program has read it (all of
+    # them arrived at the first barrier, which program 0 passed).
+    epoch = tl.load(epoch_ptr)
+    base = epoch * n_phases * G
+    dp = desc_ptr + pid.to(tl.int64) * max_desc * 11
+    n = tl.load(n_desc_ptr + pid)
+    rows = tl.arange(0, TN)
+    cols = tl.arange(0, TK)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, HEAD_D)
+    # descriptors two ahead (a line of them comes from DRAM): the current one, the next one (whose
+    # tile is asked for during this one) and the one after
+    kind, w_off, ldw, in_off, out_off, res_off, n_valid, k_valid, flags, phase, n_pos = _desc(dp, 0)
+    nkind, nw_off, nldw, nin, nout, nres, nn, nk, nflags, nphase, npos = _desc(dp, 1)
+    w = _weight_tile(w_ptr, w_off, ldw, n_valid, k_valid, TN, TK)
+    k, v = _kv_tiles(c_ptr, w_off, n_pos, BLOCK_P, HEAD_D)
+    acc = tl.zeros((TN,), dtype=tl.float32)
+    for t in range(n):  # the list ends in two idle descriptors: t + 2 is always there
+        akind, aw_off, aldw, ain, aout, ares, an, ak, aflags, aphase, apos = _desc(dp, t + 2)
+        last = (flags & LAST_IN_PHASE) != 0
+        if last:  # the next tile is asked for after the arrival: its fence would wait for it
+            w_next = tl.zeros((TN, TK), dtype=w_ptr.dtype.element_ty)
+            k_next = tl.zeros((BLOCK_P, HEAD_D), dtype=c_ptr.dtype.element_ty)
+            v_next = tl.zeros((BLOCK_P, HEAD_D), dtype=c_ptr.dtype.element_ty)
+        else:  # same phase: one tile ahead
+            w_next = _weight_tile(w_ptr, nw_off, nldw, nn, nk, TN, TK)
+            k_next, v_next = _kv_tiles(c_ptr, nw_off, npos, BLOCK_P, HEAD_D)
+        if (flags & FIRST) != 0:
+            if SYNC:
+                _wait(bar_ptr, base + phase * G)
+            if not PREFETCH:  # the phase's first tile only now
+                w = _weight_tile(w_ptr, w_off, ldw, n_valid, k_valid, TN, TK)
+                k, v = _kv_tiles(c_ptr, w_off, n_pos, BLOCK_P, HEAD_D)
+        if kind == 1:  # this tile's share of its columns' dot products
+            x = tl.load(act_ptr + in_off + cols, mask=cols < k_valid, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if (flags & LAST_K) != 0:
+                y = acc
+                if (flags & RESID) != 0:
+                    y += tl.load(act_ptr + res_off + rows, mask=rows < n_valid, other=0.0)
+                tl.store(act_ptr + out_off + rows, y, mask=rows < n_valid)
+                acc = tl.zeros((TN,), dtype=tl.float32)
+        if kind == 2:  # one head's attention of the new query over the cache
+            q = tl.load(act_ptr + in_off + offs_d) * qk_scale  # log2 domain: softmax via exp2
+            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            s = tl.where(offs_p < n_pos, s, float("-inf"))
+            p = tl.exp2(s - tl.max(s, axis=0))
+            o = tl.sum(p[:, None] * v.to(tl.float32), axis=0) / tl.sum(p, axis=0)
+            tl.store(act_ptr + out_off + offs_d, o)
+        if last:
+            if SYNC:
+                tl.debug_barrier()  # every warp's stores are issued before the arrival
+                tl.atomic_add(bar_ptr, 1, sem="release")
+            if PREFETCH:
+                w_next = _weight_tile(w_ptr, nw_off, nldw, nn, nk, TN, TK)
+                k_next, v_next = _kv_tiles(c_ptr, nw_off, npos, BLOCK_P, HEAD_D)
+        kind, w_off, ldw, in_off, out_off, res_off, n_valid, k_valid, flags, phase, n_pos = (
+            nkind, nw_off, nldw, nin, nout, nres, nn, nk, nflags, nphase, npos)
+        nkind, nw_off, nldw, nin, nout, nres, nn, nk, nflags, nphase, npos = (
+            akind, aw_off, aldw, ain, aout, ares, an, ak, aflags, aphase, apos)
+        w, k, v = w_next, k_next, v_next
+    if pid == 0:
+        tl.store(epoch_ptr, epoch + 1)
+
+
+def phases(cfg, positions):
+    """The step's phases in order: ("gemv", name, N, K, input, output, residual or None) with
+    activations named (layer, what), or ("attend", layer)."""
+    C = cfg.n_embd
+    out = []
+    for i in range(cfg.n_layer):
+        out += [("gemv", "qkv", 3 * C, C, (i, "x"), (i, "qkv"), None), ("attend", i),
+                ("gemv", "attn-out", C, C, (i, "att"), (i, "xm"), (i, "x")),
+                ("gemv", "fc", 4 * C, C, (i, "xm"), (i, "h"), None),
+                ("gemv", "mlp-out", C, 4 * C, (i, "h"), (i + 1, "x"), (i, "xm"))]
+    return out + [("gemv", "lm_head", cfg.vocab_size, C, (cfg.n_layer, "x"), (cfg.n_layer, "logits"), None)]
+
+
+def act_offsets(cfg):
+    """Offset of every activation in one fp32 buffer (each written once per step), and its size."""
+    C, widths = cfg.n_embd, {"x": cfg.n_embd, "qkv": 3 * cfg.n_embd, "att": cfg.n_embd, "xm": cfg.n_embd,
+                             "h": 4 * cfg.n_embd}
+    offs, at = {}, 0
+    for i in range(cfg.n_layer):
+        for name, width in widths.items():
+            offs[(i, name)], at = at, at + width
+    offs[(cfg.n_layer, "x")], offs[(cfg.n_layer, "logits")] = at, at + C
+    return offs, at + C + cfg.vocab_size
+
+
+def plan(cfg, programs, tn, tk, positions):
+    """(descriptors (programs, max + 2, NF) int32, counts (programs,), weight offsets by phase,
+    number of phases). Every program has at least one descriptor in every phase (idle if it has
+    no columns there), flagged FIRST on its first and LAST_IN_PHASE on its last."""
+    acts, _ = act_offsets(cfg)
+    D, H = cfg.head_dim, cfg.n_head
+    lists = [[] for _ in range(programs)]
+    w_at, w_offs, steps = 0, [], phases(cfg, positions)
+    for j, ph in enumerate(steps):
+        for p in range(programs):
+            mine = []
+            if ph[0] == "attend":
+                layer = ph[1]
+                for h in range(p, H, programs):
+                    c_off = ((layer * H + h) * 2) * positions * D
+                    mine.append([ATTEND, c_off, 0, acts[(layer, "qkv")] + h * D, acts[(layer, "att")] + h * D, 0, 0,
+                                 0, 0, j, positions])
+            elif ph[0] == "gemv":
+                _, _, N, K, src, dst, res = ph
+                lo, hi = N * p // programs, N * (p + 1) // programs
+                for n0 in range(lo, hi, tn):
+                    for k0 in range(0, K, tk):
+                        flags = (LAST_K if k0 + tk >= K else 0) | (RESID if res else 0)
+                        mine.append([GEMV, w_at + n0 * K + k0, K, acts[src] + k0, acts[dst] + n0,
+                                     acts[res] + n0 if res else 0, min(tn, hi - n0), min(tk, K - k0), flags, j, 0])
+            if not mine:
+                mine.append([IDLE] + [0] * 8 + [j, 0])
+            mine[0][8] |= FIRST
+            mine[-1][8] |= LAST_IN_PHASE
+            lists[p] += mine
+        if ph[0] == "gemv":
+            w_offs.append(w_at)
+            w_at += ph[2] * ph[3]
+    counts = [len(lst) for lst in lists]
+    desc = torch.zeros(programs, max(counts) + 2, NF, dtype=torch.int32)  # two idle ones last
+    for p, lst in enumerate(lists):
+        desc[p, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
+    return desc, torch.tensor(counts, dtype=torch.int32), w_offs, len(steps)
+
+
+def reference(cfg, weights, w_offs, cache, x, positions):
+    """The same step in torch (fp32 over the fp16 weights): (final x, logits)."""
+    D, H = cfg.head_dim, cfg.n_head
+    mats = iter(weights[o:o + ph[2] * ph[3]].view(ph[2], ph[3]).float()
+                for o, ph in zip(w_offs, (p for p in phases(cfg, positions) if p[0] == "gemv")))
+    kv = cache.view(cfg.n_layer, H, 2, positions, D).float()
+    for i in range(cfg.n_layer):
+        q = (next(mats) @ x)[:H * D].view(H, D)
+        s = torch.einsum("hd,hpd->hp", q, kv[i, :, 0]) / math.sqrt(D)
+        att = torch.einsum("hp,hpd->hd", s.softmax(-1), kv[i, :, 1]).reshape(-1)
+        x = x + next(mats) @ att
+        h = next(mats) @ x  # fc
+        x = x + next(mats) @ h  # mlp-out
+    return x, next(mats) @ x
+
+
+class Step:
+    """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
+
+    def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, seed=0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
+        self.prefetch, self.sync, self.compiled = prefetch, sync, None
+        desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
+        self.desc, self.counts = desc.to(device), counts.to(device)
+        self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg, positions) if ph[0] == "gemv"),
+                                   dtype=torch.float16, device=device)
+        for o, ph in zip(self.w_offs, (p for p in phases(cfg, positions) if p[0] == "gemv")):
+            self.weights[o:o + ph[2] * ph[3]].normal_(0, 1 / math.sqrt(ph[3]), generator=g)
+        self.cache = torch.randn(cfg.n_layer * cfg.n_head * 2 * positions * cfg.head_dim, generator=g,
+                                 device=device).half()
+        self.acts, size = act_offsets(cfg)
+        self.act = torch.full((size,), float("nan"), device=device)  # poisoned: every read must be written first
+        self.act[:cfg.n_embd] = torch.randn(cfg.n_embd, generator=g, device=device)
+        self.bar = torch.zeros(1, dtype=torch.int64, device=device)
+        self.epoch = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def __call__(self):
+        c = self.cfg
+        self.compiled = _persistent_step_kernel[(self.desc.shape[0],)](
+            self.desc, self.counts, self.weights, self.cache, self.act, self.bar, self.epoch, self.desc.shape[1],
+            self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
+            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), HEAD_D=c.head_dim,
+            PREFETCH=self.prefetch, SYNC=self.sync, num_warps=self.warps)
+
+    def check(self):
+        """Largest error of the logits against torch, relative to their largest magnitude."""
+        self()
+        c = self.cfg
+        logits = self.act[self.acts[(c.n_layer, "logits")]:][:c.vocab_size]
+        _, want = reference(c, self.weights, self.w_offs, self.cache, self.act[:c.n_embd], self.positions)
+        return ((logits - want).abs().max() / want.abs().max()).item()
+
+    @property
+    def weight_bytes(self):
+        return self.weights.numel() * 2
+
+
+VARIANTS = {"barriers, prefetch across them": (True, True), "barriers, no prefetch across them": (False, True),
+            "no barriers (wrong values; the loop's own pace)": (True, False)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["gpt2", "gpt2-xl"], choices=sorted(PRESETS))
+    ap.add_argument("--positions", type=int, default=CACHE_POSITIONS,
+                    help=f"cache positions the attention reads (default {CACHE_POSITIONS})")
+    ap.add_argument("--out", default=None, help="folder for persistent-<device>.json")
+    args = ap.parse_args()
+    require_cuda("bench_persistent")
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    copy_gbs = copy_bandwidth()
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s, {sms} programs (one an SM)")
+    print("| model | TN x TK (KiB), warps | variant | regs (spills) | us/step | floor us | floor fraction "
+          "| max rel. error |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    rows = []
+    for name in args.models:
+        cfg = PRESETS[name]
+        floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
+        for tn, tk, warps in TILES:
+            for variant, (prefetch, sync) in VARIANTS.items():
+                step = Step(cfg, sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync)
+                err = step.check() if sync else None
+                us = ms_graph([step], reps=10) * 1e3
+                regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
+                r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
+                     "variant": variant, "prefetch": prefetch, "sync": sync, "barriers": step.n_phases,
+                     "n_regs": regs, "n_spills": spills, "us_per_step": us, "floor_us": floor_us,
+                     "floor_fraction": floor_us / us, "max_rel_error": err, "weight_bytes": step.weight_bytes}
+                rows.append(r)
+                print(f"| {name} | {tn} x {tk} ({r['tile_kib']:.0f}), {warps} | {variant} | {regs} ({spills}) "
+                      f"| {us:.1f} | {floor_us:.1f} | {floor_us / us:.2f} | "
+                      f"{'-' if err is None else f'{err:.1e}'} |", flush=True)
+                del step
+                torch.cuda.empty_cache()
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"persistent-{device_slug()}.json").write_text(json.dumps(
+            {"environment": environment(), "copy_gbs": copy_gbs, "programs": sms, "positions": args.positions,
+             "barriers_per_step": {m: len(phases(PRESETS[m], args.positions)) for m in args.models},
+             "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
