@@ -40,6 +40,8 @@ from minillm.config import PRESETS  # noqa: E402
 CACHE_POSITIONS = 96  # the generation benchmark's mean context, as scripts/bench_floor.py
 IDLE, GEMV, ATTEND = 0, 1, 2  # what a descriptor asks of its program
 FIRST, LAST_K, LAST_IN_PHASE, RESID = 1, 2, 4, 8  # descriptor flags
+# the same flags for the kernel (a jit function reads only constexpr globals)
+_FIRST, _LAST_K, _LAST_IN_PHASE, _RESID = (tl.constexpr(f) for f in (FIRST, LAST_K, LAST_IN_PHASE, RESID))
 NF = 11  # fields: kind, w_off, ldw, in_off, out_off, res_off, n_valid, k_valid, flags, phase, n_pos
 TILES = [(8, 1024, 4), (16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 8)]  # (TN, TK, warps)
 
@@ -108,7 +110,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, bar_ptr
     acc = tl.zeros((TN,), dtype=tl.float32)
     for t in range(n):  # the list ends in two idle descriptors: t + 2 is always there
         akind, aw_off, aldw, ain, aout, ares, an, ak, aflags, aphase, apos = _desc(dp, t + 2)
-        last = (flags & LAST_IN_PHASE) != 0
+        last = (flags & _LAST_IN_PHASE) != 0
         if last:  # the next tile is asked for after the arrival: its fence would wait for it
             w_next = tl.zeros((TN, TK), dtype=w_ptr.dtype.element_ty)
             k_next = tl.zeros((BLOCK_P, HEAD_D), dtype=c_ptr.dtype.element_ty)
@@ -116,7 +118,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, bar_ptr
         else:  # same phase: one tile ahead
             w_next = _weight_tile(w_ptr, nw_off, nldw, nn, nk, TN, TK)
             k_next, v_next = _kv_tiles(c_ptr, nw_off, npos, BLOCK_P, HEAD_D)
-        if (flags & FIRST) != 0:
+        if (flags & _FIRST) != 0:
             if SYNC:
                 _wait(bar_ptr, base + phase * G)
             if not PREFETCH:  # the phase's first tile only now
@@ -125,9 +127,9 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, bar_ptr
         if kind == 1:  # this tile's share of its columns' dot products
             x = tl.load(act_ptr + in_off + cols, mask=cols < k_valid, other=0.0)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            if (flags & LAST_K) != 0:
+            if (flags & _LAST_K) != 0:
                 y = acc
-                if (flags & RESID) != 0:
+                if (flags & _RESID) != 0:
                     y += tl.load(act_ptr + res_off + rows, mask=rows < n_valid, other=0.0)
                 tl.store(act_ptr + out_off + rows, y, mask=rows < n_valid)
                 acc = tl.zeros((TN,), dtype=tl.float32)
