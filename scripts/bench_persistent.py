@@ -47,7 +47,7 @@ LAST_K, RESID = 1, 2  # descriptor flags
 # fields: kind, w_off, ldw, in_off, out_off, res_off, n_valid << 16 | k_valid,
 # flags | phase << 4 | (the residual's phase + 1) << 16
 NF = 8
-TILES = [(16, 1024, 8), (8, 2048, 8), (32, 1024, 16), (16, 2048, 16), (32, 2048, 16)]  # (TN, TK, warps)
+TILES = [(16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 16)]  # (TN, TK, warps)
 
 
 @triton.jit
@@ -74,11 +74,10 @@ def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
     """The fp32 values of the tagged words at ptr + offs (zeros where not mask), read again
     until every one carries `tag` (tag < 0: as they are)."""
     word = tl.load(ptr + offs, mask=mask, other=0, volatile=True)
-    if SYNC:
-        stale = mask & ((word >> 32).to(tl.int32) != tag) & (tag >= 0)
-        while tl.max(stale.to(tl.int32), axis=0) != 0:
+    if SYNC and tag >= 0:
+        # only the word is carried around the loop (a carried mask broke Triton 3.6's layout pass)
+        while tl.max(tl.where(mask, (word >> 32).to(tl.int32) != tag, False).to(tl.int32), axis=0) != 0:
             word = tl.load(ptr + offs, mask=mask, other=0, volatile=True)
-            stale = mask & ((word >> 32).to(tl.int32) != tag) & (tag >= 0)
     return (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
 
@@ -90,8 +89,8 @@ def _tagged(y, tag):
 
 @triton.jit
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
-                            TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, HEAD_D: tl.constexpr,
-                            PREFETCH: tl.constexpr, SYNC: tl.constexpr):
+                            TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
+                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
     pid = tl.program_id(0)
     # phase p of launch e tags its values e * phases + p + 1. Program 0 advances the epoch last;
     # by then every program has read it (the lm_head's input holds values from all of them)
@@ -101,7 +100,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
     n = tl.load(n_desc_ptr + pid)
     rows = tl.arange(0, TN)
     cols = tl.arange(0, TK)
-    offs_p = tl.arange(0, BLOCK_P)
+    offs_p = tl.arange(0, ATT_P)
     offs_d = tl.arange(0, HEAD_D)
     # descriptors two ahead (a line of them comes from DRAM): the current one, the next one
     # (whose tile is asked for during this one) and the one after
@@ -130,14 +129,25 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
                 acc = tl.zeros((TN,), dtype=tl.float32)
         if kind == 2:  # one head's attention of the new query over the cache
             q = _poll(act_ptr + in_off, offs_d, offs_d < HEAD_D, in_tag, SYNC) * qk_scale  # log2 domain
-            kv = c_ptr + w_off.to(tl.int64) + offs_p[:, None] * HEAD_D + offs_d[None, :]
-            kv_mask = (offs_p < ldw)[:, None] & (offs_d < HEAD_D)[None, :]
-            k = tl.load(kv, mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.where(offs_p < ldw, tl.sum(k * q[None, :], axis=1), float("-inf"))
-            p = tl.exp2(s - tl.max(s, axis=0))  # softmax via exp2
-            o = tl.sum(p[:, None] * v, axis=0) / tl.sum(p, axis=0)
-            tl.store(act_ptr + out_off + offs_d, _tagged(o, base + phase))
+            m_i = float("-inf")
+            l_i = 0.0
+            o = tl.zeros((HEAD_D,), dtype=tl.float32)
+            # online softmax over ATT_P positions at a time: a whole cache tile in fp32 would take
+            # the registers the weight tiles need
+            for p0 in tl.static_range(0, BLOCK_P, ATT_P):
+                offs = p0 + offs_p
+                kv = c_ptr + w_off.to(tl.int64) + offs[:, None] * HEAD_D + offs_d[None, :]
+                kv_mask = (offs < ldw)[:, None] & (offs_d < HEAD_D)[None, :]
+                k = tl.load(kv, mask=kv_mask, other=0.0).to(tl.float32)
+                v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0).to(tl.float32)
+                s = tl.where(offs < ldw, tl.sum(k * q[None, :], axis=1), float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: position 0 is in the first block
+                alpha = tl.exp2(m_i - m_new)  # softmax via exp2
+                p = tl.exp2(s - m_new)
+                l_i = l_i * alpha + tl.sum(p, axis=0)
+                o = o * alpha + tl.sum(p[:, None] * v, axis=0)
+                m_i = m_new
+            tl.store(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase))
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
@@ -250,7 +260,7 @@ class Step:
         self.compiled = _persistent_step_kernel[(self.desc.shape[0],)](
             self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
             self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
-            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), HEAD_D=c.head_dim,
+            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16, HEAD_D=c.head_dim,
             PREFETCH=self.prefetch, SYNC=self.sync, num_warps=self.warps)
 
     def values(self, name):
