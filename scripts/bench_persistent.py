@@ -78,12 +78,18 @@ def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
         # only the word is carried around the loop (a carried mask broke Triton 3.6's layout pass)
         while tl.max(tl.where(mask, (word >> 32).to(tl.int32) != tag, False).to(tl.int32), axis=0) != 0:
             word = tl.load(ptr + offs, mask=mask, other=0, volatile=True)
+        # threads that hold copies of one element load it each on their own, and the reduction saw
+        # one copy: a copy still stale (NaN at the second call) loads again, now that its element
+        # was seen written (the reduction's barrier orders the two). Fresh copies load nothing.
+        stale = mask & ((word >> 32).to(tl.int32) != tag)
+        word = tl.load(ptr + offs, mask=stale, other=word, volatile=True)
     return (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _tagged(y, tag):
-    """fp32 values as 8-byte words with `tag` in the high half (one single-copy-atomic store each)."""
+    """fp32 values as 8-byte words with `tag` in the high half (stored by a relaxed exchange: one
+    8-byte access, whatever the compiler would make of a store)."""
     return (y.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
 
 
@@ -125,7 +131,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
                 if (meta & 2) != 0:  # RESID
                     res_phase = (meta >> 16) - 1
                     y += _poll(act_ptr + res_off, rows, n_mask, tl.where(res_phase >= 0, base + res_phase, -1), SYNC)
-                tl.store(act_ptr + out_off + rows, _tagged(y, base + phase), mask=n_mask)
+                tl.atomic_xchg(act_ptr + out_off + rows, _tagged(y, base + phase), mask=n_mask, sem="relaxed")
                 acc = tl.zeros((TN,), dtype=tl.float32)
         if kind == 2:  # one head's attention of the new query over the cache
             q = _poll(act_ptr + in_off, offs_d, offs_d < HEAD_D, in_tag, SYNC) * qk_scale  # log2 domain
@@ -147,7 +153,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
                 l_i = l_i * alpha + tl.sum(p, axis=0)
                 o = o * alpha + tl.sum(p[:, None] * v, axis=0)
                 m_i = m_new
-            tl.store(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase))
+            tl.atomic_xchg(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase), sem="relaxed")
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
