@@ -47,15 +47,18 @@ LAST_K, RESID = 1, 2  # descriptor flags
 # fields: kind, w_off, ldw, in_off, out_off, res_off, n_valid << 16 | k_valid,
 # flags | phase << 4 | (the residual's phase + 1) << 16
 NF = 8
-TILES = [(16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 16)]  # (TN, TK, warps)
+TILES = [(16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 8)]  # (TN, TK, warps): none spills under 3.6
 
 
 @triton.jit
 def _desc(dp, i):
     """The i-th descriptor of a program's list (NF int32 fields)."""
     d = dp + i * 8
-    return (tl.load(d), tl.load(d + 1), tl.load(d + 2), tl.load(d + 3), tl.load(d + 4), tl.load(d + 5),
-            tl.load(d + 6), tl.load(d + 7))
+    # the weight offset and row stride are multiples of 8 (plan): said where they are loaded, so
+    # the tile loads are 16 bytes wide (said of a helper's argument, the hint was lost, and the
+    # compiler issued 2-byte loads)
+    return (tl.load(d), tl.multiple_of(tl.load(d + 1), 8), tl.multiple_of(tl.load(d + 2), 8), tl.load(d + 3),
+            tl.load(d + 4), tl.load(d + 5), tl.load(d + 6), tl.load(d + 7))
 
 
 @triton.jit
@@ -64,7 +67,8 @@ def _weight_tile(w_ptr, w_off, ldw, nk, TN: tl.constexpr, TK: tl.constexpr):
     n_valid x k_valid (nk: both packed)."""
     rows = tl.arange(0, TN)
     cols = tl.arange(0, TK)
-    mask = (rows < (nk >> 16))[:, None] & (cols < (nk & 0xFFFF))[None, :]
+    # the tile's width is a multiple of 8 (plan), as are w_off and ldw (_desc says so)
+    mask = (rows < (nk >> 16))[:, None] & (cols < tl.multiple_of(nk & 0xFFFF, 8))[None, :]
     ptrs = w_ptr + w_off.to(tl.int64) + rows[:, None].to(tl.int64) * ldw + cols[None, :]
     return tl.load(ptrs, mask=mask, other=0.0)
 
@@ -94,9 +98,59 @@ def _tagged(y, tag):
 
 
 @triton.jit
+def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
+               TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
+               HEAD_D: tl.constexpr, LOAD_LATE: tl.constexpr, SYNC: tl.constexpr):
+    """One descriptor's work once its weight tile w is asked for (LOAD_LATE: only once the input
+    is in); returns the columns' running sums."""
+    rows = tl.arange(0, TN)
+    cols = tl.arange(0, TK)
+    offs_d = tl.arange(0, HEAD_D)
+    phase = (meta >> 4) & 0xFFF
+    in_tag = tl.where(phase > 0, base + phase - 1, -1)  # the input: the phase before
+    if kind == 1:  # this tile's share of its columns' dot products
+        x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
+        if LOAD_LATE:  # the kernel-per-op order: weights once the input is in
+            w = _weight_tile(w_ptr, w_off, ldw, nk, TN, TK)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if (meta & 1) != 0:  # LAST_K: the columns are done
+            n_mask = rows < (nk >> 16)
+            y = acc
+            if (meta & 2) != 0:  # RESID
+                res_phase = (meta >> 16) - 1
+                y += _poll(act_ptr + res_off, rows, n_mask, tl.where(res_phase >= 0, base + res_phase, -1), SYNC)
+            tl.atomic_xchg(act_ptr + out_off + rows, _tagged(y, base + phase), mask=n_mask, sem="relaxed")
+            acc = tl.zeros((TN,), dtype=tl.float32)
+    if kind == 2:  # one head's attention of the new query over the cache
+        q = _poll(act_ptr + in_off, offs_d, offs_d < HEAD_D, in_tag, SYNC) * qk_scale  # log2 domain
+        m_i = float("-inf")
+        l_i = 0.0
+        o = tl.zeros((HEAD_D,), dtype=tl.float32)
+        # online softmax over ATT_P positions at a time: a whole cache tile in fp32 would take
+        # the registers the weight tiles need
+        for p0 in tl.static_range(0, BLOCK_P, ATT_P):
+            offs = p0 + tl.arange(0, ATT_P)
+            kv = c_ptr + w_off.to(tl.int64) + offs[:, None] * HEAD_D + offs_d[None, :]
+            kv_mask = (offs < ldw)[:, None] & (offs_d < HEAD_D)[None, :]
+            k = tl.load(kv, mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.where(offs < ldw, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: position 0 is in the first block
+            alpha = tl.exp2(m_i - m_new)  # softmax via exp2
+            p = tl.exp2(s - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            o = o * alpha + tl.sum(p[:, None] * v, axis=0)
+            m_i = m_new
+        tl.atomic_xchg(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase), sem="relaxed")
+    return acc
+
+
+@triton.jit
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
                             TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
                             HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
+    """Tiles held in registers, the next one asked for during this one (PREFETCH), or each one
+    once its input is in."""
     pid = tl.program_id(0)
     # phase p of launch e tags its values e * phases + p + 1. Program 0 advances the epoch last;
     # by then every program has read it (the lm_head's input holds values from all of them)
@@ -104,10 +158,6 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
     base = epoch * n_phases + 1
     dp = desc_ptr + pid.to(tl.int64) * max_desc * 8
     n = tl.load(n_desc_ptr + pid)
-    rows = tl.arange(0, TN)
-    cols = tl.arange(0, TK)
-    offs_p = tl.arange(0, ATT_P)
-    offs_d = tl.arange(0, HEAD_D)
     # descriptors two ahead (a line of them comes from DRAM): the current one, the next one
     # (whose tile is asked for during this one) and the one after
     kind, w_off, ldw, in_off, out_off, res_off, nk, meta = _desc(dp, 0)
@@ -118,42 +168,8 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
         akind, aw_off, aldw, ain, aout, ares, ank, ameta = _desc(dp, t + 2)
         if PREFETCH:  # one tile ahead, whatever its phase: nothing here waits for it
             w_next = _weight_tile(w_ptr, nw_off, nldw, nnk, TN, TK)
-        phase = (meta >> 4) & 0xFFF
-        in_tag = tl.where(phase > 0, base + phase - 1, -1)  # the input: the phase before
-        if kind == 1:  # this tile's share of its columns' dot products
-            x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
-            if not PREFETCH:  # the kernel-per-op order: weights once the input is in
-                w = _weight_tile(w_ptr, w_off, ldw, nk, TN, TK)
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            if (meta & 1) != 0:  # LAST_K: the columns are done
-                n_mask = rows < (nk >> 16)
-                y = acc
-                if (meta & 2) != 0:  # RESID
-                    res_phase = (meta >> 16) - 1
-                    y += _poll(act_ptr + res_off, rows, n_mask, tl.where(res_phase >= 0, base + res_phase, -1), SYNC)
-                tl.atomic_xchg(act_ptr + out_off + rows, _tagged(y, base + phase), mask=n_mask, sem="relaxed")
-                acc = tl.zeros((TN,), dtype=tl.float32)
-        if kind == 2:  # one head's attention of the new query over the cache
-            q = _poll(act_ptr + in_off, offs_d, offs_d < HEAD_D, in_tag, SYNC) * qk_scale  # log2 domain
-            m_i = float("-inf")
-            l_i = 0.0
-            o = tl.zeros((HEAD_D,), dtype=tl.float32)
-            # online softmax over ATT_P positions at a time: a whole cache tile in fp32 would take
-            # the registers the weight tiles need
-            for p0 in tl.static_range(0, BLOCK_P, ATT_P):
-                offs = p0 + offs_p
-                kv = c_ptr + w_off.to(tl.int64) + offs[:, None] * HEAD_D + offs_d[None, :]
-                kv_mask = (offs < ldw)[:, None] & (offs_d < HEAD_D)[None, :]
-                k = tl.load(kv, mask=kv_mask, other=0.0).to(tl.float32)
-                v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0).to(tl.float32)
-                s = tl.where(offs < ldw, tl.sum(k * q[None, :], axis=1), float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: position 0 is in the first block
-                alpha = tl.exp2(m_i - m_new)  # softmax via exp2
-                p = tl.exp2(s - m_new)
-                l_i = l_i * alpha + tl.sum(p, axis=0)
-                o = o * alpha + tl.sum(p[:, None] * v, axis=0)
-                m_i = m_new
-            tl.atomic_xchg(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase), sem="relaxed")
+        acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
+                         qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
@@ -215,6 +231,8 @@ def plan(cfg, programs, tn, tk, positions):
         if ph[0] == "gemv":
             w_offs.append(w_at)
             w_at += ph[2] * ph[3]
+    if any(d[0] == GEMV and (d[1] % 8 or d[2] % 8) for lst in lists for d in lst):
+        raise ValueError("every layer width must be a multiple of 8 (the kernel's 16-byte loads)")
     counts = [len(lst) for lst in lists]
     desc = torch.zeros(programs, max(counts) + 2, NF, dtype=torch.int32)  # two idle ones last
     for p, lst in enumerate(lists):
@@ -266,8 +284,8 @@ class Step:
         self.compiled = _persistent_step_kernel[(self.desc.shape[0],)](
             self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
             self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
-            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16, HEAD_D=c.head_dim,
-            PREFETCH=self.prefetch, SYNC=self.sync, num_warps=self.warps)
+            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
+            HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync, num_warps=self.warps)
 
     def values(self, name):
         """An activation's fp32 values (the low halves of its words) and tags (the high halves)."""
@@ -288,8 +306,9 @@ class Step:
         return self.weights.numel() * 2
 
 
-VARIANTS = {"tile ahead": (True, True), "tile after its input": (False, True),
-            "tile ahead, no waits (wrong values: the loop's own pace)": (True, False)}
+VARIANTS = {  # (prefetch, sync)
+    "tile ahead": (True, True), "tile after its input": (False, True),
+    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False)}
 
 
 def main():
@@ -318,7 +337,8 @@ def main():
                 us = ms_graph([step], reps=10) * 1e3
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
-                     "variant": variant, "prefetch": prefetch, "sync": sync, "barriers": step.n_phases,
+                     "variant": variant, "prefetch": prefetch, "sync": sync,
+                     "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "us_per_step": us, "floor_us": floor_us,
                      "floor_fraction": floor_us / us, "max_rel_error": err, "weight_bytes": step.weight_bytes}
                 rows.append(r)
@@ -332,7 +352,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         (out / f"persistent-{device_slug()}.json").write_text(json.dumps(
             {"environment": environment(), "copy_gbs": copy_gbs, "programs": sms, "positions": args.positions,
-             "barriers_per_step": {m: len(phases(PRESETS[m], args.positions)) for m in args.models},
+             "phases_per_step": {m: len(phases(PRESETS[m], args.positions)) for m in args.models},
              "rows": rows}, indent=1))
 
 
