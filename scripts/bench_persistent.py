@@ -74,10 +74,9 @@ def _weight_tile(w_ptr, w_off, ldw, nk, TN: tl.constexpr, TK: tl.constexpr):
 
 
 @triton.jit
-def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
-    """The fp32 values of the tagged words at ptr + offs (zeros where not mask), read again
-    until every one carries `tag` (tag < 0: as they are)."""
-    word = tl.load(ptr + offs, mask=mask, other=0, volatile=True)
+def _fresh(word, ptr, offs, mask, tag, SYNC: tl.constexpr):
+    """The fp32 values of the tagged words at ptr + offs (zeros where not mask), `word` being a
+    first read of them, read again until every one carries `tag` (tag < 0: as they are)."""
     if SYNC and tag >= 0:
         # only the word is carried around the loop (a carried mask broke Triton 3.6's layout pass)
         while tl.max(tl.where(mask, (word >> 32).to(tl.int32) != tag, False).to(tl.int32), axis=0) != 0:
@@ -91,6 +90,12 @@ def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
 
 
 @triton.jit
+def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
+    """_fresh from a read made now."""
+    return _fresh(tl.load(ptr + offs, mask=mask, other=0, volatile=True), ptr, offs, mask, tag, SYNC)
+
+
+@triton.jit
 def _tagged(y, tag):
     """fp32 values as 8-byte words with `tag` in the high half (stored by a relaxed exchange: one
     8-byte access, whatever the compiler would make of a store)."""
@@ -98,18 +103,18 @@ def _tagged(y, tag):
 
 
 @triton.jit
-def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
+def _tile_work(w, x_words, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
                TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
                HEAD_D: tl.constexpr, LOAD_LATE: tl.constexpr, SYNC: tl.constexpr):
-    """One descriptor's work once its weight tile w is asked for (LOAD_LATE: only once the input
-    is in); returns the columns' running sums."""
+    """One descriptor's work once its weight tile w and a first read of its input x_words are
+    asked for (LOAD_LATE: the tile only once the input is in); returns the columns' running sums."""
     rows = tl.arange(0, TN)
     cols = tl.arange(0, TK)
     offs_d = tl.arange(0, HEAD_D)
     phase = (meta >> 4) & 0xFFF
     in_tag = tl.where(phase > 0, base + phase - 1, -1)  # the input: the phase before
     if kind == 1:  # this tile's share of its columns' dot products
-        x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
+        x = _fresh(x_words, act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
         if LOAD_LATE:  # the kernel-per-op order: weights once the input is in
             w = _weight_tile(w_ptr, w_off, ldw, nk, TN, TK)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -148,9 +153,10 @@ def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off,
 @triton.jit
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
                             TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
-                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
+                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, X_AHEAD: tl.constexpr,
+                            SYNC: tl.constexpr):
     """Tiles held in registers, the next one asked for during this one (PREFETCH), or each one
-    once its input is in."""
+    once its input is in; X_AHEAD: the next tile's input is read ahead too."""
     pid = tl.program_id(0)
     # phase p of launch e tags its values e * phases + p + 1. Program 0 advances the epoch last;
     # by then every program has read it (the lm_head's input holds values from all of them)
@@ -163,17 +169,25 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
     kind, w_off, ldw, in_off, out_off, res_off, nk, meta = _desc(dp, 0)
     nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = _desc(dp, 1)
     w = _weight_tile(w_ptr, w_off, ldw, nk * PREFETCH, TN, TK)
+    cols = tl.arange(0, TK)
+    x_words = tl.load(act_ptr + in_off + cols, mask=cols < (nk & 0xFFFF) * X_AHEAD, other=0, volatile=True)
     acc = tl.zeros((TN,), dtype=tl.float32)
     for t in range(n):  # the list ends in two idle descriptors: t + 2 is always there
         akind, aw_off, aldw, ain, aout, ares, ank, ameta = _desc(dp, t + 2)
         if PREFETCH:  # one tile ahead, whatever its phase: nothing here waits for it
             w_next = _weight_tile(w_ptr, nw_off, nldw, nnk, TN, TK)
-        acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
+        if X_AHEAD:  # and a first read of its input (read again where it was not yet written)
+            x_next = tl.load(act_ptr + nin + cols, mask=cols < (nnk & 0xFFFF), other=0, volatile=True)
+        else:
+            x_words = tl.load(act_ptr + in_off + cols, mask=cols < (nk & 0xFFFF), other=0, volatile=True)
+        acc = _tile_work(w, x_words, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
                          qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
             w = w_next
+        if X_AHEAD:
+            x_words = x_next
     if pid == 0:
         tl.store(epoch_ptr, epoch + 1)
 
@@ -259,10 +273,11 @@ def reference(cfg, weights, w_offs, cache, x, positions):
 class Step:
     """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
 
-    def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, seed=0):
+    def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, x_ahead=False,
+                 seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
-        self.prefetch, self.sync, self.compiled = prefetch, sync, None
+        self.prefetch, self.sync, self.x_ahead, self.compiled = prefetch, sync, x_ahead, None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
         self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg, positions) if ph[0] == "gemv"),
@@ -285,7 +300,7 @@ class Step:
             self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
             self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
             TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
-            HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync, num_warps=self.warps)
+            HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync, num_warps=self.warps)
 
     def values(self, name):
         """An activation's fp32 values (the low halves of its words) and tags (the high halves)."""
@@ -306,9 +321,11 @@ class Step:
         return self.weights.numel() * 2
 
 
-VARIANTS = {  # (prefetch, sync)
-    "tile ahead": (True, True), "tile after its input": (False, True),
-    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False)}
+VARIANTS = {  # (prefetch, sync, x_ahead)
+    "tile ahead": (True, True, False), "tile after its input": (False, True, False),
+    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False),
+    "tile and input ahead": (True, True, True),
+    "tile and input ahead, no waits": (True, False, True)}
 
 
 def main():
@@ -331,13 +348,14 @@ def main():
         cfg = PRESETS[name]
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
         for tn, tk, warps in TILES:
-            for variant, (prefetch, sync) in VARIANTS.items():
-                step = Step(cfg, sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync)
+            for variant, (prefetch, sync, x_ahead) in VARIANTS.items():
+                step = Step(cfg, sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
+                            x_ahead=x_ahead)
                 err = step.check() if sync else None
                 us = ms_graph([step], reps=10) * 1e3
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
-                     "variant": variant, "prefetch": prefetch, "sync": sync,
+                     "variant": variant, "prefetch": prefetch, "sync": sync, "x_ahead": x_ahead,
                      "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "us_per_step": us, "floor_us": floor_us,
                      "floor_fraction": floor_us / us, "max_rel_error": err, "weight_bytes": step.weight_bytes}
