@@ -47,7 +47,9 @@ LAST_K, RESID = 1, 2  # descriptor flags
 # fields: kind, w_off, ldw, in_off, out_off, res_off, n_valid << 16 | k_valid,
 # flags | phase << 4 | (the residual's phase + 1) << 16
 NF = 8
-TILES = [(16, 1024, 8), (8, 2048, 8), (16, 2048, 8), (32, 1024, 8)]  # (TN, TK, warps): none spills under 3.6
+# (TN, TK, warps, programs an SM, register cap or None): more programs an SM keep more tiles in flight
+TILES = [(16, 2048, 8, 1, None), (16, 1024, 8, 2, 128), (16, 1024, 4, 2, None), (8, 1024, 4, 3, 168),
+         (16, 1024, 4, 3, 168), (8, 1024, 4, 4, 128)]
 
 
 @triton.jit
@@ -220,6 +222,8 @@ def act_offsets(cfg):
 def plan(cfg, programs, tn, tk, positions):
     """(descriptors (programs, max + 2, NF) int32, counts (programs,), weight offsets by phase,
     number of phases): each program's tiles in phase order, two idle descriptors last."""
+    if programs > cfg.n_embd:  # the epoch's rule needs every program in the last layer's mlp-out
+        raise ValueError(f"programs: expected at most n_embd ({cfg.n_embd}), got {programs}")
     acts, _ = act_offsets(cfg)
     D, H = cfg.head_dim, cfg.n_head
     res_phase = {(i, "x"): 5 * i - 1 for i in range(cfg.n_layer)} | {(i, "xm"): 5 * i + 2 for i in range(cfg.n_layer)}
@@ -274,10 +278,10 @@ class Step:
     """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
 
     def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, x_ahead=False,
-                 seed=0):
+                 maxnreg=None, seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
-        self.prefetch, self.sync, self.x_ahead, self.compiled = prefetch, sync, x_ahead, None
+        self.prefetch, self.sync, self.x_ahead, self.maxnreg, self.compiled = prefetch, sync, x_ahead, maxnreg, None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
         self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg, positions) if ph[0] == "gemv"),
@@ -294,13 +298,17 @@ class Step:
         self.act[:cfg.n_embd] = x0.view(torch.int32).long() & 0xFFFFFFFF
         self.epoch = torch.zeros(1, dtype=torch.int64, device=device)
 
-    def __call__(self):
+    def __call__(self, warmup=False):
+        """Launch the step (warmup: compile only, and return the compiled kernel)."""
         c = self.cfg
+        opts = ({} if self.maxnreg is None else {"maxnreg": self.maxnreg}) | ({"warmup": True} if warmup else {})
         self.compiled = _persistent_step_kernel[(self.desc.shape[0],)](
             self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
             self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
             TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
-            HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync, num_warps=self.warps)
+            HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync, num_warps=self.warps,
+            **opts)
+        return self.compiled
 
     def values(self, name):
         """An activation's fp32 values (the low halves of its words) and tags (the high halves)."""
@@ -321,11 +329,21 @@ class Step:
         return self.weights.numel() * 2
 
 
+def resident_per_sm(kernel, warps, props):
+    """How many programs of a compiled kernel an SM holds at once (registers, threads, shared
+    memory): every program of the step must be resident, or one waits forever for values that a
+    program not yet started would write."""
+    kernel._init_handles()  # loads the module: n_regs is known from here on
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256
+    by_regs = props.regs_per_multiprocessor // (regs_per_warp * warps)
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    by_shared = props.shared_memory_per_multiprocessor // max(kernel.metadata.shared, 1)
+    return min(by_regs, by_threads, by_shared)
+
+
 VARIANTS = {  # (prefetch, sync, x_ahead)
-    "tile ahead": (True, True, False), "tile after its input": (False, True, False),
-    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False),
-    "tile and input ahead": (True, True, True),
-    "tile and input ahead, no waits": (True, False, True)}
+    "tile ahead": (True, True, False),
+    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False)}
 
 
 def main():
@@ -337,39 +355,45 @@ def main():
     args = ap.parse_args()
     require_cuda("bench_persistent")
     dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    props = torch.cuda.get_device_properties(dev)
+    sms = props.multi_processor_count
     copy_gbs = copy_bandwidth()
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s, {sms} programs (one an SM)")
-    print("| model | TN x TK (KiB), warps | variant | regs (spills) | us/step | floor us | floor fraction "
-          "| max rel. error |")
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s, {sms} SMs")
+    print("| model | TN x TK (KiB), warps, programs an SM, register cap | variant | regs (spills) | us/step | floor us "
+          "| floor fraction | max rel. error |")
     print("|---|---|---|---|---:|---:|---:|---:|")
     rows = []
     for name in args.models:
         cfg = PRESETS[name]
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
-        for tn, tk, warps in TILES:
+        for tn, tk, warps, per_sm, cap in TILES:
+            layout = f"{tn} x {tk} ({tn * tk * 2 // 1024}), {warps}, {per_sm}, {cap or '-'}"
             for variant, (prefetch, sync, x_ahead) in VARIANTS.items():
-                step = Step(cfg, sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
-                            x_ahead=x_ahead)
-                err = step.check() if sync else None
-                us = ms_graph([step], reps=10) * 1e3
+                step = Step(cfg, per_sm * sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
+                            x_ahead=x_ahead, maxnreg=cap)
+                fits = resident_per_sm(step(warmup=True), warps, props)
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
-                     "variant": variant, "prefetch": prefetch, "sync": sync, "x_ahead": x_ahead,
-                     "phases": step.n_phases,
-                     "n_regs": regs, "n_spills": spills, "us_per_step": us, "floor_us": floor_us,
-                     "floor_fraction": floor_us / us, "max_rel_error": err, "weight_bytes": step.weight_bytes}
+                     "programs_per_sm": per_sm, "maxnreg": cap, "resident_per_sm": fits, "variant": variant,
+                     "prefetch": prefetch, "sync": sync, "x_ahead": x_ahead, "phases": step.n_phases,
+                     "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
+                if fits < per_sm:  # would never finish
+                    print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | not run: {fits} fit an SM | | | |")
+                    rows.append(r)
+                    continue
+                err = step.check() if sync else None
+                us = ms_graph([step], reps=10) * 1e3
+                r.update(us_per_step=us, floor_fraction=floor_us / us, max_rel_error=err)
                 rows.append(r)
-                print(f"| {name} | {tn} x {tk} ({r['tile_kib']:.0f}), {warps} | {variant} | {regs} ({spills}) "
-                      f"| {us:.1f} | {floor_us:.1f} | {floor_us / us:.2f} | "
-                      f"{'-' if err is None else f'{err:.1e}'} |", flush=True)
+                print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | {us:.1f} | {floor_us:.1f} "
+                      f"| {floor_us / us:.2f} | {'-' if err is None else f'{err:.1e}'} |", flush=True)
                 del step
                 torch.cuda.empty_cache()
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"persistent-{device_slug()}.json").write_text(json.dumps(
-            {"environment": environment(), "copy_gbs": copy_gbs, "programs": sms, "positions": args.positions,
+            {"environment": environment(), "copy_gbs": copy_gbs, "sms": sms, "positions": args.positions,
              "phases_per_step": {m: len(phases(PRESETS[m], args.positions)) for m in args.models},
              "rows": rows}, indent=1))
 
