@@ -299,15 +299,18 @@ class Step:
         self.epoch = torch.zeros(1, dtype=torch.int64, device=device)
 
     def __call__(self, warmup=False):
-        """Launch the step (warmup: compile only, and return the compiled kernel)."""
+        """Launch the step (warmup: compile only); returns the compiled kernel."""
         c = self.cfg
-        opts = ({} if self.maxnreg is None else {"maxnreg": self.maxnreg}) | ({"warmup": True} if warmup else {})
-        self.compiled = _persistent_step_kernel[(self.desc.shape[0],)](
-            self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
-            self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim),  # log2(e)
-            TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
-            HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync, num_warps=self.warps,
-            **opts)
+        args = (self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
+                self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim))  # log2(e)
+        meta = dict(TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
+                    HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync,
+                    num_warps=self.warps, **({} if self.maxnreg is None else {"maxnreg": self.maxnreg}))
+        grid = (self.desc.shape[0],)
+        if warmup:
+            self.compiled = _persistent_step_kernel.warmup(*args, grid=grid, **meta)
+        else:
+            self.compiled = _persistent_step_kernel[grid](*args, **meta)
         return self.compiled
 
     def values(self, name):
