@@ -2,16 +2,15 @@
 
 minillm runs a layer as four dependent kernels, and at gpt2-xl's size each linear fills about
 all the bytes its resident programs can have in flight, so each kernel boundary drains the
-memory pipe (README, "What limits the speed"). Here one program on every SM runs the whole step
-and asks for its weight tiles one tile ahead whatever the phase, so weights keep streaming while
-it waits for the previous phase's values.
+memory pipe (README, "What limits the speed"). Here one to four programs on every SM (TILES) run
+the whole step and ask for their weight tiles one tile ahead whatever the phase, so weights keep
+streaming while they wait for the previous phase's values.
 
 The phases meet without barriers or fences: every activation is an 8-byte word, its fp32 value
 in the low half and in the high half a tag (the launch's epoch and the phase that wrote it). A
 program reads the values it needs and reads them again until every tag is the one it expects.
-(A first version met at grid barriers, an arrival counter and a spin, with the next tile asked
-for right after the arrival: at dbd8aa3 it was 6-17x slower than the engine, its registers
-spilling; bench/results/h200/persistent-probe/.)
+(A first version met at grid barriers, an arrival counter and a spin: at dbd8aa3 it was 2.9-9x
+slower than the engine, its registers spilling.)
 
 The step, with real arithmetic in fp32 over fp16 weights (checked against torch):
 - each linear's output columns are split evenly over the programs, every program over the whole
@@ -23,6 +22,10 @@ The step, with real arithmetic in fp32 over fp16 weights (checked against torch)
 Left out (each cheap in this design, or a launch minillm has too): the layernorms (each program
 reads whole rows of x, so it can take their statistics itself), GELU, the embedding, the new
 key and value's store, the lm_head's argmax.
+
+Outcome on an H200 (Triton 3.6; bench/results/h200/persistent-probe/): 2,423 us a step at
+gpt2-xl and 352 us at gpt2, against the engine's 1,323 and 134. Even with every wait skipped the
+tile loop streams only about 1.6 TB/s, whatever the tiles and programs an SM.
 
     python3 scripts/bench_persistent.py --out bench/results
 """
@@ -76,9 +79,10 @@ def _weight_tile(w_ptr, w_off, ldw, nk, TN: tl.constexpr, TK: tl.constexpr):
 
 
 @triton.jit
-def _fresh(word, ptr, offs, mask, tag, SYNC: tl.constexpr):
-    """The fp32 values of the tagged words at ptr + offs (zeros where not mask), `word` being a
-    first read of them, read again until every one carries `tag` (tag < 0: as they are)."""
+def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
+    """The fp32 values of the tagged words at ptr + offs (zeros where not mask), read again
+    until every one carries `tag` (tag < 0: as they are)."""
+    word = tl.load(ptr + offs, mask=mask, other=0, volatile=True)
     if SYNC and tag >= 0:
         # only the word is carried around the loop (a carried mask broke Triton 3.6's layout pass)
         while tl.max(tl.where(mask, (word >> 32).to(tl.int32) != tag, False).to(tl.int32), axis=0) != 0:
@@ -92,12 +96,6 @@ def _fresh(word, ptr, offs, mask, tag, SYNC: tl.constexpr):
 
 
 @triton.jit
-def _poll(ptr, offs, mask, tag, SYNC: tl.constexpr):
-    """_fresh from a read made now."""
-    return _fresh(tl.load(ptr + offs, mask=mask, other=0, volatile=True), ptr, offs, mask, tag, SYNC)
-
-
-@triton.jit
 def _tagged(y, tag):
     """fp32 values as 8-byte words with `tag` in the high half (stored by a relaxed exchange: one
     8-byte access, whatever the compiler would make of a store)."""
@@ -105,18 +103,18 @@ def _tagged(y, tag):
 
 
 @triton.jit
-def _tile_work(w, x_words, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
+def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
                TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
                HEAD_D: tl.constexpr, LOAD_LATE: tl.constexpr, SYNC: tl.constexpr):
-    """One descriptor's work once its weight tile w and a first read of its input x_words are
-    asked for (LOAD_LATE: the tile only once the input is in); returns the columns' running sums."""
+    """One descriptor's work once its weight tile w is asked for (LOAD_LATE: only once the input
+    is in); returns the columns' running sums."""
     rows = tl.arange(0, TN)
     cols = tl.arange(0, TK)
     offs_d = tl.arange(0, HEAD_D)
     phase = (meta >> 4) & 0xFFF
     in_tag = tl.where(phase > 0, base + phase - 1, -1)  # the input: the phase before
     if kind == 1:  # this tile's share of its columns' dot products
-        x = _fresh(x_words, act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
+        x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
         if LOAD_LATE:  # the kernel-per-op order: weights once the input is in
             w = _weight_tile(w_ptr, w_off, ldw, nk, TN, TK)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -155,10 +153,9 @@ def _tile_work(w, x_words, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off,
 @triton.jit
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
                             TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
-                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, X_AHEAD: tl.constexpr,
-                            SYNC: tl.constexpr):
+                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
     """Tiles held in registers, the next one asked for during this one (PREFETCH), or each one
-    once its input is in; X_AHEAD: the next tile's input is read ahead too."""
+    once its input is in. (Reading the next tile's input ahead as well moved nothing: call 6.)"""
     pid = tl.program_id(0)
     # phase p of launch e tags its values e * phases + p + 1. Program 0 advances the epoch last;
     # by then every program has read it (the lm_head's input holds values from all of them)
@@ -171,25 +168,17 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
     kind, w_off, ldw, in_off, out_off, res_off, nk, meta = _desc(dp, 0)
     nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = _desc(dp, 1)
     w = _weight_tile(w_ptr, w_off, ldw, nk * PREFETCH, TN, TK)
-    cols = tl.arange(0, TK)
-    x_words = tl.load(act_ptr + in_off + cols, mask=cols < (nk & 0xFFFF) * X_AHEAD, other=0, volatile=True)
     acc = tl.zeros((TN,), dtype=tl.float32)
     for t in range(n):  # the list ends in two idle descriptors: t + 2 is always there
         akind, aw_off, aldw, ain, aout, ares, ank, ameta = _desc(dp, t + 2)
         if PREFETCH:  # one tile ahead, whatever its phase: nothing here waits for it
             w_next = _weight_tile(w_ptr, nw_off, nldw, nnk, TN, TK)
-        if X_AHEAD:  # and a first read of its input (read again where it was not yet written)
-            x_next = tl.load(act_ptr + nin + cols, mask=cols < (nnk & 0xFFFF), other=0, volatile=True)
-        else:
-            x_words = tl.load(act_ptr + in_off + cols, mask=cols < (nk & 0xFFFF), other=0, volatile=True)
-        acc = _tile_work(w, x_words, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
+        acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
                          qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
             w = w_next
-        if X_AHEAD:
-            x_words = x_next
     if pid == 0:
         tl.store(epoch_ptr, epoch + 1)
 
@@ -277,11 +266,11 @@ def reference(cfg, weights, w_offs, cache, x, positions):
 class Step:
     """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
 
-    def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, x_ahead=False,
-                 maxnreg=None, seed=0):
+    def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, maxnreg=None,
+                 seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
-        self.prefetch, self.sync, self.x_ahead, self.maxnreg, self.compiled = prefetch, sync, x_ahead, maxnreg, None
+        self.prefetch, self.sync, self.maxnreg, self.compiled = prefetch, sync, maxnreg, None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
         self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg, positions) if ph[0] == "gemv"),
@@ -304,7 +293,7 @@ class Step:
         args = (self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
                 self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim))  # log2(e)
         meta = dict(TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
-                    HEAD_D=c.head_dim, PREFETCH=self.prefetch, X_AHEAD=self.x_ahead, SYNC=self.sync,
+                    HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync,
                     num_warps=self.warps, **({} if self.maxnreg is None else {"maxnreg": self.maxnreg}))
         grid = (self.desc.shape[0],)
         if warmup:
@@ -344,9 +333,10 @@ def resident_per_sm(kernel, warps, props):
     return min(by_regs, by_threads, by_shared)
 
 
-VARIANTS = {  # (prefetch, sync, x_ahead)
-    "tile ahead": (True, True, False),
-    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False)}
+# (prefetch, sync). Without prefetch (each tile once its input is in) the step was 1-8% slower in
+# calls 5 and 6, except at 32 x 1024 tiles (2-5% faster, not explained)
+VARIANTS = {
+    "tile ahead": (True, True), "tile ahead, no waits (wrong values: the loop's own pace)": (True, False)}
 
 
 def main():
@@ -371,14 +361,14 @@ def main():
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
         for tn, tk, warps, per_sm, cap in TILES:
             layout = f"{tn} x {tk} ({tn * tk * 2 // 1024}), {warps}, {per_sm}, {cap or '-'}"
-            for variant, (prefetch, sync, x_ahead) in VARIANTS.items():
+            for variant, (prefetch, sync) in VARIANTS.items():
                 step = Step(cfg, per_sm * sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
-                            x_ahead=x_ahead, maxnreg=cap)
+                            maxnreg=cap)
                 fits = resident_per_sm(step(warmup=True), warps, props)
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
                      "programs_per_sm": per_sm, "maxnreg": cap, "resident_per_sm": fits, "variant": variant,
-                     "prefetch": prefetch, "sync": sync, "x_ahead": x_ahead, "phases": step.n_phases,
+                     "prefetch": prefetch, "sync": sync, "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
                 if fits < per_sm:  # would never finish
                     print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | not run: {fits} fit an SM | | | |")
