@@ -183,7 +183,7 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
         tl.store(epoch_ptr, epoch + 1)
 
 
-def phases(cfg, positions):
+def phases(cfg):
     """The step's phases in order: ("gemv", name, N, K, input, output, residual or None) with
     activations named (layer, what), or ("attend", layer)."""
     C = cfg.n_embd
@@ -197,7 +197,8 @@ def phases(cfg, positions):
 
 
 def act_offsets(cfg):
-    """Offset of every activation in one fp32 buffer (each written once per step), and its size."""
+    """Offset of every activation in one buffer of tagged words (each written once a step), and
+    the buffer's size."""
     C, widths = cfg.n_embd, {"x": cfg.n_embd, "qkv": 3 * cfg.n_embd, "att": cfg.n_embd, "xm": cfg.n_embd,
                              "h": 4 * cfg.n_embd}
     offs, at = {}, 0
@@ -217,7 +218,7 @@ def plan(cfg, programs, tn, tk, positions):
     D, H = cfg.head_dim, cfg.n_head
     res_phase = {(i, "x"): 5 * i - 1 for i in range(cfg.n_layer)} | {(i, "xm"): 5 * i + 2 for i in range(cfg.n_layer)}
     lists = [[] for _ in range(programs)]
-    w_at, w_offs, steps = 0, [], phases(cfg, positions)
+    w_at, w_offs, steps = 0, [], phases(cfg)
     for j, ph in enumerate(steps):
         for p in range(programs):
             if ph[0] == "attend":
@@ -251,7 +252,7 @@ def reference(cfg, weights, w_offs, cache, x, positions):
     """The same step in torch (fp32 over the fp16 weights): (final x, logits)."""
     D, H = cfg.head_dim, cfg.n_head
     mats = iter(weights[o:o + ph[2] * ph[3]].view(ph[2], ph[3]).float()
-                for o, ph in zip(w_offs, (p for p in phases(cfg, positions) if p[0] == "gemv")))
+                for o, ph in zip(w_offs, (p for p in phases(cfg) if p[0] == "gemv")))
     kv = cache.view(cfg.n_layer, H, 2, positions, D).float()
     for i in range(cfg.n_layer):
         q = (next(mats) @ x)[:H * D].view(H, D)
@@ -273,9 +274,9 @@ class Step:
         self.prefetch, self.sync, self.maxnreg, self.compiled = prefetch, sync, maxnreg, None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
-        self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg, positions) if ph[0] == "gemv"),
+        self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg) if ph[0] == "gemv"),
                                    dtype=torch.float16, device=device)
-        for o, ph in zip(self.w_offs, (p for p in phases(cfg, positions) if p[0] == "gemv")):
+        for o, ph in zip(self.w_offs, (p for p in phases(cfg) if p[0] == "gemv")):
             self.weights[o:o + ph[2] * ph[3]].normal_(0, 1 / math.sqrt(ph[3]), generator=g)
         self.cache = torch.randn(cfg.n_layer * cfg.n_head * 2 * positions * cfg.head_dim, generator=g,
                                  device=device).half()
@@ -372,14 +373,13 @@ def main():
                      "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
                 if fits < per_sm:  # would never finish
                     print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | not run: {fits} fit an SM | | | |")
-                    rows.append(r)
-                    continue
-                err = step.check() if sync else None
-                us = ms_graph([step], reps=10) * 1e3
-                r.update(us_per_step=us, floor_fraction=floor_us / us, max_rel_error=err)
+                else:
+                    err = step.check() if sync else None
+                    us = ms_graph([step], reps=10) * 1e3
+                    r.update(us_per_step=us, floor_fraction=floor_us / us, max_rel_error=err)
+                    print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | {us:.1f} | {floor_us:.1f} "
+                          f"| {floor_us / us:.2f} | {'-' if err is None else f'{err:.1e}'} |", flush=True)
                 rows.append(r)
-                print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | {us:.1f} | {floor_us:.1f} "
-                      f"| {floor_us / us:.2f} | {'-' if err is None else f'{err:.1e}'} |", flush=True)
                 del step
                 torch.cuda.empty_cache()
     if args.out:
@@ -387,7 +387,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         (out / f"persistent-{device_slug()}.json").write_text(json.dumps(
             {"environment": environment(), "copy_gbs": copy_gbs, "sms": sms, "positions": args.positions,
-             "phases_per_step": {m: len(phases(PRESETS[m], args.positions)) for m in args.models},
+             "phases_per_step": {m: len(phases(PRESETS[m])) for m in args.models},
              "rows": rows}, indent=1))
 
 

@@ -22,7 +22,7 @@ def test_plan_covers_weights_once(programs):
     bp = bench_persistent
     desc, counts, w_offs, n_phases = bp.plan(TINY, programs, 8, 32, positions=5)
     assert n_phases == 5 * TINY.n_layer + 1 and len(w_offs) == 4 * TINY.n_layer + 1
-    covered = torch.zeros(sum(ph[2] * ph[3] for ph in bp.phases(TINY, 5) if ph[0] == "gemv"), dtype=torch.int32)
+    covered = torch.zeros(sum(ph[2] * ph[3] for ph in bp.phases(TINY) if ph[0] == "gemv"), dtype=torch.int32)
     heads = 0
     for p in range(programs):
         mine = desc[p, :counts[p]]
@@ -38,12 +38,21 @@ def test_plan_covers_weights_once(programs):
     assert heads == TINY.n_layer * TINY.n_head
 
 
+def test_plan_refuses_what_the_kernel_cannot_run():
+    with pytest.raises(ValueError, match="programs: expected at most n_embd"):
+        bench_persistent.plan(TINY, TINY.n_embd + 1, 8, 32, positions=5)
+    odd = GPTConfig(n_layer=1, n_head=2, n_embd=60, n_positions=32, vocab_size=100)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        bench_persistent.plan(odd, 3, 8, 32, positions=5)
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("tn,tk", [(8, 32), (4, 64)])
 def test_step_matches_torch(prefetch, tn, tk, device):
     """K chunks (64 and 256 over TK 32 or 64), a column range that ends mid-tile (V = 100), the
-    residuals and the attention, all through one program's descriptor list; the activations
-    start as NaN, so anything read before it is written shows."""
+    residuals and the attention, all through one program's descriptor list. The activations
+    start as NaN under tag 0: one read as it is would show, and a poll for one never written
+    would not return (the CI timeout ends it)."""
     step = bench_persistent.Step(TINY, 1, tn, tk, 1, positions=5, device=device, prefetch=prefetch, seed=1)
     assert step.check() < 1e-5
     step()  # a second launch: the epoch moves the tags on
