@@ -153,9 +153,12 @@ def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off,
 @triton.jit
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
                             TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
-                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr):
+                            HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr,
+                            STREAM_ONLY: tl.constexpr):
     """Tiles held in registers, the next one asked for during this one (PREFETCH), or each one
-    once its input is in. (Reading the next tile's input ahead as well moved nothing: call 6.)"""
+    once its input is in. (Reading the next tile's input ahead as well moved nothing: call 6.)
+    STREAM_ONLY: each tile only added into a register sum, with no input, reduction or store:
+    what the loop's loads alone cost (the values are not the step's)."""
     pid = tl.program_id(0)
     # phase p of launch e tags its values e * phases + p + 1. Program 0 advances the epoch last;
     # by then every program has read it (the lm_head's input holds values from all of them)
@@ -169,16 +172,22 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
     nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = _desc(dp, 1)
     w = _weight_tile(w_ptr, w_off, ldw, nk * PREFETCH, TN, TK)
     acc = tl.zeros((TN,), dtype=tl.float32)
+    sink = tl.zeros((TN, TK), dtype=w_ptr.dtype.element_ty)
     for t in range(n):  # the list ends in two idle descriptors: t + 2 is always there
         akind, aw_off, aldw, ain, aout, ares, ank, ameta = _desc(dp, t + 2)
         if PREFETCH:  # one tile ahead, whatever its phase: nothing here waits for it
             w_next = _weight_tile(w_ptr, nw_off, nldw, nnk, TN, TK)
-        acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base,
-                         qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
+        if STREAM_ONLY:
+            sink += w
+        else:
+            acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta,
+                             base, qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
             w = w_next
+    if STREAM_ONLY:  # one value a program keeps the loads alive
+        tl.store(act_ptr + pid, tl.sum(tl.sum(sink.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True))
     if pid == 0:
         tl.store(epoch_ptr, epoch + 1)
 
@@ -268,10 +277,11 @@ class Step:
     """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
 
     def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, maxnreg=None,
-                 seed=0):
+                 stream_only=False, seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
-        self.prefetch, self.sync, self.maxnreg, self.compiled = prefetch, sync, maxnreg, None
+        self.prefetch, self.sync, self.maxnreg, self.stream_only = prefetch, sync, maxnreg, stream_only
+        self.compiled = None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
         self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg) if ph[0] == "gemv"),
@@ -294,7 +304,7 @@ class Step:
         args = (self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
                 self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim))  # log2(e)
         meta = dict(TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
-                    HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync,
+                    HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync, STREAM_ONLY=self.stream_only,
                     num_warps=self.warps, **({} if self.maxnreg is None else {"maxnreg": self.maxnreg}))
         grid = (self.desc.shape[0],)
         if warmup:
@@ -334,10 +344,12 @@ def resident_per_sm(kernel, warps, props):
     return min(by_regs, by_threads, by_shared)
 
 
-# (prefetch, sync). Without prefetch (each tile once its input is in) the step was 1-8% slower in
-# calls 5 and 6, except at 32 x 1024 tiles (2-5% faster, not explained)
+# (prefetch, sync, stream only). Without prefetch (each tile once its input is in) the step was
+# 1-8% slower in calls 5 and 6, except at 32 x 1024 tiles (2-5% faster, not explained)
 VARIANTS = {
-    "tile ahead": (True, True), "tile ahead, no waits (wrong values: the loop's own pace)": (True, False)}
+    "tile ahead": (True, True, False),
+    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False),
+    "the tiles' loads alone (no input, reduction or store)": (True, False, True)}
 
 
 def main():
@@ -362,14 +374,14 @@ def main():
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
         for tn, tk, warps, per_sm, cap in TILES:
             layout = f"{tn} x {tk} ({tn * tk * 2 // 1024}), {warps}, {per_sm}, {cap or '-'}"
-            for variant, (prefetch, sync) in VARIANTS.items():
+            for variant, (prefetch, sync, stream_only) in VARIANTS.items():
                 step = Step(cfg, per_sm * sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
-                            maxnreg=cap)
+                            maxnreg=cap, stream_only=stream_only)
                 fits = resident_per_sm(step(warmup=True), warps, props)
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
                      "programs_per_sm": per_sm, "maxnreg": cap, "resident_per_sm": fits, "variant": variant,
-                     "prefetch": prefetch, "sync": sync, "phases": step.n_phases,
+                     "prefetch": prefetch, "sync": sync, "stream_only": stream_only, "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
                 if fits < per_sm:  # would never finish
                     print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | not run: {fits} fit an SM | | | |")

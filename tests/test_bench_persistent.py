@@ -59,3 +59,10 @@ def test_step_matches_torch(prefetch, tn, tk, device):
     assert step.epoch.item() == 2
     assert (step.values((TINY.n_layer, "logits"))[1] == 2 * step.n_phases).all()
     assert step.check() < 1e-5
+
+
+def test_stream_only_runs(device):
+    """The loads-alone variant (timing only) runs its whole list and moves the epoch on."""
+    step = bench_persistent.Step(TINY, 1, 8, 32, 1, positions=5, device=device, sync=False, stream_only=True)
+    step()
+    assert step.epoch.item() == 1
