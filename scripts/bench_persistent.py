@@ -51,8 +51,7 @@ LAST_K, RESID = 1, 2  # descriptor flags
 # flags | phase << 4 | (the residual's phase + 1) << 16
 NF = 8
 # (TN, TK, warps, programs an SM, register cap or None): more programs an SM keep more tiles in flight
-TILES = [(16, 2048, 8, 1, None), (16, 1024, 8, 2, 128), (16, 1024, 4, 2, None), (8, 1024, 4, 3, 168),
-         (16, 1024, 4, 3, 168), (8, 1024, 4, 4, 128)]
+TILES = [(16, 2048, 8, 1, None), (8, 1024, 4, 3, 168)]  # call 7 ran four more, none better
 
 
 @triton.jit
@@ -105,20 +104,24 @@ def _tagged(y, tag):
 @triton.jit
 def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta, base, qk_scale,
                TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
-               HEAD_D: tl.constexpr, LOAD_LATE: tl.constexpr, SYNC: tl.constexpr):
+               HEAD_D: tl.constexpr, LOAD_LATE: tl.constexpr, SYNC: tl.constexpr, PARTS: tl.constexpr):
     """One descriptor's work once its weight tile w is asked for (LOAD_LATE: only once the input
-    is in); returns the columns' running sums."""
+    is in); returns the columns' running sums. PARTS < 2 times part of it (wrong values): 1 no
+    input read (x = 1), 0 no input read and no store either."""
     rows = tl.arange(0, TN)
     cols = tl.arange(0, TK)
     offs_d = tl.arange(0, HEAD_D)
     phase = (meta >> 4) & 0xFFF
     in_tag = tl.where(phase > 0, base + phase - 1, -1)  # the input: the phase before
     if kind == 1:  # this tile's share of its columns' dot products
-        x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
+        if PARTS == 2:
+            x = _poll(act_ptr + in_off, cols, cols < (nk & 0xFFFF), in_tag, SYNC)
+        else:
+            x = tl.full((TK,), 1.0, tl.float32)
         if LOAD_LATE:  # the kernel-per-op order: weights once the input is in
             w = _weight_tile(w_ptr, w_off, ldw, nk, TN, TK)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        if (meta & 1) != 0:  # LAST_K: the columns are done
+        if PARTS > 0 and (meta & 1) != 0:  # LAST_K: the columns are done
             n_mask = rows < (nk >> 16)
             y = acc
             if (meta & 2) != 0:  # RESID
@@ -154,7 +157,7 @@ def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off,
 def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_ptr, max_desc, n_phases, qk_scale,
                             TN: tl.constexpr, TK: tl.constexpr, BLOCK_P: tl.constexpr, ATT_P: tl.constexpr,
                             HEAD_D: tl.constexpr, PREFETCH: tl.constexpr, SYNC: tl.constexpr,
-                            STREAM_ONLY: tl.constexpr):
+                            STREAM_ONLY: tl.constexpr, PARTS: tl.constexpr):
     """Tiles held in registers, the next one asked for during this one (PREFETCH), or each one
     once its input is in. (Reading the next tile's input ahead as well moved nothing: call 6.)
     STREAM_ONLY: each tile only added into a register sum, with no input, reduction or store:
@@ -181,13 +184,14 @@ def _persistent_step_kernel(desc_ptr, n_desc_ptr, w_ptr, c_ptr, act_ptr, epoch_p
             sink += w
         else:
             acc = _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off, res_off, nk, meta,
-                             base, qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC)
+                             base, qk_scale, TN, TK, BLOCK_P, ATT_P, HEAD_D, not PREFETCH, SYNC, PARTS)
         kind, w_off, ldw, in_off, out_off, res_off, nk, meta = nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta
         nkind, nw_off, nldw, nin, nout, nres, nnk, nmeta = akind, aw_off, aldw, ain, aout, ares, ank, ameta
         if PREFETCH:
             w = w_next
-    if STREAM_ONLY:  # one value a program keeps the loads alive
-        tl.store(act_ptr + pid, tl.sum(tl.sum(sink.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True))
+    if STREAM_ONLY or PARTS == 0:  # one value a program keeps the loads (and sums) alive
+        total = tl.sum(tl.sum(sink.to(tl.float32), axis=1), axis=0) + tl.sum(acc, axis=0)
+        tl.store(act_ptr + pid, total.to(tl.int32, bitcast=True))
     if pid == 0:
         tl.store(epoch_ptr, epoch + 1)
 
@@ -277,10 +281,11 @@ class Step:
     """One model's persistent step: weights, cache, plan and buffers for one tile layout."""
 
     def __init__(self, cfg, programs, tn, tk, warps, positions, device, prefetch=True, sync=True, maxnreg=None,
-                 stream_only=False, seed=0):
+                 stream_only=False, parts=2, seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         self.cfg, self.positions, self.warps, self.tn, self.tk = cfg, positions, warps, tn, tk
-        self.prefetch, self.sync, self.maxnreg, self.stream_only = prefetch, sync, maxnreg, stream_only
+        self.prefetch, self.sync, self.maxnreg = prefetch, sync, maxnreg
+        self.stream_only, self.parts = stream_only, parts
         self.compiled = None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
@@ -305,6 +310,7 @@ class Step:
                 self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim))  # log2(e)
         meta = dict(TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
                     HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync, STREAM_ONLY=self.stream_only,
+                    PARTS=self.parts,
                     num_warps=self.warps, **({} if self.maxnreg is None else {"maxnreg": self.maxnreg}))
         grid = (self.desc.shape[0],)
         if warmup:
@@ -344,12 +350,14 @@ def resident_per_sm(kernel, warps, props):
     return min(by_regs, by_threads, by_shared)
 
 
-# (prefetch, sync, stream only). Without prefetch (each tile once its input is in) the step was
-# 1-8% slower in calls 5 and 6, except at 32 x 1024 tiles (2-5% faster, not explained)
+# (prefetch, sync, stream only, parts). Without prefetch (each tile once its input is in) the step
+# was 1-8% slower in calls 5 and 6, except at 32 x 1024 tiles (2-5% faster, not explained)
 VARIANTS = {
-    "tile ahead": (True, True, False),
-    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False),
-    "the tiles' loads alone (no input, reduction or store)": (True, False, True)}
+    "tile ahead": (True, True, False, 2),
+    "tile ahead, no waits (wrong values: the loop's own pace)": (True, False, False, 2),
+    "no waits, no input reads (x = 1)": (True, False, False, 1),
+    "no waits, no input reads, no stores": (True, False, False, 0),
+    "the tiles' loads alone (no input, reduction or store)": (True, False, True, 2)}
 
 
 def main():
@@ -374,14 +382,15 @@ def main():
         floor_us = floor_seconds(cfg, 1, args.positions, 2, copy_gbs) * 1e6
         for tn, tk, warps, per_sm, cap in TILES:
             layout = f"{tn} x {tk} ({tn * tk * 2 // 1024}), {warps}, {per_sm}, {cap or '-'}"
-            for variant, (prefetch, sync, stream_only) in VARIANTS.items():
+            for variant, (prefetch, sync, stream_only, parts) in VARIANTS.items():
                 step = Step(cfg, per_sm * sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
-                            maxnreg=cap, stream_only=stream_only)
+                            maxnreg=cap, stream_only=stream_only, parts=parts)
                 fits = resident_per_sm(step(warmup=True), warps, props)
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
                      "programs_per_sm": per_sm, "maxnreg": cap, "resident_per_sm": fits, "variant": variant,
-                     "prefetch": prefetch, "sync": sync, "stream_only": stream_only, "phases": step.n_phases,
+                     "prefetch": prefetch, "sync": sync, "stream_only": stream_only, "parts": parts,
+                     "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
                 if fits < per_sm:  # would never finish
                     print(f"| {name} | {layout} | {variant} | {regs} ({spills}) | not run: {fits} fit an SM | | | |")
