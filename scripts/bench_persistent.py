@@ -51,7 +51,10 @@ LAST_K, RESID = 1, 2  # descriptor flags
 # flags | phase << 4 | (the residual's phase + 1) << 16
 NF = 8
 # (TN, TK, warps, programs an SM, register cap or None): more programs an SM keep more tiles in flight
-TILES = [(16, 2048, 8, 1, None), (8, 1024, 4, 3, 168)]  # call 7 ran four more, none better
+# one warp a program keeps each tile's sum over K inside the warp (call 9: reduced across warps,
+# it cost about 1.6 us a tile); call 7 ran four more multi-warp layouts, none better
+TILES = [(16, 2048, 8, 1, None), (8, 1024, 4, 3, 168), (4, 1024, 1, 8, None), (4, 512, 1, 8, None),
+         (8, 512, 1, 8, None)]
 
 
 @triton.jit
@@ -383,12 +386,14 @@ def main():
         for tn, tk, warps, per_sm, cap in TILES:
             layout = f"{tn} x {tk} ({tn * tk * 2 // 1024}), {warps}, {per_sm}, {cap or '-'}"
             for variant, (prefetch, sync, stream_only, parts) in VARIANTS.items():
-                step = Step(cfg, per_sm * sms, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
+                programs = min(per_sm * sms, cfg.n_embd)  # (plan's limit: gpt2 at 8 an SM has 768)
+                step = Step(cfg, programs, tn, tk, warps, args.positions, dev, prefetch=prefetch, sync=sync,
                             maxnreg=cap, stream_only=stream_only, parts=parts)
                 fits = resident_per_sm(step(warmup=True), warps, props)
                 regs, spills = (getattr(step.compiled, a, None) for a in ("n_regs", "n_spills"))
                 r = {"model": name, "tn": tn, "tk": tk, "tile_kib": tn * tk * 2 / 1024, "warps": warps,
-                     "programs_per_sm": per_sm, "maxnreg": cap, "resident_per_sm": fits, "variant": variant,
+                     "programs_per_sm": per_sm, "programs": programs, "maxnreg": cap, "resident_per_sm": fits,
+                     "variant": variant,
                      "prefetch": prefetch, "sync": sync, "stream_only": stream_only, "parts": parts,
                      "phases": step.n_phases,
                      "n_regs": regs, "n_spills": spills, "floor_us": floor_us, "weight_bytes": step.weight_bytes}
