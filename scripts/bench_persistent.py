@@ -23,9 +23,11 @@ Left out (each cheap in this design, or a launch minillm has too): the layernorm
 reads whole rows of x, so it can take their statistics itself), GELU, the embedding, the new
 key and value's store, the lm_head's argmax.
 
-Outcome on an H200 (Triton 3.6; bench/results/h200/persistent-probe/): 2,423 us a step at
-gpt2-xl and 352 us at gpt2, against the engine's 1,323 and 134. Even with every wait skipped the
-tile loop streams only about 1.6 TB/s, whatever the tiles and programs an SM.
+Outcome on an H200 (Triton 3.6; bench/results/h200/persistent-probe/): at best 2,423 us a step
+at gpt2-xl and 342 us at gpt2, against the engine's 1,323 and 134. The tiles' loads alone stream
+at the copy rate (733 us at gpt2-xl); each tile's sum over K, which Triton reduces across warps,
+costs most of the rest. One-warp programs keep it in a warp, but then so many programs poll that
+the step gets slower.
 
     python3 scripts/bench_persistent.py --out bench/results
 """
