@@ -1,6 +1,7 @@
-"""scripts/bench_persistent.py: its plan covers every weight and every head once, in phase
-order; its persistent step matches torch (on the CPU with one program: the interpreter runs
-programs one after the other, so one that waits for another's values would never return)."""
+"""scripts/bench_persistent.py and its host side, scripts/persistent_plan.py: the plan covers
+every weight and every head once, in phase order; the persistent step matches torch (on the CPU
+with one program: the interpreter runs programs one after the other, so one that waits for
+another's values would never return)."""
 import importlib.util
 from pathlib import Path
 
@@ -13,13 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_persistent", ROOT / "scripts" / "bench_persistent.py")
 bench_persistent = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_persistent)
+import persistent_plan  # noqa: E402  (on the path once bench_persistent is loaded)
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=100)
 
 
 @pytest.mark.parametrize("programs", [1, 3, 7])
 def test_plan_covers_weights_once(programs):
-    bp = bench_persistent
+    bp = persistent_plan
     desc, counts, w_offs, n_phases = bp.plan(TINY, programs, 8, 32, positions=5)
     assert n_phases == 5 * TINY.n_layer + 1 and len(w_offs) == 4 * TINY.n_layer + 1
     covered = torch.zeros(sum(ph[2] * ph[3] for ph in bp.phases(TINY) if ph[0] == "gemv"), dtype=torch.int32)
@@ -40,10 +42,10 @@ def test_plan_covers_weights_once(programs):
 
 def test_plan_refuses_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="programs: expected at most n_embd"):
-        bench_persistent.plan(TINY, TINY.n_embd + 1, 8, 32, positions=5)
+        persistent_plan.plan(TINY, TINY.n_embd + 1, 8, 32, positions=5)
     odd = GPTConfig(n_layer=1, n_head=2, n_embd=60, n_positions=32, vocab_size=100)
     with pytest.raises(ValueError, match="multiple of 8"):
-        bench_persistent.plan(odd, 3, 8, 32, positions=5)
+        persistent_plan.plan(odd, 3, 8, 32, positions=5)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
