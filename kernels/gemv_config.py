@@ -36,7 +36,7 @@ SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
-    raise ValueError(f"MINILLM_GEMV_FIXED: expected 0 or 1 (or unset), got {GEMV_FIXED!r}")
+    raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):

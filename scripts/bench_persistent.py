@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.bench import floor_seconds  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
-from persistent_plan import act_offsets, phases, plan, reference  # noqa: E402
+from persistent_plan import act_offsets, phases, plan, reference, weight_count, weight_views  # noqa: E402
 
 CACHE_POSITIONS = 96  # the generation benchmark's mean context, as scripts/bench_floor.py
 # (TN, TK, warps, programs an SM, register cap or None): more programs an SM keep more tiles in flight
@@ -210,10 +210,9 @@ class Step:
         self.compiled = None
         desc, counts, self.w_offs, self.n_phases = plan(cfg, programs, tn, tk, positions)
         self.desc, self.counts = desc.to(device), counts.to(device)
-        self.weights = torch.empty(sum(ph[2] * ph[3] for ph in phases(cfg) if ph[0] == "gemv"),
-                                   dtype=torch.float16, device=device)
-        for o, ph in zip(self.w_offs, (p for p in phases(cfg) if p[0] == "gemv")):
-            self.weights[o:o + ph[2] * ph[3]].normal_(0, 1 / math.sqrt(ph[3]), generator=g)
+        self.weights = torch.empty(weight_count(cfg), dtype=torch.float16, device=device)
+        for w in weight_views(cfg, self.weights, self.w_offs):
+            w.normal_(0, 1 / math.sqrt(w.shape[1]), generator=g)
         self.cache = torch.randn(cfg.n_layer * cfg.n_head * 2 * positions * cfg.head_dim, generator=g,
                                  device=device).half()
         self.acts, size = act_offsets(cfg)

@@ -76,11 +76,21 @@ def plan(cfg, programs, tn, tk, positions):
     return desc, torch.tensor(counts, dtype=torch.int32), w_offs, len(steps)
 
 
+def weight_count(cfg):
+    """Elements of every linear's weights, one after the other in the step's order."""
+    return sum(ph[2] * ph[3] for ph in phases(cfg) if ph[0] == "gemv")
+
+
+def weight_views(cfg, weights, w_offs):
+    """Each linear's (N, K) out-major view of the flat weights, in the step's order."""
+    return [weights[o:o + ph[2] * ph[3]].view(ph[2], ph[3])
+            for o, ph in zip(w_offs, (p for p in phases(cfg) if p[0] == "gemv"))]
+
+
 def reference(cfg, weights, w_offs, cache, x, positions):
     """The same step in torch (fp32 over the fp16 weights): (final x, logits)."""
     D, H = cfg.head_dim, cfg.n_head
-    mats = iter(weights[o:o + ph[2] * ph[3]].view(ph[2], ph[3]).float()
-                for o, ph in zip(w_offs, (p for p in phases(cfg) if p[0] == "gemv")))
+    mats = iter(w.float() for w in weight_views(cfg, weights, w_offs))
     kv = cache.view(cfg.n_layer, H, 2, positions, D).float()
     for i in range(cfg.n_layer):
         q = (next(mats) @ x)[:H * D].view(H, D)
