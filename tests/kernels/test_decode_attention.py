@@ -107,10 +107,13 @@ def test_long_cache_split_layout_by_default(device, monkeypatch):
     assert_rel_close(o, ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
 
 
-def test_pipelined_loop_same_bits(device):
+@pytest.mark.parametrize("apart", [False, True])
+def test_pipelined_loop_same_bits(apart, device):
     """The pipelined cache loop (copies ahead into shared memory) does the same arithmetic as
-    the plain one: the same bits over caches of 1 to 19 tiles, the new key/value written by the
-    launch, NaN rows past each length (read by no loop step), the first tile read before the wait."""
+    the plain one, in either form of the new row (new_row_apart, pinned: the rule picks the form
+    by the stage count, and the two forms round differently): the same bits over caches of 1 to
+    19 tiles, the new key/value written by the launch, NaN rows past each length (read by no loop
+    step), the first tile read before the wait."""
     B, H, L, D = 4, 2, 600, 64
     q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
     kc, vc = (randn(B, H, L, D, dtype=torch.float16, device=device) for _ in range(2))
@@ -122,7 +125,8 @@ def test_pipelined_loop_same_bits(device):
     for stages in (1, 3):
         k, v = kc.clone(), vc.clone()
         o = kernels.decode_attention(q, k, v, lens, k_new=k_new, v_new=v_new, num_splits=1, prefetch_cache=True,
-                                     _config={"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": stages})
+                                     _config={"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": stages,
+                                              "NEW_APART": apart})
         outs.append(o)
     assert torch.equal(outs[0], outs[1])
     expect_k, expect_v = kc.double().nan_to_num(), vc.double().nan_to_num()
