@@ -54,6 +54,8 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
 if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
+# MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
+FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -72,7 +74,7 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
       alternated in one call at a 128-position cache
       (bench/results/h200/warps-at-128-ab-dd47f84.log): gpt2 b1 7,156 -> 7,605 tok/s (+6.3%),
       sampled +4.2%, b2 +1.6%; gpt2-medium's 4 blocks lost with 8 (2,178 -> 2,130)."""
-    if rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
+    if not FUSED or rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
         return None
     block_n = 256
     whole = max(16, triton.next_power_of_2(cache_len))
