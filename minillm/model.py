@@ -3,6 +3,8 @@
 The backend is a module with the `kernels` API: `kernels` itself (Triton) or
 `kernels.reference` (plain torch). This file never imports triton.
 """
+import os
+
 import torch
 
 import kernels
@@ -38,6 +40,25 @@ class KVCache:
         return self.k[layer, :batch, :, :length], self.v[layer, :batch, :, :length]
 
 
+ROLES = ("qkv", "attn-out", "fc", "mlp-out")
+
+
+def roles_from_env(value):
+    """MINILLM_EARLY_ROLES's value ('fc,qkv' or 'fc+qkv', as scripts/ab_decode.py takes it; 'none';
+    None: unset) -> a frozenset of ROLES, or None."""
+    if value is None:
+        return None
+    roles = frozenset(filter(None, value.replace("+", ",").split(","))) - {"none"}
+    if not roles <= set(ROLES):
+        raise ValueError(f"MINILLM_EARLY_ROLES: expected none or roles of {', '.join(ROLES)} split by commas "
+                         f"or +, got {value!r}")
+    return roles
+
+
+# MINILLM_EARLY_ROLES=fc,qkv (or fc+qkv, or none) sets the early roles at every row count (A/B timing)
+EARLY_ROLES_ENV = roles_from_env(os.environ.get("MINILLM_EARLY_ROLES"))
+
+
 def early_roles(rows, cuda_core):
     """The decode linears that let the next kernel launch at their start rather than after
     their wait (linear's early_launch), so its weights stream in behind all of this one. Every
@@ -58,6 +79,8 @@ def early_roles(rows, cuda_core):
       +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6% (fc too at b2, fused: -7%);
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
     - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
+    if EARLY_ROLES_ENV is not None:
+        return EARLY_ROLES_ENV
     if cuda_core:
         return frozenset({"fc", "qkv", "mlp-out"})
     if rows == 1:

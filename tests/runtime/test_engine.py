@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
+import minillm.model
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
+from minillm.model import early_roles, roles_from_env
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -160,3 +162,23 @@ def test_ids_outside_the_vocabulary_end_with_a_clear_error():
         check_vocab([[1, 2], [3, 256]], 256)
     with pytest.raises(NonFiniteLogitsError, match="sequence 0, new token 5: id -1"):
         check_vocab([[-1]], 256, first=5)
+
+
+def test_early_roles_rule_and_its_switch(monkeypatch):
+    """The decode linears that launch the next kernel at their start, by rows and GEMV kind
+    (early_roles' docstring has the timings), and MINILLM_EARLY_ROLES's values: any of the four
+    roles, or none; anything else is one error naming the variable."""
+    monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", None)
+    assert early_roles(1, cuda_core=True) == {"fc", "qkv", "mlp-out"}
+    assert early_roles(1, cuda_core=False) == {"attn-out", "fc", "mlp-out"}
+    assert early_roles(4, cuda_core=False) == {"attn-out", "mlp-out"}
+    assert early_roles(8, cuda_core=False) == {"qkv", "mlp-out"}
+    assert early_roles(64, cuda_core=False) == frozenset()
+    assert roles_from_env(None) is None
+    assert roles_from_env("none") == frozenset() and roles_from_env("") == frozenset()
+    assert roles_from_env("fc+qkv") == roles_from_env("qkv,fc") == {"fc", "qkv"}
+    monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", roles_from_env("attn-out,qkv"))
+    assert early_roles(1, cuda_core=True) == early_roles(64, cuda_core=False) == {"attn-out", "qkv"}
+    with pytest.raises(ValueError, match=r"^MINILLM_EARLY_ROLES: expected none or roles of qkv, attn-out, fc, "
+                                         r"mlp-out split by commas or \+, got 'fc,gelu'$"):
+        roles_from_env("fc,gelu")
