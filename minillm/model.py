@@ -78,7 +78,10 @@ def early_roles(rows, cuda_core):
     - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
       +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6% (fc too at b2, fused: -7%);
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
-    - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64)."""
+    - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64).
+    Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
+    twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
+    attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""
     if EARLY_ROLES_ENV is not None:
         return EARLY_ROLES_ENV
     if cuda_core:
