@@ -213,10 +213,10 @@ def _fixed_merge(heads):
     return FIXED_MERGE and 1 < heads <= MAX_FIXED_PARTS
 
 
-def fixed_stats_rule(rows, heads):
+def fixed_stats_rule(heads):
     """Whether the statistics come in fixed point (where the fused launch runs): up to 16 heads.
     Two rows from 24 heads took them too until the two kernels replaced the fused launch there
-    (fused_layout); the rule's rows stay for that history. H200, alternated twice in one call (bench/results/h200/fixed-stats/;
+    (fused_layout). H200, alternated twice in one call (bench/results/h200/fixed-stats/;
     the same ids except at gpt2-large's and gpt2-xl's two rows): gpt2 batch 2 8,893 / 8,907 -> 9,251 / 9,249 tok/s
     (+3.9%), gpt2-medium batch 1 +2.5%, batch 2 +2.3%, gpt2-xl batch 2 +5.0%; but gpt2-large
     (20 heads) batch 1 -0.7%, batch 2 -1.2%, and gpt2-xl batch 1 -1.3%. There the graph profile
@@ -239,7 +239,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
     stats_out (one a layer: each is added into once, then read), or None where its launch for
     these shapes cannot write them (_fixed_stats_fit) or fixed_stats_rule says no."""
     layout = fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device))
-    ruled = FIXED_STATS == "all" or (FIXED_STATS == "1" and fixed_stats_rule(rows, heads))
+    ruled = FIXED_STATS == "all" or (FIXED_STATS == "1" and fixed_stats_rule(heads))
     if not (ruled and _fixed_stats_fit(heads, n, dtype, layout)):
         return None
     return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
