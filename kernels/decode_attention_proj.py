@@ -81,9 +81,8 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
       1,298 / 1,299 (+5.4%). Everywhere else the fused launch stays ahead of them: gpt2 batch 1
       +11%, batch 2 +6.5%, gpt2-medium +14.7% and +5.5%, gpt2-xl batch 1 +3.2%, gpt2-large
       batch 1 +0.6% (even). Why is not profiled."""
-    if not FUSED or rows > MAX_ROWS or cache_len > MAX_CACHE or head_dim > 128:
-        return None
-    if rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS:
+    if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
+            or head_dim > 128):
         return None
     block_n = 256
     whole = max(16, triton.next_power_of_2(cache_len))

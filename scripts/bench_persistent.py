@@ -43,6 +43,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels.decode_attention import LOG2E, _attend_rows  # noqa: E402
 from minillm.bench import floor_seconds  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
@@ -142,15 +143,9 @@ def _tile_work(w, acc, w_ptr, c_ptr, act_ptr, kind, w_off, ldw, in_off, out_off,
             offs = p0 + tl.arange(0, ATT_P)
             kv = c_ptr + w_off.to(tl.int64) + offs[:, None] * HEAD_D + offs_d[None, :]
             kv_mask = (offs < ldw)[:, None] & (offs_d < HEAD_D)[None, :]
-            k = tl.load(kv, mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.where(offs < ldw, tl.sum(k * q[None, :], axis=1), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))  # finite: position 0 is in the first block
-            alpha = tl.exp2(m_i - m_new)  # softmax via exp2
-            p = tl.exp2(s - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            o = o * alpha + tl.sum(p[:, None] * v, axis=0)
-            m_i = m_new
+            k = tl.load(kv, mask=kv_mask, other=0.0)
+            v = tl.load(kv + ldw * HEAD_D, mask=kv_mask, other=0.0)  # zero past the cache, as _attend_rows asks
+            m_i, l_i, o, _ = _attend_rows(q, k, v, offs < ldw, m_i, l_i, o, 0.0)  # m_i finite from block 0 on
         tl.atomic_xchg(act_ptr + out_off + offs_d, _tagged(o / l_i, base + phase), sem="relaxed")
     return acc
 
@@ -227,7 +222,7 @@ class Step:
         """Launch the step (warmup: compile only); returns the compiled kernel."""
         c = self.cfg
         args = (self.desc, self.counts, self.weights, self.cache, self.act, self.epoch, self.desc.shape[1],
-                self.n_phases, 1.4426950408889634 / math.sqrt(c.head_dim))  # log2(e)
+                self.n_phases, LOG2E / math.sqrt(c.head_dim))  # log2(e): softmax via exp2
         meta = dict(TN=self.tn, TK=self.tk, BLOCK_P=max(16, triton.next_power_of_2(self.positions)), ATT_P=16,
                     HEAD_D=c.head_dim, PREFETCH=self.prefetch, SYNC=self.sync, STREAM_ONLY=self.stream_only,
                     PARTS=self.parts,

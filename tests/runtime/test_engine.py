@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from minillm import LLM, SamplingParams
 import minillm.model
+from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
 from minillm.model import early_roles, roles_from_env
 from tests.conftest import ON_GPU
