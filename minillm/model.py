@@ -78,7 +78,12 @@ def early_roles(rows, cuda_core):
     - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
       +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6% (fc too at b2, fused: -7%);
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
-    - more rows (looping layouts): none (b16 even; every kernel early lost 9% at b64).
+    - 17 to 32 rows (the batch bucket of 32): qkv, so decode attention's first cache tiles come
+      in during it (H200, sixty-eighth session, bench/results/h200/b64-rules/: gpt2 b32 +3.0%;
+      fc +2.2%, fc and mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%);
+    - other rows (looping layouts): none (b16 even; every kernel early lost 9% at b64 on the
+      H100; on the H200 at b64 each role alone moved -1.0% to +0.6%, at b16 every pair tried
+      -2.9% to +0.6%).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
     twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
     attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""
@@ -92,6 +97,8 @@ def early_roles(rows, cuda_core):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
+    if 16 < rows <= 32:
+        return frozenset({"qkv"})
     return frozenset()
 
 

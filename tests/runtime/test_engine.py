@@ -173,6 +173,8 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
     assert early_roles(1, cuda_core=False) == {"attn-out", "fc", "mlp-out"}
     assert early_roles(4, cuda_core=False) == {"attn-out", "mlp-out"}
     assert early_roles(8, cuda_core=False) == {"qkv", "mlp-out"}
+    assert early_roles(16, cuda_core=False) == early_roles(33, cuda_core=False) == frozenset()
+    assert early_roles(17, cuda_core=False) == early_roles(32, cuda_core=False) == {"qkv"}
     assert early_roles(64, cuda_core=False) == frozenset()
     assert roles_from_env(None) is None
     assert roles_from_env("none") == frozenset() and roles_from_env("") == frozenset()
