@@ -59,9 +59,10 @@ def roles_from_env(value):
 EARLY_ROLES_ENV = roles_from_env(os.environ.get("MINILLM_EARLY_ROLES"))
 
 
-def early_roles(rows, cuda_core):
+def early_roles(rows, cuda_core, width):
     """The decode linears that let the next kernel launch at their start rather than after
-    their wait (linear's early_launch), so its weights stream in behind all of this one. Every
+    their wait (linear's early_launch), so its weights stream in behind all of this one, at
+    `rows` rows of a model `width` wide (n_embd); cuda_core: one row on the CUDA-core GEMV. Every
     role is safe in the step's order: a kernel launched early reads only constants before its
     wait (weights, the cache's older rows), or a residual whose writer precedes a late trigger
     (mlp-out prefetches it only when fc is late; the fused attention projection,
@@ -78,9 +79,11 @@ def early_roles(rows, cuda_core):
     - up to 4 rows: attn-out, so fc's large weights start during it, and mlp-out: gpt2-xl b1
       +5.4%, gpt2-large b1 +4.3%, gpt2 b2 +4.5%, b4 +6.6% (fc too at b2, fused: -7%);
     - 5 to 8 rows: qkv and mlp-out (gpt2 b8 +2%; attn-out there lost 6-7%);
-    - 17 to 32 rows (the batch bucket of 32): qkv, so decode attention's first cache tiles come
-      in during it (H200, sixty-eighth session, bench/results/h200/b64-rules/: gpt2 b32 +3.0%;
-      fc +2.2%, fc and mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%);
+    - 17 to 32 rows (the batch bucket of 32) of gpt2's width (below 1024): qkv, so decode
+      attention's first cache tiles come in during it (H200, sixty-eighth session,
+      bench/results/h200/b64-rules/: gpt2 b32 +2.7% to +3.0%, b24 +2.4%; fc +2.2%, fc and
+      mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%). Wider layers
+      (their own layouts) did not gain: gpt2-medium even, gpt2-large and gpt2-xl b32 -1.1%;
     - other rows (looping layouts): none (b16 even; every kernel early lost 9% at b64 on the
       H100; on the H200 at b64 each role alone moved -1.0% to +0.6%, at b16 every pair tried
       -2.9% to +0.6%).
@@ -97,7 +100,7 @@ def early_roles(rows, cuda_core):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
-    if 16 < rows <= 32:
+    if 16 < rows <= 32 and width < 1024:
         return frozenset({"qkv"})
     return frozenset()
 
@@ -217,7 +220,7 @@ class GPT:
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
         # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
-        early = early_roles(B, cuda_core=st_a is None)
+        early = early_roles(B, cuda_core=st_a is None, width=C)
         # where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
