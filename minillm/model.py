@@ -85,8 +85,9 @@ def early_roles(rows, cuda_core, width):
       mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%). Wider layers
       (their own layouts) did not gain: gpt2-medium even, gpt2-large and gpt2-xl b32 -1.1%;
     - other rows (looping layouts): none (b16 even; every kernel early lost 9% at b64 on the
-      H100; on the H200 at b64 each role alone moved -1.0% to +0.6%, at b16 every pair tried
-      -2.9% to +0.6%).
+      H100; on the H200 at b64 each role alone moved -1.0% to +0.6%; at b16 every pair tried
+      -2.9% to +0.6%, qkv alone -4.3%, fc -1.5%, mlp-out +1.5%: a lead, not timed at other
+      sizes yet).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
     twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
     attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""

@@ -173,15 +173,17 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
     assert early_roles(1, cuda_core=False, width=1600) == {"attn-out", "fc", "mlp-out"}
     assert early_roles(4, cuda_core=False, width=768) == {"attn-out", "mlp-out"}
     assert early_roles(8, cuda_core=False, width=1600) == {"qkv", "mlp-out"}
-    assert early_roles(16, cuda_core=False, width=768) == early_roles(33, cuda_core=False, width=768) == frozenset()
+    assert early_roles(16, cuda_core=False, width=768) == frozenset()
     assert early_roles(17, cuda_core=False, width=768) == early_roles(32, cuda_core=False, width=768) == {"qkv"}
+    assert early_roles(33, cuda_core=False, width=768) == frozenset()
     assert early_roles(32, cuda_core=False, width=1024) == frozenset()  # gpt2-medium and wider
     assert early_roles(64, cuda_core=False, width=768) == frozenset()
     assert roles_from_env(None) is None
     assert roles_from_env("none") == frozenset() and roles_from_env("") == frozenset()
     assert roles_from_env("fc+qkv") == roles_from_env("qkv,fc") == {"fc", "qkv"}
     monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", roles_from_env("attn-out,qkv"))
-    assert early_roles(1, cuda_core=True, width=768) == early_roles(64, cuda_core=False, width=1600) == {"attn-out", "qkv"}
+    assert early_roles(1, cuda_core=True, width=768) == {"attn-out", "qkv"}
+    assert early_roles(64, cuda_core=False, width=1600) == {"attn-out", "qkv"}
     with pytest.raises(ValueError, match=r"^MINILLM_EARLY_ROLES: expected none or roles of qkv, attn-out, fc, "
                                          r"mlp-out split by commas or \+, got 'fc,gelu'$"):
         roles_from_env("fc,gelu")
