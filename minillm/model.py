@@ -41,6 +41,9 @@ class KVCache:
 
 
 ROLES = ("qkv", "attn-out", "fc", "mlp-out")
+# model widths from which the decode layouts change (kernels.gemv_config: 256-wide K tiles from
+# K = 1024); early_roles' 17-32-row rule was timed below it only
+NARROW_WIDTH = 1024
 
 
 def roles_from_env(value):
@@ -101,7 +104,7 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
-    if 16 < rows <= 32 and width < 1024:
+    if 16 < rows <= 32 and width < NARROW_WIDTH:
         return frozenset({"qkv"})
     return frozenset()
 
