@@ -44,6 +44,9 @@ ROLES = ("qkv", "attn-out", "fc", "mlp-out")
 # model widths from which the decode layouts change (kernels.gemv_config: 256-wide K tiles from
 # K = 1024); early_roles' 17-32-row rule was timed below it only
 NARROW_WIDTH = 1024
+# widths whose mlp-out launches the next layer's qkv at its start at 9-16 rows: gpt2 and gpt2-large
+# gained, gpt2-medium and gpt2-xl did not (early_roles); no layout property seen splits them so
+EARLY_MLP_OUT_16_WIDTHS = (768, 1280)
 
 
 def roles_from_env(value):
@@ -87,10 +90,12 @@ def early_roles(rows, cuda_core, width):
       bench/results/h200/b64-rules/: gpt2 b32 +2.7% to +3.0%, b24 +2.4%; fc +2.2%, fc and
       mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%). Wider layers
       (their own layouts) did not gain: gpt2-medium even, gpt2-large and gpt2-xl b32 -1.1%;
-    - other rows (looping layouts): none (b16 even; every kernel early lost 9% at b64 on the
-      H100; on the H200 at b64 each role alone moved -1.0% to +0.6%; at b16 every pair tried
-      -2.9% to +0.6%, qkv alone -4.3%, fc -1.5%, mlp-out +1.5%: a lead, not timed at other
-      sizes yet).
+    - 9 to 16 rows (the bucket of 16; split layouts) of gpt2's and gpt2-large's widths: mlp-out
+      (H200, sixty-ninth session, bench/results/h200/leads-69/: gpt2 b16 +1.8%, gpt2-large
+      +3.8%; gpt2-medium -0.1%, gpt2-xl -0.5%. Sixty-eighth session, gpt2 b16: mlp-out +1.5%,
+      qkv -4.3%, fc -1.5%, pairs -2.9% to +0.6%);
+    - other rows (looping layouts): none (every kernel early lost 9% at b64 on the H100; on the
+      H200 at b64 each role alone moved -1.0% to +0.6%).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
     twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
     attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""
@@ -104,6 +109,8 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
+    if 8 < rows <= 16 and width in EARLY_MLP_OUT_16_WIDTHS:
+        return frozenset({"mlp-out"})
     if 16 < rows <= 32 and width < NARROW_WIDTH:
         return frozenset({"qkv"})
     return frozenset()
