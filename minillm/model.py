@@ -44,9 +44,10 @@ ROLES = ("qkv", "attn-out", "fc", "mlp-out")
 # model widths from which the decode layouts change (kernels.gemv_config: 256-wide K tiles from
 # K = 1024); early_roles' 17-32-row rule was timed below it only
 NARROW_WIDTH = 1024
-# widths whose mlp-out launches the next layer's qkv at its start at 9-16 rows: gpt2 and gpt2-large
-# gained, gpt2-medium and gpt2-xl did not (early_roles); no layout property seen splits them so
-EARLY_MLP_OUT_16_WIDTHS = (768, 1280)
+# early roles at 9-16 rows by model width, each GPT-2 size timed apart (early_roles): no layout
+# property seen splits the sizes that gained from those that lost; other widths take none
+EARLY_ROLES_16_ROWS = {768: frozenset({"mlp-out"}), 1280: frozenset({"mlp-out", "attn-out"}),
+                       1600: frozenset({"attn-out"})}
 
 
 def roles_from_env(value):
@@ -90,10 +91,12 @@ def early_roles(rows, cuda_core, width):
       bench/results/h200/b64-rules/: gpt2 b32 +2.7% to +3.0%, b24 +2.4%; fc +2.2%, fc and
       mlp-out +2.7%, qkv with fc or mlp-out +1.5% / +1.3%, attn-out -3.8%). Wider layers
       (their own layouts) did not gain: gpt2-medium even, gpt2-large and gpt2-xl b32 -1.1%;
-    - 9 to 16 rows (the bucket of 16; split layouts) of gpt2's and gpt2-large's widths: mlp-out
-      (H200, sixty-ninth session, bench/results/h200/leads-69/: gpt2 b16 +1.8%, gpt2-large
-      +3.8%; gpt2-medium -0.1%, gpt2-xl -0.5%. Sixty-eighth session, gpt2 b16: mlp-out +1.5%,
-      qkv -4.3%, fc -1.5%, pairs -2.9% to +0.6%);
+    - 9 to 16 rows (the bucket of 16; split layouts), by width (H200, sixty-ninth session,
+      bench/results/h200/leads-69/, each against the role set before it, alternated twice):
+      gpt2 mlp-out (+1.8%; with attn-out -6.6%; qkv -4.3%, fc -1.5%, pairs -2.9% to +0.6% in
+      the sixty-eighth session); gpt2-large mlp-out (+3.8%) and attn-out (+4.3% more; with fc
+      -5.0%, with qkv -3.7% in one round); gpt2-xl attn-out (+1.6%; mlp-out -0.5%, both -1.3%);
+      gpt2-medium none (mlp-out -0.1%, attn-out -5.1%, both -5.8%);
     - other rows (looping layouts): none (every kernel early lost 9% at b64 on the H100; on the
       H200 at b64 each role alone moved -1.0% to +0.6%).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
@@ -109,8 +112,8 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
-    if 8 < rows <= 16 and width in EARLY_MLP_OUT_16_WIDTHS:
-        return frozenset({"mlp-out"})
+    if 8 < rows <= 16:
+        return EARLY_ROLES_16_ROWS.get(width, frozenset())
     if 16 < rows <= 32 and width < NARROW_WIDTH:
         return frozenset({"qkv"})
     return frozenset()

@@ -173,8 +173,10 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
     assert early_roles(1, cuda_core=False, width=1600) == {"attn-out", "fc", "mlp-out"}
     assert early_roles(4, cuda_core=False, width=768) == {"attn-out", "mlp-out"}
     assert early_roles(8, cuda_core=False, width=1600) == {"qkv", "mlp-out"}
-    assert early_roles(9, cuda_core=False, width=768) == early_roles(16, cuda_core=False, width=1280) == {"mlp-out"}
-    assert early_roles(16, cuda_core=False, width=1024) == early_roles(16, cuda_core=False, width=1600) == frozenset()
+    assert early_roles(9, cuda_core=False, width=768) == early_roles(16, cuda_core=False, width=768) == {"mlp-out"}
+    assert early_roles(16, cuda_core=False, width=1280) == {"mlp-out", "attn-out"}
+    assert early_roles(16, cuda_core=False, width=1600) == {"attn-out"}
+    assert early_roles(16, cuda_core=False, width=1024) == early_roles(16, cuda_core=False, width=64) == frozenset()
     assert early_roles(17, cuda_core=False, width=768) == early_roles(32, cuda_core=False, width=768) == {"qkv"}
     assert early_roles(33, cuda_core=False, width=768) == frozenset()
     assert early_roles(32, cuda_core=False, width=1024) == frozenset()  # gpt2-medium and wider
