@@ -112,7 +112,7 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"attn-out", "mlp-out"})
     if rows <= 8:
         return frozenset({"qkv", "mlp-out"})
-    if 8 < rows <= 16:
+    if rows <= 16:
         return EARLY_ROLES_16_ROWS.get(width, frozenset())
     if 16 < rows <= 32 and width < NARROW_WIDTH:
         return frozenset({"qkv"})

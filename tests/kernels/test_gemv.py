@@ -337,13 +337,14 @@ def test_gemv_prefetched_residual_in_place(split, device):
     assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")
 
 
-@pytest.mark.parametrize("M", [2, 4, 8])
+@pytest.mark.parametrize("M", [2, 4, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_early_launch_same_bits(M, dtype, device):
     """early_launch moves the dependent-launch trigger to a kernel's start (on the GPU). A layer's
-    residual half in the model's order (attn-out and mlp-out early, as the decode step runs few
-    rows; fc late, so mlp-out may prefetch its residual; then the next layernorm linear) on the
-    split layouts gives the bits of the plain chain, twice over (arrival counters reset)."""
+    residual half in the model's order (attn-out and mlp-out early, as the decode step runs 2-4
+    rows and gpt2-large 9-16; fc late, so mlp-out may prefetch its residual; then the next
+    layernorm linear) on the split layouts gives the bits of the plain chain, twice over
+    (arrival counters reset)."""
     K, N = 300, 700
     y = randn(M, K, dtype=dtype, device=device)
     x = randn(M, K, dtype=dtype, device=device, scale=2.0) + 0.5
