@@ -114,7 +114,7 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"qkv", "mlp-out"})
     if rows <= 16:
         return EARLY_ROLES_16_ROWS.get(width, frozenset())
-    if 16 < rows <= 32 and width < NARROW_WIDTH:
+    if rows <= 32 and width < NARROW_WIDTH:
         return frozenset({"qkv"})
     return frozenset()
 

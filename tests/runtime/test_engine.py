@@ -165,8 +165,8 @@ def test_ids_outside_the_vocabulary_end_with_a_clear_error():
 
 
 def test_early_roles_rule_and_its_switch(monkeypatch):
-    """The decode linears that launch the next kernel at their start, by rows and GEMV kind
-    (early_roles' docstring has the timings), and MINILLM_EARLY_ROLES's values: any of the four
+    """The decode linears that launch the next kernel at their start, by rows, GEMV kind and
+    model width (early_roles' docstring has the timings), and MINILLM_EARLY_ROLES's values: any of the four
     roles, or none; anything else is one error naming the variable."""
     monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", None)
     assert early_roles(1, cuda_core=True, width=768) == {"fc", "qkv", "mlp-out"}
