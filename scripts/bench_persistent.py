@@ -2,9 +2,9 @@
 
 minillm runs a layer as four dependent kernels, and at gpt2-xl's size each linear fills about
 all the bytes its resident programs can have in flight, so each kernel boundary drains the
-memory pipe (README, "What limits the speed"). Here one to four programs on every SM (TILES) run
-the whole step and ask for their weight tiles one tile ahead whatever the phase, so weights keep
-streaming while they wait for the previous phase's values.
+memory pipe (docs/benchmarks.md, "What limits the speed, in full"). Here one to four programs
+on every SM (TILES) run the whole step and ask for their weight tiles one tile ahead whatever
+the phase, so weights keep streaming while they wait for the previous phase's values.
 
 The phases meet without barriers or fences: every activation is an 8-byte word, its fp32 value
 in the low half and in the high half a tag (the launch's epoch and the phase that wrote it). A
