@@ -221,9 +221,10 @@ def fixed_stats_rule(heads):
     (20 heads) batch 1 -0.7%, batch 2 -1.2%, and gpt2-xl batch 1 -1.3%. There the graph profile
     has the launch's share 6.54 -> 5.62 us a layer, but the next layer's qkv 5.91 -> 7.41; traced
     per program the launch itself is longer (its wait to its last end 5.01 -> 5.55 us: 25 returning
-    atomics a column; bench/results/h200/session-70/). The H100 gained at every case kept (+1.3% to +4.9%). Past the rule
-    (MINILLM_FIXED_STATS=all) with the gemv merge at one row (gemv_config.fixed_split), H200,
-    one call, the rule's form timed twice and the forced form once (bench/results/h200/fixed-stats-all/):
+    atomics a column; bench/results/h200/session-70/). The H100 gained at every case kept (+1.3%
+    to +4.9%). Past the rule (MINILLM_FIXED_STATS=all) with the gemv merge at one row
+    (gemv_config.fixed_split), H200, one call, the rule's form timed twice and the forced form
+    once (bench/results/h200/fixed-stats-all/):
     gpt2-xl batch 1 756 -> 712 tok/s (-5.8%), gpt2-large batch 1 1,278 -> 1,262 (-1.3%), the same ids."""
     return heads <= 16
 
