@@ -253,6 +253,7 @@ class GPT:
                                           *blk.attn_proj, residual=x, out=x, stats_out=st_attn,
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
-                                          early_launch="attn-out" in early)
+                                          early_launch="attn-out" in early,
+                                          next_weights=(blk.fc[0], blk.mlp_proj[0]))
             x = self._mlp(blk, x, st_attn, st_a, early)
         return self._logits(x, st_a, argmax_keys)
