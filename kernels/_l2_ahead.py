@@ -4,7 +4,7 @@ weights (Hopper's cp.async.bulk.prefetch.L2: nothing waits on it, no result can 
 At gpt2-xl's size the launch streams 1.4 us of bytes in about 7 us, while fc's 20 MB wait for
 the SMs its programs fill: fc's later programs would find their tiles in L2.
 MINILLM_L2_NEXT=<when>:<what>[:<piece bytes>]: when 1 before the launch's wait, 2 right after it,
-3 after its epilogue; what fc or fc+mlp (mlp-out's weights too). Unset or 0: off.
+3 after its epilogue, 4 after its own early loads, before the wait; what: fc, mlp (mlp-out) and qkv (the next layer's) joined by +. Unset or 0: off.
 """
 import os
 
@@ -20,8 +20,10 @@ def _parse(spec):
     if spec in ("", "0") or INTERPRET:  # the interpreter runs no inline PTX
         return 0, (), 1024
     parts = spec.split(":")
-    if len(parts) not in (2, 3) or parts[0] not in ("1", "2", "3") or parts[1] not in ("fc", "fc+mlp"):
-        raise ValueError(f"MINILLM_L2_NEXT: expected <1|2|3>:<fc|fc+mlp>[:<piece bytes>], got {spec!r}")
+    what = parts[1].split("+") if len(parts) > 1 else []
+    if len(parts) not in (2, 3) or parts[0] not in ("1", "2", "3", "4") or not what or \
+            not set(what) <= {"fc", "mlp", "qkv"}:
+        raise ValueError(f"MINILLM_L2_NEXT: expected <1|2|3|4>:<fc|mlp|qkv joined by +>[:<piece bytes>], got {spec!r}")
     piece = int(parts[2]) if len(parts) == 3 else 1024
     return int(parts[0]), tuple(parts[1].split("+")), piece
 
@@ -30,10 +32,11 @@ WHEN, WHAT, PIECE = _parse(_SPEC)
 
 
 def ranges(next_weights):
-    """[(tensor, bytes)] x 2 of the next linears' weights to ask for (bytes 0: none)."""
-    picked = [w for w, name in zip(next_weights or (), ("fc", "mlp")) if name in WHAT]
+    """[(tensor, bytes)] x 3 of the next linears' weights to ask for (bytes 0: none); next_weights:
+    (fc, mlp-out, the next layer's qkv or None)."""
+    picked = [w for w, name in zip(next_weights or (), ("fc", "mlp", "qkv")) if name in WHAT and w is not None]
     out = [(w, w.numel() * w.element_size() // 16 * 16) for w in picked]
-    while len(out) < 2:
+    while len(out) < 3:
         out.append((None, 0))
     return out
 

@@ -119,7 +119,7 @@ def _decode_attention_proj_kernel(
     M, N, D, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
-    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
+    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -134,6 +134,7 @@ def _decode_attention_proj_kernel(
     if L2_WHEN == 1:
         _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
         _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
     b = pid % M  # rows fastest: programs that share a weight tile run side by side
     pid_n = pid // M
     offs_d = tl.arange(0, BLOCK_D)
@@ -157,6 +158,10 @@ def _decode_attention_proj_kernel(
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
+    if L2_WHEN == 4:
+        _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
@@ -164,6 +169,7 @@ def _decode_attention_proj_kernel(
     if L2_WHEN == 2:
         _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
         _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
     if PREFETCH == 1:
         seq_len = n_older + 1
         bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
@@ -221,6 +227,7 @@ def _decode_attention_proj_kernel(
     if L2_WHEN == 3:
         _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
         _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
 
 
 def _fixed_merge(heads):
@@ -330,7 +337,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         words = part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
-    (l2a, l2a_bytes), (l2b, l2b_bytes) = _l2_ahead.ranges(next_weights)
+    (l2a, l2a_bytes), (l2b, l2b_bytes), (l2c, l2c_bytes) = _l2_ahead.ranges(next_weights)
     l2_when = _l2_ahead.WHEN if l2a_bytes else 0
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
@@ -343,6 +350,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         l2a if l2a is not None else y, l2a_bytes, l2b if l2b is not None else y, l2b_bytes,
+        l2c if l2c is not None else y, l2c_bytes,
         L2_WHEN=l2_when, L2_SLOTS=32 * warps, L2_PIECE=_l2_ahead.PIECE,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,

@@ -254,6 +254,7 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          next_weights=(blk.fc[0], blk.mlp_proj[0]))
+                                          next_weights=(blk.fc[0], blk.mlp_proj[0],
+                                                        self.blocks[i + 1].attn[0] if i + 1 < c.n_layer else None))
             x = self._mlp(blk, x, st_attn, st_a, early)
         return self._logits(x, st_a, argmax_keys)
