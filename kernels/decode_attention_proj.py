@@ -22,6 +22,8 @@ prologue of the projection, so a layer runs four:
   - with the row statistics as stored partials, which need a whole column block in one program,
     the last program of a (row, column block) to arrive adds the heads' partials in head order
     and runs the epilogue, as gemv.py's split layout does.
+Given l2_ahead (the next kernels' weights), each program asks L2 for its share of their bytes
+before its wait (_l2_ahead.py), where the caller's rule says the bus is free for them.
 The attention output is rounded to x's dtype before the product, as decode_attention would
 store it. Longer caches and more rows run decode_attention and linear, which split the cache
 and fill the GPU better (`fused_layout` returns None there).
@@ -37,8 +39,7 @@ from ._checks import check_shape, check_tensor
 from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
-from . import _l2_ahead
-from ._l2_ahead import _ask_l2
+from ._l2_ahead import ON as L2_AHEAD, PIECE as L2_PIECE, _ask_l2, l2_ranges
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
@@ -119,22 +120,16 @@ def _decode_attention_proj_kernel(
     M, N, D, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
-    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes,
+    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_WHEN: tl.constexpr = 0, L2_SLOTS: tl.constexpr = 128, L2_PIECE: tl.constexpr = 1024,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     h = tl.program_id(1)  # the head: this program's chunk of the projection's K
-    prog = pid + h * tl.num_programs(0)
-    n_prog = tl.num_programs(0) * tl.num_programs(1)
-    if L2_WHEN == 1:
-        _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
     b = pid % M  # rows fastest: programs that share a weight tile run side by side
     pid_n = pid // M
     offs_d = tl.arange(0, BLOCK_D)
@@ -158,18 +153,14 @@ def _decode_attention_proj_kernel(
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
-    if L2_WHEN == 4:
-        _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
+    if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
+        n_prog = tl.num_programs(0) * tl.num_programs(1)
+        _ask_l2(l2a_ptr, l2a_bytes, pid + h * tl.num_programs(0), n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2b_ptr, l2b_bytes, pid + h * tl.num_programs(0), n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    if L2_WHEN == 2:
-        _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
     if PREFETCH == 1:
         seq_len = n_older + 1
         bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
@@ -224,10 +215,6 @@ def _decode_attention_proj_kernel(
         elif STATS_OUT:
             _store_row_stats(tl.where(tile_mask, y, 0.0), rm, rm < M, pid_n * BLOCK_N, N, stats_ptr, stride_sm,
                              1, BLOCK_N)
-    if L2_WHEN == 3:
-        _ask_l2(l2a_ptr, l2a_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2c_ptr, l2c_bytes, prog, n_prog, L2_SLOTS, L2_PIECE)
 
 
 def _fixed_merge(heads):
@@ -270,7 +257,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          _layout=None, next_weights=None):
+                          l2_ahead=(), _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -290,7 +277,9 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     well, which needs the kernel before to launch this one only after its own wait.
     early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
-    own wait). _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
+    own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
+    fused launch asks L2 for before its wait (_l2_ahead.py; on the GPU only, results unchanged).
+    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
@@ -317,6 +306,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     check_shape("out", y, (B, N))
     check_row_stats("stats_out", stats_out, B, N, q.device, fixed_ok=True)
     fixed_stats = stats_out is not None and stats_out.dtype == torch.int64
+    (l2a, l2a_bytes), (l2b, l2b_bytes) = l2_ranges("l2_ahead", l2_ahead, q.device)
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
     if fixed_stats and not _fixed_stats_fit(H, N, q.dtype, layout):
         raise ValueError("stats_out: the fixed-point form (int64) is written by the fused launch's fixed merge only "
@@ -337,8 +327,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         words = part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
-    (l2a, l2a_bytes), (l2b, l2b_bytes), (l2c, l2c_bytes) = _l2_ahead.ranges(next_weights)
-    l2_when = _l2_ahead.WHEN if l2a_bytes else 0
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
@@ -350,8 +338,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         l2a if l2a is not None else y, l2a_bytes, l2b if l2b is not None else y, l2b_bytes,
-        l2c if l2c is not None else y, l2c_bytes,
-        L2_WHEN=l2_when, L2_SLOTS=32 * warps, L2_PIECE=_l2_ahead.PIECE,
+        L2_AHEAD=L2_AHEAD and l2a is not None, L2_SLOTS=32 * warps, L2_PIECE=L2_PIECE,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
