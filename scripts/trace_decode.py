@@ -108,7 +108,7 @@ PATCHES = {
     ],
     "decode_attention_proj": [
         ("from .linear import linear\n", "from .linear import linear\n" + HELPERS),
-        ("BLOCK_N: tl.constexpr,\n):", "BLOCK_N: tl.constexpr, trace_ptr,\n):"),
+        ("L2_PIECE: tl.constexpr,\n):", "L2_PIECE: tl.constexpr, trace_ptr,\n):"),
         ("    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n",
          "    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n    t0 = _now()\n"),
         ("    pos = seq_len - 1\n", "    t2 = _now()\n" + SUM_W + "    pos = seq_len - 1\n"),
