@@ -5,7 +5,8 @@ Used by the fused attention launch at one row of gpt2's size (decode_attention_p
 l2_ahead): its 36 programs stream about 1.5 MB in about 4 us of latency-bound work, and the bus
 is free to bring fc's and mlp-out's 9.4 MB into L2 meanwhile, where the CUDA-core GEMV after it
 (gemv_fma.py) then reads them. MINILLM_L2_AHEAD=0 turns the requests off (A/B timing).
-The interpreter runs no inline PTX: there the requests are always off.
+The requests are Hopper instructions (sm_90 on): the launcher sends them only there
+(_tuning.is_hopper), and never under the interpreter, which runs no inline PTX.
 """
 import os
 

@@ -51,18 +51,24 @@ def pick(tuned, configs):
 # fetch its weights, then wait (gdc_wait) for the inputs that kernel writes. MINILLM_PDL=0 turns
 # it off (for A/B timing); the interpreter has no grid dependencies.
 PDL = os.environ.get("MINILLM_PDL", "1") != "0" and not INTERPRET
-_pdl_devices = {}
+_hopper_devices = {}
+
+
+def is_hopper(device):
+    """True for a CUDA device of compute capability 9 or later (Hopper's instructions: dependent
+    launch, bulk L2 prefetch)."""
+    if device.type != "cuda":
+        return False
+    if device not in _hopper_devices:
+        import torch
+
+        _hopper_devices[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _hopper_devices[device]
 
 
 def use_pdl(device):
     """True where kernels on `device` should be launched with launch_pdl and gdc_wait."""
-    if not PDL or device.type != "cuda":
-        return False
-    if device not in _pdl_devices:
-        import torch
-
-        _pdl_devices[device] = torch.cuda.get_device_capability(device)[0] >= 9
-    return _pdl_devices[device]
+    return PDL and is_hopper(device)
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _s
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._l2_ahead import ON as L2_AHEAD, PIECE as L2_PIECE, _ask_l2, l2_ranges
-from ._tuning import launch, sm_count, use_pdl
+from ._tuning import is_hopper, launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .linear import linear
@@ -278,7 +278,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
-    fused launch asks L2 for before its wait (_l2_ahead.py; on the GPU only, results unchanged).
+    fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
     _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
@@ -338,7 +338,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         l2a if l2a is not None else y, l2a_bytes, l2b if l2b is not None else y, l2b_bytes,
-        L2_AHEAD=L2_AHEAD and l2a is not None, L2_SLOTS=32 * warps, L2_PIECE=L2_PIECE,
+        L2_AHEAD=L2_AHEAD and l2a is not None and is_hopper(q.device), L2_SLOTS=32 * warps, L2_PIECE=L2_PIECE,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,

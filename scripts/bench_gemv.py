@@ -43,8 +43,7 @@ SHAPES = [  # (name, M, K, N, folded layernorm)
 
 
 def set_pdl(on):
-    tuning.PDL = on
-    tuning._pdl_devices.clear()
+    tuning.PDL = on  # use_pdl reads it at every launch
 
 
 def sweep_configs(M, N, K):

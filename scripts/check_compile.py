@@ -79,10 +79,13 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
     from kernels import _checks, _tuning
 
     _checks.INTERPRET = True  # CPU tensors stand in for CUDA ones
-    use_pdl, sm_count = _tuning.use_pdl, _tuning.sm_count  # (before _tuning's own are replaced below)
+    # (taken before _tuning's own are replaced below)
+    use_pdl, is_hopper, sm_count = _tuning.use_pdl, _tuning.is_hopper, _tuning.sm_count
     for mod in _kernel_modules():  # the GPU's answers, where launchers ask the device
         if getattr(mod, "use_pdl", None) is use_pdl:
             mod.use_pdl = lambda device: arch >= 90
+        if getattr(mod, "is_hopper", None) is is_hopper:
+            mod.is_hopper = lambda device: arch >= 90
         if getattr(mod, "sm_count", None) is sm_count:
             mod.sm_count = lambda device: sms
 
