@@ -292,6 +292,10 @@ def test_linear_fused_argmax(M, N, cfg, dtype, device):
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     bias = randn(N, dtype=dtype, device=device)
     tied = [3, 4, N // 2, N - 7]  # across column blocks and reduction chunks
+    # x and the tied column on a grid of 1/8, so their products add up exactly in any order: the
+    # interpreter's fp32 products are numpy's, whose summation order follows a column's position
+    x = (x * 8).round() / 8
+    w[:, 3] = (w[:, 3] * 8).round() / 8
     w[:, tied] = w[:, 3:4]
     bias[tied] = 100.0  # row maxima, equal after rounding: the lowest index must win
     keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
