@@ -238,8 +238,8 @@ class GPT:
         # where fc and mlp-out run on the CUDA-core GEMV (st_a None: one row of gpt2's size) the
         # fused attention launch asks L2 for their weights before its wait (l2_ahead). H200,
         # alternated in one call (bench/results/h200/session-71/): gpt2 batch 1 7,540 / 7,545 ->
-        # 7,807 / 7,800 tok/s (+3.5%), the same ids; before the tensor-core layouts it lost
-        # (gpt2 batch 2 -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%)
+        # 7,807 / 7,800 tok/s (+3.5%), the same ids; before the tensor-core layouts it lost in the
+        # forms timed (gpt2 batch 2 -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%)
         # where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
