@@ -32,12 +32,7 @@ def l2_ranges(name, tensors, device):
     out = []
     for i, t in enumerate(tensors):
         check_tensor(f"{name}[{i}]", t, dtypes=None, device=device)
-        dims = sorted(range(t.dim()), key=t.stride)
-        dense, step = True, 1
-        for d in dims:
-            dense &= t.shape[d] == 1 or t.stride(d) == step
-            step *= t.shape[d]
-        if not dense:
+        if not t.permute(sorted(range(t.dim()), key=t.stride, reverse=True)).is_contiguous():
             raise ValueError(f"{name}[{i}]: expected a dense tensor (in any order of its dims), got shape "
                              f"{tuple(t.shape)} with strides {t.stride()}")
         out.append((t, t.numel() * t.element_size() // 16 * 16))

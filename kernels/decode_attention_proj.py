@@ -154,9 +154,9 @@ def _decode_attention_proj_kernel(
                                          HAS_BIAS)
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
-        n_prog = tl.num_programs(0) * tl.num_programs(1)
-        _ask_l2(l2a_ptr, l2a_bytes, pid + h * tl.num_programs(0), n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, pid + h * tl.num_programs(0), n_prog, L2_SLOTS, L2_PIECE)
+        program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
+        _ask_l2(l2a_ptr, l2a_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2(l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:

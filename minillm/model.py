@@ -234,12 +234,13 @@ class GPT:
         seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
         # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
-        early = early_roles(B, cuda_core=st_a is None, width=C)
-        # where fc and mlp-out run on the CUDA-core GEMV (st_a None: one row of gpt2's size) the
-        # fused attention launch asks L2 for their weights before its wait (l2_ahead). H200,
-        # alternated in one call (bench/results/h200/session-71/): gpt2 batch 1 7,540 / 7,545 ->
-        # 7,807 / 7,800 tok/s (+3.5%), the same ids; before the tensor-core layouts it lost in the
-        # forms timed (gpt2 batch 2 -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%)
+        cuda_core = st_a is None  # the layer linears on the CUDA-core GEMV (one row of gpt2's size)
+        early = early_roles(B, cuda_core=cuda_core, width=C)
+        # there the fused attention launch asks L2 for fc's and mlp-out's weights before its wait
+        # (l2_ahead). H200, alternated in one call (bench/results/h200/session-71/): gpt2 batch 1
+        # 7,540 / 7,545 -> 7,807 / 7,800 tok/s (+3.5%), the same ids; before the tensor-core
+        # layouts it lost in the forms timed (gpt2 batch 2 -4.2%, gpt2-medium batch 1 -7.9%,
+        # gpt2-xl batch 1 -2.7% to -12%)
         # where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
@@ -259,6 +260,6 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if st_a is None else ())
+                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early)
         return self._logits(x, st_a, argmax_keys)
