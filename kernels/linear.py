@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
+from ._l2_ahead import l2_ranges
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
@@ -97,7 +98,7 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, _config=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), _config=None):
     """act(x @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -117,6 +118,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     its wait, so the next one's weights stream in behind all of this one (where that pays is the
     caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
+    l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
+    launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
+    unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
@@ -155,6 +159,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         check_shape("argmax_keys", argmax_keys, x.shape[:-1])
         if not argmax_keys.is_contiguous():
             raise ValueError("argmax_keys: expected a contiguous tensor")
+    ranges = l2_ranges("l2_ahead", l2_ahead, x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
     y2 = y.view(-1, N)
     if M == 0:
@@ -162,7 +167,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch)
+             _config, early_launch, ranges)
         return y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)

@@ -114,7 +114,7 @@ def _mean_rstd(x, stats, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False):
+           prefetch_residual=False, early_launch=False, l2_ahead=()):
     """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
     (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
     product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance

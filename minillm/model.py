@@ -134,6 +134,10 @@ def folded(weight, bias, ln_weight, ln_bias):
     return out_major(w), b, colsum
 
 
+L2_EXP = set(filter(None, os.environ.get("MINILLM_L2_EXP", "").split("+")))  # EXPERIMENT
+L2_LM_MB = int(os.environ.get("MINILLM_L2_LM_MB", "4"))  # EXPERIMENT
+
+
 class Block:
     """One transformer layer's weights; Conv1D weights (in, out), stored out-major. ln_1 and
     ln_2 live folded into the linears after them (qkv and fc)."""
@@ -186,14 +190,15 @@ class GPT:
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset()):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_fc=(), l2_mlp=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early,
+                            l2_ahead=l2_fc)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
-                               early_launch="mlp-out" in early)  # x += mlp(ln_2(x))
+                               early_launch="mlp-out" in early, l2_ahead=l2_mlp)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
@@ -261,5 +266,13 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            x = self._mlp(blk, x, st_attn, st_a, early)
+            ahead = (self._l2_next(i),) if cuda_core else ()  # EXPERIMENT (MINILLM_L2_EXP)
+            x = self._mlp(blk, x, st_attn, st_a, early, l2_fc=ahead if "fcq" in L2_EXP else (),
+                          l2_mlp=ahead if "mlpq" in L2_EXP else ())
         return self._logits(x, st_a, argmax_keys)
+
+    def _l2_next(self, i):  # EXPERIMENT: the next layer's qkv weights, or the lm_head's first L2_LM_MB MB
+        if i + 1 < len(self.blocks):
+            return self.blocks[i + 1].attn[0]
+        w = self.lm_head[0]  # (C, V) out-major
+        return w[:, :max(1, L2_LM_MB * 2**20 // (w.shape[0] * w.element_size()))]

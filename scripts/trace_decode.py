@@ -118,9 +118,24 @@ PATCHES = {
 }
 
 
-def patched_source(name):
+# --stamp: where the fused attention launch's second stamp goes in place of its weights'
+# arrival: "attend" once its head's attention output is computed, "merge" once the projection's
+# partial is (just before the heads' merge; from there to the program's end is the merge and
+# the epilogue)
+WAIT_STAMP = ("    pos = seq_len - 1\n", "    t2 = _now()\n    pos = seq_len - 1\n")
+STAMPS = {
+    "attend": [WAIT_STAMP, ("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
+                                                           "    part = tl.sum(o[:, None]")],
+    "merge": [WAIT_STAMP, ("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
+}
+
+
+def patched_source(name, stamp="weights"):
     src = (ROOT / "kernels" / f"{name}.py").read_text()
-    for anchor, new in PATCHES[name]:
+    patches = PATCHES[name]
+    if stamp in STAMPS and name == "decode_attention_proj":
+        patches = [p for p in patches if p[0] != WAIT_STAMP[0]] + STAMPS[stamp]
+    for anchor, new in patches:
         if src.count(anchor) != 1:
             raise RuntimeError(f"trace_decode: kernels/{name}.py has {src.count(anchor)} copies of the anchor "
                                f"{anchor.strip()[:60]!r}, expected 1: update PATCHES")
@@ -128,13 +143,13 @@ def patched_source(name):
     return src
 
 
-def load_traced(name, tmp):
+def load_traced(name, tmp, stamp="weights"):
     """kernels/<name>.py with the timers in, as the module kernels._traced_<name> (Triton needs
     the source in a file)."""
     import kernels  # noqa: F401  (the package the copy's relative imports resolve in)
 
     path = Path(tmp) / f"_traced_{name}.py"
-    path.write_text(patched_source(name))
+    path.write_text(patched_source(name, stamp))
     spec = importlib.util.spec_from_file_location(f"kernels._traced_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -166,7 +181,7 @@ class _Traced:
         return run
 
 
-def install(tmp):
+def install(tmp, stamp="weights"):
     """Point the decode launchers at traced copies of their kernels (this process only)."""
     import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
     from kernels._tuning import launch
@@ -177,8 +192,8 @@ def install(tmp):
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
     traced_slab = _Traced(load_traced("gemv_slab", tmp)._gemv_slab_kernel, "gemv", ("N", "K"))
     gs.launch = lambda kernel, grid, *a, **kw: launch(traced_slab, grid, *a, **kw)
-    traced_proj = _Traced(load_traced("decode_attention_proj", tmp)._decode_attention_proj_kernel, "attn-proj",
-                          ("H", "D"))
+    proj = load_traced("decode_attention_proj", tmp, stamp)._decode_attention_proj_kernel
+    traced_proj = _Traced(proj, "attn-proj", ("H", "D"))
     dap.launch = lambda kernel, grid, *a, **kw: launch(traced_proj, grid, *a, **kw)
     gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
     vf._vocab_fma_kernel = _Traced(load_traced("vocab_fma", tmp)._vocab_fma_kernel, "vocab", ("N", "K"))
@@ -245,13 +260,17 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
     ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
+    ap.add_argument("--stamp", choices=("weights", *STAMPS), default="weights",
+                    help="the fused attention launch's second stamp: its weights' arrival (default), its "
+                         "attention output computed (attend), or its projection's partial, before the heads' "
+                         "merge (merge)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
     args = ap.parse_args()
     from minillm.benchutil import require_cuda
 
     require_cuda("trace_decode")
     if not args.untraced:
-        install(tempfile.mkdtemp())
+        install(tempfile.mkdtemp(), args.stamp)
     from minillm.bench import NEW_TOKENS, PROMPT_LEN, build
     from minillm.generate import Engine, cache_bucket
     from minillm.model import GPT
@@ -281,7 +300,7 @@ def main():
     step_us = start.elapsed_time(end) * 1000 / args.replays
     res = dict(model=args.model, batch=args.batch, device=torch.cuda.get_device_name(), traced=not args.untraced,
                step_us=step_us, context=PROMPT_LEN + NEW_TOKENS // 2, cache_bucket=bucket,
-               fields=["sm", "start", "weights in", "wait passed", "end"])
+               stamp=args.stamp, fields=["sm", "start", "weights in", "wait passed", "end"])
     print(f"{args.model} b{args.batch} {'untraced' if args.untraced else 'traced'}: {step_us:.1f} us a step")
     if captured:
         launches = summarize(captured, cfg.n_embd)
@@ -294,7 +313,8 @@ def main():
         res["launches"] = launches
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"trace-{args.model}-b{args.batch}{'-untraced' if args.untraced else ''}.json"
+    tag = "-untraced" if args.untraced else "" if args.stamp == "weights" else f"-{args.stamp}"
+    path = out / f"trace-{args.model}-b{args.batch}{tag}.json"
     path.write_text(json.dumps(res))
     print("wrote", path)
 

@@ -96,3 +96,14 @@ def test_summarize_drops_rows_no_program_wrote():
     assert lines[2].startswith("(3 programs left no valid record, in 3 launches")
     row = next(line for line in lines if line.startswith("lm_head"))
     assert row.split()[1:3] == ["1", "0.50"]  # timed from qkv's last written end
+
+
+@pytest.mark.parametrize("stamp", sorted(trace_decode.STAMPS))
+def test_stamps_move_the_second_stamp(stamp, tmp_path):
+    """--stamp attend / merge: the fused launch's second stamp replaces the weights' one (still
+    one of each stamp), and the copy imports."""
+    src = trace_decode.patched_source("decode_attention_proj", stamp)
+    assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1
+    assert trace_decode.SUM_W not in src
+    mod = trace_decode.load_traced("decode_attention_proj", tmp_path, stamp)
+    assert "trace_ptr" in mod._decode_attention_proj_kernel.arg_names

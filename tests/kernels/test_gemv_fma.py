@@ -81,6 +81,25 @@ def test_fma_early_launch_same_bits(dtype, device):
     assert_rel_close(y1, _ref(f0, w3, residual=x + _ref(x, w1)), dtype, "fma early launch chain")
 
 
+
+def test_fma_l2_ahead_changes_no_bit(device):
+    """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
+    is not a multiple of 16 bytes) leaves the result and those tensors as they are. On the GPU
+    the requests run (unless MINILLM_L2_AHEAD=0); the interpreter has none."""
+    K, N = 300, 1200
+    x = randn(1, K, dtype=torch.float16, device=device, scale=2.0) + 0.5
+    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
+    later = _out_major(randn(N, K, dtype=torch.float16, device=device))
+    odd = randn(1001, dtype=torch.float16, device=device)
+    keep = later.clone(), odd.clone()
+    plain = kernels.linear(x, w, activation="gelu_tanh", out=poisoned((1, N), torch.float16, device))
+    ahead = kernels.linear(x, w, activation="gelu_tanh", l2_ahead=(later, odd),
+                           out=poisoned((1, N), torch.float16, device))
+    assert torch.equal(plain, ahead)
+    assert torch.equal(later, keep[0]) and torch.equal(odd, keep[1])
+    with pytest.raises(ValueError, match=r"l2_ahead\[0\]: expected a dense tensor"):
+        kernels.linear(x, w, l2_ahead=(later[::2],))
+
 def test_fma_no_bias_no_activation(device):
     x = randn(1, 130, device=device)
     w = _out_major(randn(130, 9, device=device))
