@@ -267,8 +267,10 @@ class GPT:
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
             ahead = (self._l2_next(i),) if cuda_core else ()  # EXPERIMENT (MINILLM_L2_EXP)
+            if "mlpqa" in L2_EXP and cuda_core and i + 1 < len(self.blocks):
+                ahead = (self._l2_next(i), self.blocks[i + 1].attn_proj[0])
             x = self._mlp(blk, x, st_attn, st_a, early, l2_fc=ahead if "fcq" in L2_EXP else (),
-                          l2_mlp=ahead if "mlpq" in L2_EXP else ())
+                          l2_mlp=ahead if {"mlpq", "mlpqa"} & L2_EXP else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _l2_next(self, i):  # EXPERIMENT: the next layer's qkv weights, or the lm_head's first L2_LM_MB MB

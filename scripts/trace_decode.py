@@ -82,9 +82,10 @@ PATCHES = {
         ("\n\ndef gemv_slab(", "    _record(trace_ptr, tl.program_id(0), t0, t1, t2)\n\n\ndef gemv_slab("),
     ],
     "gemv_fma": [
-        ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n",
-         "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
-        ("EARLY_LAUNCH: tl.constexpr,\n):", "EARLY_LAUNCH: tl.constexpr, trace_ptr,\n):"),
+        ("from ._tuning import INTERPRET, env_int, is_hopper, launch, use_pdl\n",
+         "from ._tuning import INTERPRET, env_int, is_hopper, launch, use_pdl\n" + HELPERS),
+        ("    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,\n):",
+         "    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + row", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + row"),
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",
