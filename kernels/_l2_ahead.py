@@ -1,10 +1,14 @@
 """Asking L2 for bytes a later kernel will read (Hopper's cp.async.bulk.prefetch.L2): the
 requests carry no registers and nothing waits for them, so no result can change.
 
-Used by the fused attention launch at one row of gpt2's size (decode_attention_proj's
-l2_ahead): its 36 programs stream about 1.5 MB in about 4 us of latency-bound work, and the bus
-is free to bring fc's and mlp-out's 9.4 MB into L2 meanwhile, where the CUDA-core GEMV after it
-(gemv_fma.py) then reads them. MINILLM_L2_AHEAD=0 turns the requests off (A/B timing).
+Used at one row of gpt2's size, where the layer's linears run on the CUDA-core GEMV
+(gemv_fma.py), which then reads the bytes from L2:
+- the fused attention launch (decode_attention_proj's l2_ahead): its 36 programs stream about
+  1.5 MB in about 4 us of latency-bound work, and the bus is free to bring fc's and mlp-out's
+  9.4 MB into L2 meanwhile;
+- mlp-out (linear's l2_ahead, kept by gemv_fma): the next layer's qkv weights (3.5 MB), or the
+  lm_head's first columns after the last layer.
+MINILLM_L2_AHEAD=0 turns the requests off (A/B timing).
 The requests are Hopper instructions (sm_90 on): the launcher sends them only there
 (_tuning.is_hopper), and never under the interpreter, which runs no inline PTX.
 """

@@ -134,8 +134,9 @@ def folded(weight, bias, ln_weight, ln_bias):
     return out_major(w), b, colsum
 
 
-L2_EXP = set(filter(None, os.environ.get("MINILLM_L2_EXP", "").split("+")))  # EXPERIMENT
-L2_LM_MB = int(os.environ.get("MINILLM_L2_LM_MB", "4"))  # EXPERIMENT
+# the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
+# first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
+L2_LM_HEAD_BYTES = 4 << 20
 
 
 class Block:
@@ -190,15 +191,14 @@ class GPT:
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_fc=(), l2_mlp=()):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early,
-                            l2_ahead=l2_fc)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
-                               early_launch="mlp-out" in early, l2_ahead=l2_mlp)  # x += mlp(ln_2(x))
+                               early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
@@ -241,11 +241,13 @@ class GPT:
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         cuda_core = st_a is None  # the layer linears on the CUDA-core GEMV (one row of gpt2's size)
         early = early_roles(B, cuda_core=cuda_core, width=C)
-        # there the fused attention launch asks L2 for fc's and mlp-out's weights before its wait
-        # (l2_ahead). H200, alternated in one call (bench/results/h200/session-71/): gpt2 batch 1
-        # 7,540 / 7,545 -> 7,807 / 7,800 tok/s (+3.5%), the same ids; before the tensor-core
-        # layouts it lost in the forms timed (gpt2 batch 2 -4.2%, gpt2-medium batch 1 -7.9%,
-        # gpt2-xl batch 1 -2.7% to -12%)
+        # there the fused attention launch asks L2 for fc's and mlp-out's weights before its wait,
+        # and mlp-out for the next layer's qkv weights (l2_ahead). H200, alternated in one call:
+        # gpt2 batch 1 7,540 / 7,545 -> 7,807 / 7,800 tok/s with the first (+3.5%;
+        # bench/results/h200/session-71/); mlp-out's 7,813 / 7,802 -> 7,900 / 7,902 (+1.2%; fc
+        # asking for them instead -0.8%, both even; bench/results/h200/session-72/), the same ids.
+        # Before the tensor-core layouts the first lost in the forms timed (gpt2 batch 2 -4.2%,
+        # gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%)
         # where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
@@ -266,15 +268,13 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            ahead = (self._l2_next(i),) if cuda_core else ()  # EXPERIMENT (MINILLM_L2_EXP)
-            if "mlpqa" in L2_EXP and cuda_core and i + 1 < len(self.blocks):
-                ahead = (self._l2_next(i), self.blocks[i + 1].attn_proj[0])
-            x = self._mlp(blk, x, st_attn, st_a, early, l2_fc=ahead if "fcq" in L2_EXP else (),
-                          l2_mlp=ahead if {"mlpq", "mlpqa"} & L2_EXP else ())
+            x = self._mlp(blk, x, st_attn, st_a, early, l2_ahead=(self._next_weight(i),) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
-    def _l2_next(self, i):  # EXPERIMENT: the next layer's qkv weights, or the lm_head's first L2_LM_MB MB
+    def _next_weight(self, i):
+        """What layer i's mlp-out asks L2 for (one row of gpt2's size): the next layer's qkv
+        weights, or after the last layer the lm_head's first columns."""
         if i + 1 < len(self.blocks):
             return self.blocks[i + 1].attn[0]
-        w = self.lm_head[0]  # (C, V) out-major
-        return w[:, :max(1, L2_LM_MB * 2**20 // (w.shape[0] * w.element_size()))]
+        w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
+        return w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))]

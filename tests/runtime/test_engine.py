@@ -190,3 +190,18 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
     with pytest.raises(ValueError, match=r"^MINILLM_EARLY_ROLES: expected none or roles of qkv, attn-out, fc, "
                                          r"mlp-out split by commas or \+, got 'fc,gelu'$"):
         roles_from_env("fc,gelu")
+
+
+def test_mlp_out_asks_l2_for_the_next_weights(path):
+    """At one row of gpt2's size layer i's mlp-out asks L2 for the next layer's qkv weights, and
+    the last layer's for the lm_head's first columns: their first bytes, as many as
+    L2_LM_HEAD_BYTES allows, dense (l2_ahead's requirement)."""
+    model = LLM(path, dtype="float32", cuda_graphs=False).engine.model
+    n = len(model.blocks)
+    for i in range(n - 1):
+        assert model._next_weight(i) is model.blocks[i + 1].attn[0]
+    head = model._next_weight(n - 1)
+    w = model.lm_head[0]  # (C, V), out-major
+    cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
+    assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
+    assert head.t().is_contiguous()
