@@ -5,13 +5,14 @@ read at import, so each variant runs in a fresh process; the variants alternate 
 drift of the machine (clocks, another tenant) shows as spread between rounds instead of as a
 difference between variants. Each process builds the model (a preset gets random weights, as
 `minillm bench`), generates once cold, then times --runs warm runs per batch (prompt 32, 128 new
-tokens, greedy, EOS ignored) and reports the median decode tokens/s, the range and a hash of the
+tokens, greedy or with --temperature sampled from seed 0, EOS ignored) and reports the median decode tokens/s, the range and a hash of the
 ids. The table gives each variant's median per round, the change against the first variant and
 whether the ids matched it.
 
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
   python3 scripts/ab_decode.py --env "" --env MINILLM_PDL=0 --model gpt2 --batch 1   # "": as set
+  python3 scripts/ab_decode.py --env "" --env MINILLM_L2_AHEAD=0 --temperature 1   # sampled, top_k 50
 """
 import argparse
 import hashlib
@@ -49,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=7, help="timed runs per batch after the cold one (default 7)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 greedy (default); above 0 sampled with --top-k, seed 0 (the same draws in every variant)")
+    p.add_argument("--top-k", type=int, default=50, help="with --temperature > 0 (default 50, as minillm bench)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
@@ -57,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, help="folder for ab.json and ab.md")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.temperature < 0 or args.top_k < 0:
+        p.error(f"--temperature / --top-k: expected numbers >= 0, got {args.temperature} / {args.top_k}")
     for name in ("rounds", "runs", "prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
@@ -83,7 +89,9 @@ def worker(args):
         cfg, hf, weights = build(model, args.device, getattr(torch, args.dtype))
         del hf
         engine = Engine(GPT(cfg, weights, args.backend), use_cuda_graphs=not args.no_graphs)
-        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+        sampled = dict(temperature=args.temperature, top_k=args.top_k, seed=0) if args.temperature > 0 else \
+            dict(temperature=0)
+        params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, **sampled)
         for B in args.batch:
             prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len),
                                     generator=torch.Generator().manual_seed(B)).tolist()

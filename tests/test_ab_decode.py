@@ -46,6 +46,20 @@ def test_variants_alternate_and_the_table_compares_them(ckpt, tmp_path):
     assert len(table) == 2 and all(line.endswith("| same |") for line in table)  # torch backend: no switch applies
 
 
+def test_sampled_variants_draw_the_same_ids(ckpt, tmp_path):
+    """--temperature samples from seed 0 in every process: the same switches give the same ids
+    (the worker's draws do not depend on the variant's process), and the table says so."""
+    done = _run("--env", "", "--env", "MINILLM_PDL=0", "--model", ckpt, "--rounds", "1", "--temperature", "30",
+                "--top-k", "20", "--out", str(tmp_path), *CPU)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "ab.json").read_text())
+    assert len(rows) == 4 and rows[0]["ids"] == rows[2]["ids"] and rows[1]["ids"] == rows[3]["ids"]
+    greedy = _run("--env", "", "--env", "MINILLM_PDL=0", "--model", ckpt, "--rounds", "1", *CPU)
+    assert greedy.returncode == 0, greedy.stderr
+    assert [ln.split("ids ")[1].split()[0] for ln in greedy.stdout.splitlines() if ln.startswith("round")][0] \
+        != rows[0]["ids"]  # the test model's logits are peaked (50): a high temperature draws other ids
+
+
 def test_a_bad_variant_is_one_line():
     done = _run("--env", "MINILLM_GEMV_FIXED=2", "--env", "", "--model", "gpt2", "--rounds", "1", *CPU)
     assert done.returncode == 1
@@ -71,6 +85,7 @@ def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
     (["--env", "MINILLM_A=1"], "expected two or more variants"),
     (["--env", "", "--env", "MINILLM_A=1", "--runs", "0"], "--runs: expected an integer >= 1"),
     (["--env", "MINILLM_A=1", "--env", "MINILLM_A=1"], "expected different variants"),
+    (["--env", "", "--env", "MINILLM_A=1", "--temperature", "-1"], "--temperature / --top-k: expected numbers >= 0"),
 ])
 def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
