@@ -81,7 +81,6 @@ def test_fma_early_launch_same_bits(dtype, device):
     assert_rel_close(y1, _ref(f0, w3, residual=x + _ref(x, w1)), dtype, "fma early launch chain")
 
 
-
 def test_fma_l2_ahead_changes_no_bit(device):
     """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
     is not a multiple of 16 bytes) leaves the result and those tensors as they are. On the GPU
@@ -99,6 +98,7 @@ def test_fma_l2_ahead_changes_no_bit(device):
     assert torch.equal(later, keep[0]) and torch.equal(odd, keep[1])
     with pytest.raises(ValueError, match=r"l2_ahead\[0\]: expected a dense tensor"):
         kernels.linear(x, w, l2_ahead=(later[::2],))
+
 
 def test_fma_no_bias_no_activation(device):
     x = randn(1, 130, device=device)
