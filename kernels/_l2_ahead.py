@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_tensor
-from ._tuning import INTERPRET
+from ._tuning import INTERPRET, is_hopper
 
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
@@ -43,6 +43,15 @@ def l2_ranges(name, tensors, device):
     return out + [(None, 0)] * (MAX_RANGES - len(out))
 
 
+def launch_args(ranges, fallback, device, num_warps):
+    """(the kernel's four range arguments, its L2_* constexprs) for l2_ranges' list (None: no
+    requests); `fallback`, any tensor on the device, stands in for the unused pointers. The
+    requests run only on Hopper (cp.async.bulk needs sm_90) and never under the interpreter."""
+    (a, a_bytes), (b, b_bytes) = ranges or l2_ranges("l2_ahead", (), device)
+    args = (a if a is not None else fallback, a_bytes, b if b is not None else fallback, b_bytes)
+    return args, dict(L2_AHEAD=ON and a is not None and is_hopper(device), L2_SLOTS=32 * num_warps, L2_PIECE=PIECE)
+
+
 @triton.jit
 def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
     """This program's share of an L2 prefetch of nbytes (a multiple of 16) from ptr: each of its
@@ -61,3 +70,11 @@ def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES
             mov.u32 $0, 0; }""",
             "=r,l,r,r", [base + off, size, (piece < n_pieces).to(tl.int32)], dtype=tl.int32, is_pure=False,
             pack=1)
+
+
+@triton.jit
+def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, program, num_programs, SLOTS: tl.constexpr,
+                   PIECE_BYTES: tl.constexpr):
+    """_ask_l2 for both of launch_args' ranges (an unused one has 0 bytes: no request)."""
+    _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
+    _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)

@@ -39,8 +39,8 @@ from ._checks import check_shape, check_tensor
 from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
-from ._l2_ahead import ON as L2_AHEAD, PIECE as L2_PIECE, _ask_l2, l2_ranges
-from ._tuning import is_hopper, launch, sm_count, use_pdl
+from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
+from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .linear import linear
@@ -155,8 +155,7 @@ def _decode_attention_proj_kernel(
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-        _ask_l2(l2a_ptr, l2a_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
+        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
@@ -306,7 +305,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     check_shape("out", y, (B, N))
     check_row_stats("stats_out", stats_out, B, N, q.device, fixed_ok=True)
     fixed_stats = stats_out is not None and stats_out.dtype == torch.int64
-    (l2a, l2a_bytes), (l2b, l2b_bytes) = l2_ranges("l2_ahead", l2_ahead, q.device)
+    ahead = l2_ranges("l2_ahead", l2_ahead, q.device)
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
     if fixed_stats and not _fixed_stats_fit(H, N, q.dtype, layout):
         raise ValueError("stats_out: the fixed-point form (int64) is written by the fused launch's fixed merge only "
@@ -327,6 +326,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         words = part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
+    l2_args, l2_meta = l2_launch_args(ahead, y, q.device, warps)
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
@@ -337,8 +337,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), weight.stride(0), weight.stride(1), residual.stride(0), y.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
-        l2a if l2a is not None else y, l2a_bytes, l2b if l2b is not None else y, l2b_bytes,
-        L2_AHEAD=L2_AHEAD and l2a is not None and is_hopper(q.device), L2_SLOTS=32 * warps, L2_PIECE=L2_PIECE,
+        *l2_args, **l2_meta,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from ._l2_ahead import ON as L2_AHEAD, PIECE as L2_PIECE, _ask_l2, l2_ranges
-from ._tuning import INTERPRET, env_int, is_hopper, launch, use_pdl
+from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
+from ._tuning import INTERPRET, env_int, launch, use_pdl
 from .activations import _apply_activation
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -112,8 +112,7 @@ def _gemv_fma_kernel(
     if HAS_RESIDUAL and PREFETCH_RESIDUAL:
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if L2_AHEAD:  # after this program's own loads, which should not queue behind these
-        _ask_l2(l2a_ptr, l2a_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
-        _ask_l2(l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
+        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
         if not EARLY_LAUNCH:
@@ -153,17 +152,16 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     grid = (M * triton.cdiv(N, meta["BLOCK_N"]),)
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
-    (l2a, l2a_bytes), (l2b, l2b_bytes) = l2_ahead_ranges or l2_ranges("l2_ahead", (), x2.device)
+    l2_args, l2_meta = l2_launch_args(l2_ahead_ranges, y2, x2.device, meta["num_warps"])
     launch(
         _gemv_fma_kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2,
         ln_fold if ln_fold is not None else y2,
         M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
-        l2a if l2a is not None else y2, l2a_bytes, l2b if l2b is not None else y2, l2b_bytes,
+        *l2_args,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl,
         PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch), launch_pdl=pdl,
-        L2_AHEAD=L2_AHEAD and l2a is not None and is_hopper(x2.device), L2_SLOTS=32 * meta["num_warps"],
-        L2_PIECE=L2_PIECE, **meta,
+        **l2_meta, **meta,
     )
     return y2
