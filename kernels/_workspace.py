@@ -1,5 +1,5 @@
 """Arrival counters for the one-launch split reductions (linear's split-K, decode attention),
-and the fixed-point words of the fused attention launch's head merge and hand-off.
+and the fixed-point words of the fused attention launch's head merge.
 
 A program of a split tile bumps its tile's counter after writing its partial; the last one to
 arrive reduces and resets the counter to zero (the last head to add into a word zeroes it). So
@@ -24,18 +24,11 @@ def fixed_point_sums(device, n):
     return _zeroed(device, n, torch.int64)
 
 
-def pending_sums(device, n):
-    """A zeroed int64 buffer of at least n words on `device`, apart from fixed_point_sums: the
-    words a hand-off (decode_attention_proj's hand_off) leaves its sums in, zeroed by the linear
-    that reads the finished row as its residual."""
-    return _zeroed(device, n, torch.int64, "pending")
-
-
-def _zeroed(device, n, dtype, kind=""):
+def _zeroed(device, n, dtype):
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" is the current one, as for tensors
         device = torch.device("cuda", torch.cuda.current_device())
-    bufs = _buffers.setdefault((device, dtype, kind), [])
+    bufs = _buffers.setdefault((device, dtype), [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 1 << 16), dtype=dtype, device=device))
     return bufs[-1]

@@ -21,11 +21,7 @@ prologue of the projection, so a layer runs four:
     statistics into the row's group words, one relaxed atomic each, awaited by nobody;
   - with the row statistics as stored partials, which need a whole column block in one program,
     the last program of a (row, column block) to arrive adds the heads' partials in head order
-    and runs the epilogue, as gemv.py's split layout does;
-  - handed off (hand_off, where the one-atomic merge runs), each program adds its partial into
-    the words and ends, with no returning atomic: nothing here waits for the sum. The next
-    linear (one row on CUDA cores, which reads whole rows anyway) finishes the row after its
-    wait, bit for bit as the merge would (PendingRow in _fixed_merge.py).
+    and runs the epilogue, as gemv.py's split layout does.
 Given l2_ahead (the next kernels' weights), each program asks L2 for its share of their bytes
 before its wait (_l2_ahead.py), where the caller's rule says the bus is free for them.
 The attention output is rounded to x's dtype before the product, as decode_attention would
@@ -42,10 +38,10 @@ import triton.language as tl
 from ._checks import check_shape, check_tensor
 from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
                         new_row_stats)
-from ._fixed_merge import MAX_FIXED_PARTS, PendingRow, _add_fixed, _fixed_word
+from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._tuning import launch, sm_count, use_pdl
-from ._workspace import arrival_counters, fixed_point_sums, pending_sums
+from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .linear import linear
 
@@ -127,7 +123,7 @@ def _decode_attention_proj_kernel(
     l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
-    HAND_OFF: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -195,10 +191,7 @@ def _decode_attention_proj_kernel(
 
     part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
-    if HAND_OFF:  # the next linear finishes the row (PendingRow): nothing waits for the sums here
-        tl.atomic_add(words_ptr + b * N + rn, _fixed_word(part), mask=n_mask, sem="relaxed")
-        finish = False
-    elif FIXED:  # (H > 1) finish the columns where this program came last
+    if FIXED:  # (H > 1) finish the columns where this program came last
         part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
         tile_mask = tile_mask & done[None, :]
     elif H > 1:
@@ -263,7 +256,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), hand_off=False, _layout=None):
+                          l2_ahead=(), _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -285,12 +278,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
-    hand_off: where the fused launch would merge the heads in fixed point without statistics,
-    its programs only add their partials, and it returns a PendingRow (_fixed_merge.py) instead
-    of writing `out`: the next linear, given it as x, finishes the rows bit for bit as the merge
-    would (on the CUDA-core GEMV: one row), and stores them into the row's `store` (`out`, or a
-    new tensor where `out` is the residual, which that linear's programs still read); the linear
-    after it takes it as its residual. Elsewhere the result is a tensor as without hand_off.
     _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
@@ -331,10 +318,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
     fixed = _fixed_merge(H) and (stats_out is None or fixed_stats)
-    hand_off = bool(hand_off) and fixed and stats_out is None
-    if hand_off:
-        words = part = counts = pending_sums(q.device, B * N)
-    elif fixed:  # no partials or counters: their pointers go unused
+    if fixed:  # no partials or counters: their pointers go unused
         words = part = counts = fixed_point_sums(q.device, B * N)
     else:
         part = q.new_empty((H * B * N,) if H > 1 else (1,), dtype=torch.float32)
@@ -356,10 +340,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         *l2_args, **l2_meta,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
-        HAND_OFF=hand_off, BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )
-    if hand_off:
-        store = torch.empty_like(residual) if y.data_ptr() == residual.data_ptr() else y
-        return PendingRow(words[:B * N].view(B, N), H, bias, residual, store)
     return y

@@ -229,14 +229,13 @@ def weight_descriptor(weight, block_k, block_n):
 
 def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
-         early_launch=False, l2_ahead_ranges=None, pending=None, clear=None):
+         early_launch=False, l2_ahead_ranges=None):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
     or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
     a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768) to gemv_slab.py.
-    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only);
-    pending, clear: see gemv_fma (which alone takes them: `linear` checks that it runs).
+    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -252,8 +251,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         if stats_out is not None or argmax_keys is not None:
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")
         return gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
-                        prefetch_residual, fma or config, early_launch, l2_ahead_ranges, pending, clear)
-    assert pending is None and clear is None, "linear routes pending rows to the CUDA-core GEMV only"
+                        prefetch_residual, fma or config, early_launch, l2_ahead_ranges)
     meta = decode_config(M, N, K, x2.element_size(), ln_fold is not None, sms=sm_count(x2.device)) if config is None \
         else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])

@@ -14,10 +14,6 @@ itself:
 - after the wait: the row of x, multiply-adds in fp32 and one reduction over K, beside them the
   row's statistics for a folded layernorm (every program holds the whole row anyway; no
   partial statistics in or out), the epilogue;
-- x may come as a pending row (_fixed_merge.PendingRow: the fused attention launch's heads'
-  sums, handed off): after the wait the program loads its words beside the residual and
-  finishes the row as the merge's epilogue would, and one program a row stores it; the launch
-  that takes the pending row as its residual zeroes the words after its wait;
 - products and sums are plain fp32 on CUDA cores: free at one row, which is where `linear`
   sends it (fma_config; tests and benchmarks may force more rows, one per program). A row's
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
@@ -27,7 +23,6 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from ._fixed_merge import FIXED_OFFSET, _fixed_sums
 from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._tuning import INTERPRET, env_int, launch, use_pdl
 from .activations import _apply_activation
@@ -82,7 +77,7 @@ def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
 # may differ, and a row must get the same bits at any M
 @triton.jit(do_not_specialize=["M"])
 def _gemv_fma_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, words_ptr, x_bias_ptr, store_ptr, clear_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr,
     M, N, ln_eps, negative_slope,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
@@ -90,7 +85,6 @@ def _gemv_fma_kernel(
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
-    PENDING_PARTS: tl.constexpr, X_BIAS: tl.constexpr, CLEAR: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -117,9 +111,6 @@ def _gemv_fma_kernel(
     res = 0.0
     if HAS_RESIDUAL and PREFETCH_RESIDUAL:
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    x_bias = 0.0
-    if PENDING_PARTS and X_BIAS:
-        x_bias = tl.load(x_bias_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
     if L2_AHEAD:  # after this program's own loads, which should not queue behind these
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
@@ -130,14 +121,6 @@ def _gemv_fma_kernel(
     xf = tl.load(x_ptr + row * stride_xm + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    if PENDING_PARTS:  # x is a pending row's residual: finish the row as the merge's epilogue would
-        words = tl.load(words_ptr + row * K + rk, mask=k_mask, other=PENDING_PARTS * FIXED_OFFSET)  # 0.0 past K
-        x_row = ((_fixed_sums(words, PENDING_PARTS) + x_bias) + xf).to(store_ptr.dtype.element_ty)
-        if pid // M == 0:  # one program a row stores it, for the linear that takes it as residual
-            tl.store(store_ptr + row * K + rk, x_row, mask=k_mask)
-        xf = tl.where(k_mask, x_row.to(tl.float32), 0.0)
-    if CLEAR:  # the pending row's words this program's columns cover: zero for the next launch
-        tl.store(clear_ptr + row * N + rn, tl.zeros((BLOCK_N,), dtype=tl.int64), mask=n_mask)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
         mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
@@ -157,12 +140,10 @@ def decode_row_stats(rows, cols, device):
 
 
 def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
-             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None, pending=None, clear=None):
+             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch, l2_ahead: see `linear`
-    (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead). pending: a PendingRow whose
-    residual is x2; its rows are finished here and stored. clear: (M, N) int64 words to zero
-    after the wait (a pending row's, given as the residual)."""
+    (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead)."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
@@ -172,18 +153,15 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
     l2_args, l2_meta = l2_launch_args(l2_ahead_ranges, y2, x2.device, meta["num_warps"])
-    words, x_bias, store = (pending.words, pending.bias, pending.store) if pending is not None else (y2, None, y2)
     launch(
         _gemv_fma_kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2,
-        ln_fold if ln_fold is not None else y2, words, x_bias if x_bias is not None else y2, store,
-        clear if clear is not None else y2,
+        ln_fold if ln_fold is not None else y2,
         M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         *l2_args,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl,
         PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch), launch_pdl=pdl,
-        PENDING_PARTS=pending.parts if pending is not None else 0, X_BIAS=x_bias is not None,
-        CLEAR=clear is not None, **l2_meta, **meta,
+        **l2_meta, **meta,
     )
     return y2

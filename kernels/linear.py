@@ -24,13 +24,11 @@ import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
-from ._fixed_merge import PendingRow, check_pending
 from ._l2_ahead import l2_ranges
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
 from .gemv import gemv
-from .gemv_fma import fma_config
 from .gemv_config import SMALL_M
 from .layernorm import standardize
 
@@ -93,17 +91,6 @@ def _linear_kernel(
                          BLOCK_M, BLOCK_N)
 
 
-def _check_pending_route(M, N, K, weight, stats_out, argmax_keys, config):
-    """A pending row is read only by the CUDA-core GEMV: one row, out-major weights, no
-    statistics or argmax out."""
-    fma = fma_config(M, N, K, weight.stride(0)) if config is None else config if "ROWS" in config else None
-    if fma is None or stats_out is not None or argmax_keys is not None:
-        raise ValueError(f"x/residual: a PendingRow is read by the one-row CUDA-core GEMV only (fma_config), not by "
-                         f"this launch ({M} rows, weight {tuple(weight.shape)} with strides {weight.stride()}"
-                         f"{', stats_out' if stats_out is not None else ''}"
-                         f"{', argmax_keys' if argmax_keys is not None else ''})")
-
-
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
 _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"],
                          restore_value=["y_ptr"])(_linear_kernel)
@@ -134,24 +121,12 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
     unchanged); other layouts ignore them.
-    x or residual may be a PendingRow (decode_attention_proj's hand_off), where the CUDA-core
-    GEMV runs (one row, out-major weights, no statistics or argmax out): as x, this launch
-    finishes the rows (their pending sums, bias and residual) and stores them into its `store`;
-    as the residual, it reads `store` and zeroes the row's words for the next launch.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
     """
-    pending, clear = None, None
-    if isinstance(x, PendingRow):  # its residual's shape and dtype stand for the row's
-        pending, x = x, x.residual
-    if isinstance(residual, PendingRow):
-        clear, residual = check_pending("residual", residual, residual.residual.device).words, residual.store
-        prefetch_residual = False  # the store is written by the row's reader, a launch before this one
     check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)
-    if pending is not None:
-        check_pending("x", pending, x.device)
     check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=x.device)
     K, N = weight.shape
     if x.shape[-1] != K:
@@ -189,14 +164,10 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     y2 = y.view(-1, N)
     if M == 0:
         return y
-    if pending is not None or clear is not None:
-        _check_pending_route(M, N, K, weight, stats_out, argmax_keys, _config)
-    if clear is not None:
-        check_shape("residual.words", clear, (M, N))
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch, ranges, pending, clear)
+             _config, early_launch, ranges)
         return y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)

@@ -180,10 +180,9 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), hand_off=False, _layout=None):
+                          l2_ahead=(), _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions
-    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early; hand_off only lets
-    it leave the rows to the next linear (here they are always finished)."""
+    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early."""
     B, H, D = q.shape
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)

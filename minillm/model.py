@@ -137,9 +137,6 @@ def folded(weight, bias, ln_weight, ln_bias):
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20
-# at one row of gpt2's size the attention launch hands its heads' sums to fc (PendingRow) rather
-# than merging them itself; MINILLM_HAND_OFF=0 keeps the merge (A/B timing; the same bits)
-HAND_OFF = os.environ.get("MINILLM_HAND_OFF", "1") != "0"
 
 
 class Block:
@@ -197,12 +194,9 @@ class GPT:
     def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
-        # x may be a pending row (decode_attention_proj's hand_off): fc finishes and stores it,
-        # mlp-out reads it as its residual and writes the new x where the row's residual was
         fc_early = "fc" in early
         f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
-        out = x if isinstance(x, torch.Tensor) else x.residual
-        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=out, stats_out=stats_out,
+        return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
                                early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
 
@@ -273,8 +267,7 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else (),
-                                          hand_off=cuda_core and HAND_OFF)
+                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early, l2_ahead=(self._next_weight(i),) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 

@@ -84,7 +84,8 @@ PATCHES = {
     "gemv_fma": [
         ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n",
          "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
-        (" CLEAR: tl.constexpr,\n):", " CLEAR: tl.constexpr, trace_ptr,\n):"),
+        ("    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,\n):",
+         "    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + row", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + row"),
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",

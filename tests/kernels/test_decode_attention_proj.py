@@ -6,8 +6,7 @@ import torch
 import kernels
 from kernels import reference as ref
 from kernels._tuning import sm_count
-from kernels._fixed_merge import PendingRow
-from kernels._workspace import fixed_point_sums, pending_sums
+from kernels._workspace import fixed_point_sums
 from kernels.decode_attention_proj import FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, fused_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
@@ -198,49 +197,6 @@ def test_l2_ahead_changes_no_bit(H, D, N, device):
                                           out=poisoned((1, N), torch.float16, device))
     assert torch.equal(plain, ahead) and torch.equal(kc.nan_to_num(), kc2.nan_to_num())
     assert torch.equal(fc, keep[0]) and torch.equal(odd, keep[1])
-
-
-@pytest.mark.skipif(not FIXED_MERGE, reason="MINILLM_FIXED_MERGE=0: no fixed-point sums to hand off")
-@pytest.mark.parametrize("H,D,N", [(3, 64, 200), (12, 64, 768)] if ON_GPU else [(3, 32, 200)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_hand_off_gives_the_merged_rows(H, D, N, dtype, device):
-    """With hand_off the launch writes neither out nor the residual and returns a PendingRow: fc
-    (CUDA-core, layernorm folded in, GELU) given it stores the rows the merging launch writes, bit
-    for bit, with the same output; mlp-out given it as the residual adds the same rows and
-    zeroes the words for the next launch."""
-    q, kc, vc, lens, k_new, v_new, w, b, x = _case(1, H, 90, D, N, dtype, device)
-    merged = kernels.decode_attention_proj(q, kc.clone(), vc.clone(), lens, k_new, v_new, w, b, x)
-    x_before = x.clone()
-    row = kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, hand_off=True)
-    assert isinstance(row, PendingRow) and row.parts == H and row.residual is x and row.bias is b
-    assert torch.equal(x, x_before) and row.store.data_ptr() != x.data_ptr()
-    assert pending_sums(device, N)[:N].any()
-    fc_w = randn(4 * N, N, dtype=dtype, device=device, scale=N ** -0.5).t()  # out-major
-    fc_b, colsum = randn(4 * N, dtype=dtype, device=device), randn(4 * N, device=device)
-    f = kernels.linear(row, fc_w, fc_b, ln_fold=colsum, activation="gelu")
-    assert torch.equal(row.store, merged)
-    assert torch.equal(f, kernels.linear(merged, fc_w, fc_b, ln_fold=colsum, activation="gelu"))
-    out_w = randn(N, 4 * N, dtype=dtype, device=device, scale=(4 * N) ** -0.5).t()
-    y = kernels.linear(f, out_w, b, residual=row, out=x)
-    assert y is x and torch.equal(y, kernels.linear(f, out_w, b, residual=merged))
-    assert not pending_sums(device, N).any()
-
-
-def test_hand_off_only_where_the_fused_launch_merges_in_fixed_point(device):
-    """Elsewhere (row statistics asked for, a cache past the fused tile) hand_off returns the
-    finished rows, as without it."""
-    H, D, N = 2, 16, 64
-    case = _case(1, H, 40, D, N, torch.float32, device)
-    expect, _, _ = _expect(*case)
-    q, kc, vc, *rest = case
-    stats = kernels.new_row_stats(1, N, torch.device(device))
-    y = kernels.decode_attention_proj(q, kc.clone(), vc.clone(), *rest, stats_out=stats, hand_off=True)
-    assert isinstance(y, torch.Tensor)
-    assert_rel_close(y, expect, torch.float32, "hand_off with stats_out")
-    long = _case(1, H, MAX_CACHE + 44, D, N, torch.float32, device)
-    expect, _, _ = _expect(*long)
-    assert_rel_close(kernels.decode_attention_proj(*long, hand_off=True), expect, torch.float32, "a long cache")
-    assert not pending_sums(device, N).any()
 
 
 @pytest.mark.parametrize("B,L", [(MAX_ROWS + 1, 64), (1, MAX_CACHE + 44)])

@@ -6,7 +6,6 @@ import torch
 
 import kernels
 from kernels import gemv_fma
-from kernels._fixed_merge import PendingRow
 from kernels import reference as ref
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
@@ -144,93 +143,6 @@ def test_fma_statistics_and_argmax_go_elsewhere(device):
     cfg = gemv_fma.layout(K)
     with pytest.raises(ValueError, match="_config: the CUDA-core layout"):
         kernels.linear(x, w, stats_out=stats, _config=cfg)
-
-
-def _pending(K, parts, dtype, device, unfit=False, bias=True):
-    """A PendingRow (one row, K columns) of `parts` random fp32 partials, with the words the way
-    each program adds them (_fixed_merge.py) and the row they stand for: ((the sums, from the
-    partials truncated to units of 2**-24, + bias) + residual) in dtype. unfit: column 3 gets a
-    partial past the fixed-point range, so NaN."""
-    partials = torch.randn(parts, 1, K, dtype=torch.float64).float() * 4
-    if unfit:
-        partials[1, 0, 3] = 2.0 ** 22
-    fits = partials.abs() < 2.0 ** 21
-    units = torch.where(fits, (partials.double() * 2.0 ** 24).trunc().long(), 0)
-    words = torch.where(fits, units + (1 << 45) + (1 << 52), (1 << 52) + (1 << 58)).sum(0)
-    sums = torch.where(fits.all(0), units.sum(0).float() * 2.0 ** -24, float("nan"))
-    b, res = randn(K, dtype=dtype), randn(1, K, dtype=dtype)
-    x = ((sums + (b.float() if bias else 0.0)) + res.float()).to(dtype)
-    row = PendingRow(words.to(device), parts, b.to(device) if bias else None, res.to(device),
-                     poisoned((1, K), dtype, device))
-    return row, x.to(device)
-
-
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_fma_finishes_a_pending_row(dtype, bias, device):
-    """Given a PendingRow as x, the launch finishes the row (sums, bias, residual, rounded to x's
-    dtype), stores it, and its output is the plain launch's on that row; given one as the
-    residual, it adds its stored row and zeroes its words."""
-    K, N, parts = 300, 70, 3
-    row, x = _pending(K, parts, dtype, device, bias=bias)
-    w = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
-    b, colsum = randn(N, dtype=dtype, device=device), randn(N, device=device)
-    res_before = row.residual.clone()
-    f = kernels.linear(row, w, b, ln_fold=colsum, activation="gelu")
-    assert torch.equal(row.store, x) and torch.equal(row.residual, res_before)
-    assert torch.equal(f, kernels.linear(x, w, b, ln_fold=colsum, activation="gelu"))
-    w2 = _out_major(randn(N, K, dtype=dtype, device=device, scale=N ** -0.5))
-    out = poisoned((1, K), dtype, device)
-    y = kernels.linear(f, w2, row.bias, residual=row, out=out, prefetch_residual=True)
-    assert y is out and torch.equal(y, kernels.linear(f, w2, row.bias, residual=x))
-    assert not row.words.any()
-
-
-def test_fma_pending_row_past_the_fixed_point_range(device):
-    """A partial past the fixed-point range makes its column NaN, and the row's layernorm
-    carries it to every output."""
-    row, x = _pending(100, 2, torch.float16, device, unfit=True)
-    assert torch.isnan(x[0, 3]) and torch.isfinite(x[0, 4:]).all()
-    w = _out_major(randn(100, 20, dtype=torch.float16, device=device, scale=0.1))
-    f = kernels.linear(row, w, ln_fold=randn(20, device=device))
-    assert torch.equal(row.store.nan_to_num(), x.nan_to_num()) and torch.isnan(row.store[0, 3])
-    assert torch.isnan(f).all()
-
-
-@pytest.mark.parametrize("change,match", [
-    (lambda r: r._replace(parts=0), r"^x\.parts: expected an int in \[1, 63\], got 0$"),
-    (lambda r: r._replace(words=r.words.double()), r"^x\.words: expected dtype in \(int64\), got float64$"),
-    (lambda r: r._replace(store=r.store[:, :-1]), r"^x\.store: expected shape \(1, 64\), got \(1, 63\)$"),
-    (lambda r: r._replace(bias=r.bias[:-1]), r"^x\.bias: expected shape \(64,\), got \(63,\)$"),
-    (lambda r: r._replace(words=r.words.t().contiguous().t()[:1]), None),  # a (1, K) view is contiguous
-])
-def test_pending_row_bad_arguments(change, match, device):
-    row, _ = _pending(64, 2, torch.float32, device)
-    w = _out_major(randn(64, 48, device=device))
-    row = change(row)
-    if match is None:
-        kernels.linear(row, w)
-        return
-    with pytest.raises(ValueError, match=match):
-        kernels.linear(row, w)
-
-
-def test_pending_row_only_on_the_cuda_core_path(device):
-    """A PendingRow is read only where the one-row CUDA-core GEMV runs: statistics or argmax
-    out, in-major weights or two rows are one clear error."""
-    row, _ = _pending(64, 2, torch.float32, device)
-    w = _out_major(randn(64, 48, device=device))
-    match = r"^x/residual: a PendingRow is read by the one-row CUDA-core GEMV only"
-    with pytest.raises(ValueError, match=match + r".*1 rows, weight \(64, 48\) with strides \(1, 64\), stats_out\)$"):
-        kernels.linear(row, w, stats_out=kernels.new_row_stats(1, 48, torch.device(device)))
-    with pytest.raises(ValueError, match=match + r".*strides \(48, 1\)\)$"):
-        kernels.linear(row, w.contiguous())
-    two = PendingRow(row.words.repeat(2, 1), 2, row.bias, row.residual.repeat(2, 1), row.store.repeat(2, 1))
-    with pytest.raises(ValueError, match=match + r".*\(2 rows"):
-        kernels.linear(two, w)
-    f = randn(2, 48, device=device)
-    with pytest.raises(ValueError, match=match):
-        kernels.linear(f, w.t(), residual=two)
 
 
 def test_decode_row_stats(device):

@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 
-import kernels._workspace
 import minillm.model
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
@@ -206,26 +205,3 @@ def test_mlp_out_asks_l2_for_the_next_weights(path):
     cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
-
-
-@pytest.mark.parametrize("dtype", ["float16", "float32"] if ON_GPU else ["float32"])
-def test_hand_off_changes_no_bit(path, monkeypatch, dtype):
-    """At one row on the CUDA-core linears the attention launch hands its heads' sums to fc
-    (decode_attention_proj's hand_off): every decode step's logits have the bits of the launch
-    that merges them itself, and the hand-off's words are zero again after each step."""
-    m = LLM(path, dtype=dtype, cuda_graphs=False, backend="triton").model
-    dev = m.wte.device
-    assert m.ops.decode_row_stats(1, m.config.n_embd, dev) is None  # the CUDA-core linears run
-    prompt = _prompts(1, SIZE["vocab_size"], seed=3)[0]
-    steps = {}
-    for hand_off in (True, False):
-        monkeypatch.setattr(minillm.model, "HAND_OFF", hand_off)
-        cache = m.new_cache(1)
-        m.prefill(torch.tensor([prompt], device=dev), torch.tensor([len(prompt)], dtype=torch.int32, device=dev), cache)
-        steps[hand_off] = []
-        for t in range(len(prompt), len(prompt) + 4):
-            token = torch.tensor([(7 * t) % SIZE["vocab_size"]], dtype=torch.int32, device=dev)
-            steps[hand_off].append(m.decode(token, torch.tensor([t], dtype=torch.int32, device=dev), cache).cpu())
-            assert not kernels._workspace.pending_sums(dev, 1).any()
-    for t, (handed, merged) in enumerate(zip(steps[True], steps[False])):
-        assert torch.isfinite(merged).all() and torch.equal(handed, merged), f"decode step {t}"
