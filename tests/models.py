@@ -42,7 +42,7 @@ def build_checkpoint(path, *, n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_
         for name, p in model.transformer.named_parameters():
             if name.endswith(".bias"):
                 p.copy_(torch.randn_like(p) * 0.02)
-            elif ".ln_" in name or name.startswith("ln_f"):
+            elif "ln_" in name:  # h.*.ln_1, h.*.ln_2, ln_f: their gains
                 p.copy_(1.0 + torch.randn_like(p) * 0.1)
     model = model.to(dtype)
     path = Path(path)
