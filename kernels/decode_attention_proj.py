@@ -40,7 +40,7 @@ from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _s
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
-from ._tuning import env_int, launch, sm_count, use_pdl
+from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .linear import linear
@@ -60,8 +60,6 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# EXPERIMENT: a register cap for the fused launch (MINILLM_ATTN_MAXNREG; unset: none)
-ATTN_MAXNREG = env_int("MINILLM_ATTN_MAXNREG")
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -343,6 +341,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
-        num_warps=warps, launch_pdl=pdl, **({"maxnreg": ATTN_MAXNREG} if ATTN_MAXNREG else {}),
+        num_warps=warps, launch_pdl=pdl,
     )
     return y
