@@ -60,9 +60,9 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# EXPERIMENT: MINILLM_FUSED_LAYOUT=BLOCK_N,BLOCK_L,warps forces the fused launch's layout where it runs
+# EXPERIMENT: MINILLM_FUSED_LAYOUT=BLOCKNxBLOCKLxWARPS forces the fused launch's layout where it runs
 _FORCED = os.environ.get("MINILLM_FUSED_LAYOUT")
-FORCED_LAYOUT = tuple(int(v) for v in _FORCED.split(",")) if _FORCED else None
+FORCED_LAYOUT = tuple(int(v) for v in _FORCED.split("x")) if _FORCED else None
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
