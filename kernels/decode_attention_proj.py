@@ -60,9 +60,27 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# EXPERIMENT: MINILLM_FUSED_LAYOUT=BLOCKNxBLOCKLxWARPS forces the fused launch's layout where it runs
-_FORCED = os.environ.get("MINILLM_FUSED_LAYOUT")
-FORCED_LAYOUT = tuple(int(v) for v in _FORCED.split("x")) if _FORCED else None
+# one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
+# (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
+# gpt2-large batch 1 1,272 / 1,271 -> 1,424 / 1,427 tok/s (+12.1%; +11.4% in another call) with
+# 512 columns (60 programs) over the whole tile in 8 warps, where 256 columns over it lost 0.6%;
+# the same 512 columns lost at gpt2-medium (-7.2%) and gpt2-xl (-0.6%; 128 positions up front -4.8%)
+WIDE_BLOCK_N = {1280: 512}
+
+
+def forced_layout(text):
+    """MINILLM_FUSED_LAYOUT's (BLOCK_N, BLOCK_L, num_warps), e.g. "512x256x8", or None where unset:
+    the layout of every fused launch (A/B timing). One ValueError for anything else."""
+    if not text:
+        return None
+    parts = text.split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 and int(p) & (int(p) - 1) == 0 for p in parts):
+        raise ValueError(f"MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS, three powers of two such as "
+                         f"512x256x8, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -86,14 +104,16 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
       2,137 / 2,132 -> 2,206 / 2,200 tok/s (+3.2%), gpt2-xl batch 2 (350) 1,232 / 1,233 ->
       1,298 / 1,299 (+5.4%). Everywhere else the fused launch stays ahead of them: gpt2 batch 1
       +11%, batch 2 +6.5%, gpt2-medium +14.7% and +5.5%, gpt2-xl batch 1 +3.2%, gpt2-large
-      batch 1 +0.6% (even). Why is not profiled."""
+      batch 1 +0.6% (even). Why is not profiled;
+    - one row of a width in WIDE_BLOCK_N (gpt2-large's) over a 256-position tile: wider column
+      blocks (H200; a table of the timed widths, as no layout property seen separates them)."""
     if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
             or head_dim > 128):
         return None
     if FORCED_LAYOUT is not None:
         return FORCED_LAYOUT
-    block_n = 256
     whole = max(16, triton.next_power_of_2(cache_len))
+    block_n = WIDE_BLOCK_N.get(n, 256) if rows == 1 and whole == MAX_CACHE else 256
     blocks = triton.cdiv(n, block_n)
     if 4 * rows * heads * blocks <= 3 * sms:
         elements = whole * head_dim

@@ -7,7 +7,8 @@ import kernels
 from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
-from kernels.decode_attention_proj import FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, fused_layout
+from kernels.decode_attention_proj import (FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, forced_layout,
+                                           fused_layout)
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -214,7 +215,8 @@ def test_layout_policy():
     """On an H100's 132 SMs: gpt2 at one row reads its whole cache up front in 8 warps,
     gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile (128 positions
     in 8 warps at gpt2's width, 4 at gpt2-medium's); 4 rows, 512-position caches and two rows
-    of more than 16 heads (gpt2-large, gpt2-xl) run two kernels."""
+    of more than 16 heads (gpt2-large, gpt2-xl) run two kernels; gpt2-large's one row over a
+    256-position tile takes 512-column blocks."""
     assert fused_layout(1, 768, 256, 64, 12, sms=132) == (256, 256, 8)
     assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 8)
     assert fused_layout(1, 768, 128, 64, 12, sms=132) == (256, 128, 8)
@@ -227,6 +229,29 @@ def test_layout_policy():
     assert fused_layout(2, 1024, 256, 64, 16, sms=132) == (256, 128, 4)
     assert fused_layout(2, 1280, 256, 64, 20, sms=132) is None
     assert fused_layout(2, 1600, 256, 64, 25, sms=132) is None
+    # gpt2-large's width at one row: 512 columns over a 256-position tile (WIDE_BLOCK_N), not shorter ones
+    assert fused_layout(1, 1280, 256, 64, 20, sms=132) == (512, 256, 8)
+    assert fused_layout(1, 1280, 200, 64, 20, sms=132) == (512, 256, 8)
+    assert fused_layout(1, 1280, 128, 64, 20, sms=132) == (256, 128, 4)
+
+
+def test_wide_column_blocks(device):
+    """512-column blocks (gpt2-large's at one row), one of them partial, against the reference."""
+    case = _case(1, 3, 70, 32, 600, torch.float32, device)
+    expect, _, _ = _expect(*case)
+    y = kernels.decode_attention_proj(*case, _layout=(512, 128, 8))
+    assert_rel_close(y, expect, torch.float32, "512-column blocks")
+
+
+@pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("512x256x8", (512, 256, 8))])
+def test_forced_layout(text, expect):
+    assert forced_layout(text) == expect
+
+
+@pytest.mark.parametrize("text", ["512,256,8", "512x256", "512x256x6", "0x256x8", "ax256x8"])
+def test_forced_layout_bad(text):
+    with pytest.raises(ValueError, match="MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS"):
+        forced_layout(text)
 
 
 @pytest.mark.skipif(not FIXED_MERGE, reason="MINILLM_FIXED_MERGE=0")
