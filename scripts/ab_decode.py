@@ -58,11 +58,16 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--no-graphs", action="store_true", help="run without CUDA graphs")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a variant's process may take (default 300)")
+    p.add_argument("--cold-timeout", type=float, default=600.0,
+                   help="seconds the call's first process may take, if more than --timeout: on a fresh machine it "
+                        "compiles every kernel (gpt2-xl past 80 s on an H200; default 600)")
     p.add_argument("--out", type=Path, help="folder for ab.json and ab.md")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.temperature < 0 or args.top_k < 0:
         p.error(f"--temperature / --top-k: expected numbers >= 0, got {args.temperature} / {args.top_k}")
+    if args.timeout <= 0 or args.cold_timeout <= 0:
+        p.error(f"--timeout / --cold-timeout: expected seconds > 0, got {args.timeout:g} / {args.cold_timeout:g}")
     for name in ("rounds", "runs", "prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
@@ -112,14 +117,17 @@ def label(env):
     return ",".join(f"{k}={v}" for k, v in env.items()) or "(as set)"
 
 
-def run_variant(args, env, argv):
-    """The variant's rows, from a fresh process with its switches set."""
+def run_variant(args, env, argv, first=False):
+    """The variant's rows, from a fresh process with its switches set; first: the call's first
+    process, which may compile the kernels cold (--cold-timeout)."""
     name = label(env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *argv]
+    option, timeout = ("--cold-timeout", args.cold_timeout) if first and args.cold_timeout > args.timeout else \
+        ("--timeout", args.timeout)
     try:
-        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        sys.exit(f"ab_decode: variant {name} took more than --timeout {args.timeout:g} s")
+        sys.exit(f"ab_decode: variant {name} took more than {option} {timeout:g} s")
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         sys.exit(f"ab_decode: variant {name} failed (exit {done.returncode}): {last}")
@@ -154,7 +162,7 @@ def main(argv=None):
     for rnd in range(1, args.rounds + 1):
         for env in args.env:
             name = label(env)
-            for r in run_variant(args, env, worker_argv):
+            for r in run_variant(args, env, worker_argv, first=rnd == 1 and env is args.env[0]):
                 print(f"round {rnd}  {name:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
                       f"({r['min']:,.0f}-{r['max']:,.0f})  ids {r['ids']}  cold {r['cold_s']} s", flush=True)
                 results.append({**r, "variant": name, "round": rnd})

@@ -86,11 +86,37 @@ def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
     (["--env", "", "--env", "MINILLM_A=1", "--runs", "0"], "--runs: expected an integer >= 1"),
     (["--env", "MINILLM_A=1", "--env", "MINILLM_A=1"], "expected different variants"),
     (["--env", "", "--env", "MINILLM_A=1", "--temperature", "-1"], "--temperature / --top-k: expected numbers >= 0"),
+    (["--env", "", "--env", "MINILLM_A=1", "--cold-timeout", "0"], "--timeout / --cold-timeout: expected seconds > 0"),
 ])
 def test_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         ab_decode.parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_first_process_may_compile_cold(monkeypatch, capsys):
+    """The call's first process gets --cold-timeout (it may compile every kernel), the rest
+    --timeout; a process past its limit is one line naming the option."""
+    timeouts = []
+
+    def fake_run(cmd, env, capture_output, text, timeout):
+        timeouts.append(timeout)
+        row = {"model": "m", "batch": 1, "tok_s": 1.0, "min": 1.0, "max": 1.0, "ids": "x", "cold_s": 0.0}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(ab_decode.subprocess, "run", fake_run)
+    ab_decode.main(["--env", "", "--env", "MINILLM_A=1", "--rounds", "2", "--timeout", "50"])
+    assert timeouts == [600.0, 50.0, 50.0, 50.0]
+    assert "| m | 1 | 1 / 1 | 1 / 1 | +0.0% | same |" in capsys.readouterr().out
+
+    def slow_run(cmd, env, capture_output, text, timeout):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(ab_decode.subprocess, "run", slow_run)
+    with pytest.raises(SystemExit, match=r"variant \(as set\) took more than --cold-timeout 700 s"):
+        ab_decode.main(["--env", "", "--env", "MINILLM_A=1", "--cold-timeout", "700"])
+    with pytest.raises(SystemExit, match=r"took more than --timeout 900 s"):  # a cold limit below --timeout
+        ab_decode.main(["--env", "", "--env", "MINILLM_A=1", "--timeout", "900"])
 
 
 def test_worker_options_drop_the_parents_own():
