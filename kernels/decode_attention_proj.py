@@ -74,10 +74,11 @@ def forced_layout(text):
     if not text:
         return None
     parts = text.split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 and int(p) & (int(p) - 1) == 0 for p in parts):
+    values = tuple(int(p) for p in parts if p.isdigit())
+    if len(parts) != 3 or len(values) != 3 or any(v < 1 or v & (v - 1) for v in values):
         raise ValueError(f"MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS, three powers of two such as "
                          f"512x256x8, got {text!r}")
-    return tuple(int(p) for p in parts)
+    return values
 
 
 FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))

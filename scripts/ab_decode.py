@@ -122,8 +122,8 @@ def run_variant(args, env, argv, first=False):
     process, which may compile the kernels cold (--cold-timeout)."""
     name = label(env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *argv]
-    option, timeout = ("--cold-timeout", args.cold_timeout) if first and args.cold_timeout > args.timeout else \
-        ("--timeout", args.timeout)
+    cold = first and args.cold_timeout > args.timeout
+    option, timeout = ("--cold-timeout", args.cold_timeout) if cold else ("--timeout", args.timeout)
     try:
         done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
