@@ -109,7 +109,7 @@ PATCHES = {
     ],
     "decode_attention_proj": [
         ("from .linear import linear\n", "from .linear import linear\n" + HELPERS),
-        ("L2_PIECE: tl.constexpr,\n):", "L2_PIECE: tl.constexpr, trace_ptr,\n):"),
+        ("tl.constexpr,\n):", "tl.constexpr, trace_ptr,\n):"),  # the kernel's last parameter, whichever
         ("    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n",
          "    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n    t0 = _now()\n"),
         ("    pos = seq_len - 1\n", "    t2 = _now()\n" + SUM_W + "    pos = seq_len - 1\n"),

@@ -7,6 +7,7 @@ import kernels
 from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
+from kernels.decode_attention import LOG2E
 from kernels.decode_attention_proj import (FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, forced_layout,
                                            fused_layout)
 from tests.conftest import ON_GPU
@@ -169,6 +170,25 @@ def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=layout,
                                       positions=_positions(prefetch, case[3]))
     assert_rel_close(y, expect, torch.float32, f"layout {layout}")
+
+
+@pytest.mark.parametrize("gap", [40.0, 100.0, 300.0])
+@pytest.mark.parametrize("layout", [None, (64, 32, 4)])
+def test_older_rows_far_above_the_new_row(gap, layout, device):
+    """One older row (in the first tile, and with the small layout also in a later one) scores
+    `gap` (log2 units) above the new row, whose score is 0: the softmax against the new row's
+    score holds up to 64 and overflows at 300, where the online softmax takes over."""
+    B, H, L, D, N = 2, 2, 100, 32, 72
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device, lens=(L,))
+    u = torch.nn.functional.normalize(torch.randn(D, dtype=torch.float64), dim=0)
+    q.copy_((u * gap / LOG2E).expand_as(q))  # q . k / sqrt(D) * log2(e) = gap where k = u * sqrt(D)
+    k_new.zero_()
+    kc.copy_(kc.nan_to_num() * 0.1)  # the other rows' scores stay within a few units of 0
+    kc[0, :, 5], kc[1, :, 70] = u * D ** 0.5, u * D ** 0.5  # row 1's in a later tile of the small layout
+    case = (q, kc, vc, lens, k_new, v_new, w, b, x)
+    expect, _, _ = _expect(*case)
+    y = kernels.decode_attention_proj(*case, _layout=layout)
+    assert_rel_close(y, expect, torch.float32, f"gap {gap}")
 
 
 def test_row_bits_do_not_depend_on_the_batch(device):
