@@ -60,8 +60,6 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# experiment: MINILLM_ATTN_REF=new takes the softmax against the new row's score (_attend_from_new)
-REF_NEW = os.environ.get("MINILLM_ATTN_REF", "max") == "new"
 # one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
 # (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
 # gpt2-large batch 1 1,272 / 1,271 -> 1,424 / 1,427 tok/s (+12.1%; +11.4% in another call) with
@@ -142,52 +140,6 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 
 
 @triton.jit
-def _attend_running_max(q, k, v, s_new, v_new, pos, k_base, v_base, offs_l, offs_d, d_mask, stride_kl, stride_vl,
-                        BLOCK_L: tl.constexpr):
-    """The head's attention output (BLOCK_D,) by the online softmax, the first tile (k, v) given."""
-    older_rows = offs_l < pos
-    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, s_new, 1.0, tl.zeros_like(q), 1.0)
-    for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
-        offs = start + offs_l
-        older_rows = offs < pos
-        k, v = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, m_i, l_i, acc, p_new)
-    acc += p_new * v_new.to(tl.float32)
-    return acc / l_i
-
-
-@triton.jit
-def _add_pairs(a, b, c, d):
-    return a + c, b + d
-
-
-@triton.jit
-def _attend_from_new(q, k, v, s_new, v_new, pos, k_base, v_base, offs_l, offs_d, d_mask, stride_kl, stride_vl,
-                     BLOCK_L: tl.constexpr):
-    """The head's attention output (BLOCK_D,), its softmax weights taken against the new row's
-    score rather than a running maximum: no reduction for the maximum, and the weights' sum
-    comes in the same reduction as p . V. An older row scoring 64 (log2 units) past the new
-    row would make the sum too large to trust: there the online softmax runs instead."""
-    p = tl.where(offs_l < pos, tl.exp2(tl.sum(q[None, :] * k.to(tl.float32), axis=1) - s_new), 0.0)[:, None]
-    acc, l_i = tl.reduce((p * v.to(tl.float32), tl.broadcast_to(p, k.shape)), 0, _add_pairs)
-    for start in range(BLOCK_L, pos, BLOCK_L):
-        offs = start + offs_l
-        older_rows = offs < pos
-        k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-        p = tl.where(older_rows, tl.exp2(tl.sum(q[None, :] * k_t.to(tl.float32), axis=1) - s_new), 0.0)[:, None]
-        acc_t, l_t = tl.reduce((p * v_t.to(tl.float32), tl.broadcast_to(p, k_t.shape)), 0, _add_pairs)
-        acc += acc_t
-        l_i += l_t
-    o = (acc + v_new.to(tl.float32)) / (l_i + 1.0)  # the new row: weight exp2(0)
-    if not (tl.max(l_i, axis=0) < 18446744073709551616.0):  # 2**64, or not finite
-        # the first tile read again (from L2): registers kept for this rare case cost every launch
-        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < pos, d_mask, stride_kl, stride_vl)
-        o = _attend_running_max(q, k, v, s_new, v_new, pos, k_base, v_base, offs_l, offs_d, d_mask, stride_kl,
-                                stride_vl, BLOCK_L)
-    return o
-
-
-@triton.jit
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr, words_ptr, positions_ptr,
@@ -198,7 +150,7 @@ def _decode_attention_proj_kernel(
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, REF_NEW: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -252,14 +204,16 @@ def _decode_attention_proj_kernel(
         tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=0)
-    if REF_NEW:
-        o = _attend_from_new(q, k, v, s_new, v_new, pos, k_base, v_base, offs_l, offs_d, d_mask, stride_kl,
-                             stride_vl, BLOCK_L)
-    else:
-        o = _attend_running_max(q, k, v, s_new, v_new, pos, k_base, v_base, offs_l, offs_d, d_mask, stride_kl,
-                                stride_vl, BLOCK_L)
-    o = o.to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
+    older_rows = offs_l < pos
+    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
+                                         tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
+    for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
+        offs = start + offs_l
+        older_rows = offs < pos
+        k, v = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
+        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, m_i, l_i, acc, p_new)
+    acc += p_new * v_new.to(tl.float32)
+    o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
     part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
@@ -412,7 +366,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         *l2_args, **l2_meta,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
-        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, REF_NEW=REF_NEW,
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         num_warps=warps, launch_pdl=pdl,
     )
     return y
