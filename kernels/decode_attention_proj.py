@@ -60,6 +60,8 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
+# experiment: MINILLM_ATTN_EARLY_F32 = 1 (K) + 2 (V) + 4 (W): those tiles converted to fp32 before the wait
+EARLY_F32 = int(os.environ.get("MINILLM_ATTN_EARLY_F32", "0"))
 # one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
 # (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
 # gpt2-large batch 1 1,272 / 1,271 -> 1,424 / 1,427 tok/s (+12.1%; +11.4% in another call) with
@@ -140,6 +142,15 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 
 
 @triton.jit
+def _gdc_wait_after(x):
+    """The dependent-launch wait, predicated on x (always true: x's bits are never the NaN
+    0x7fc00001, which no arithmetic gives), so that ptxas computes x before it."""
+    return tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.u32 p, $1, 0x7fc00001; @p griddepcontrol.wait; "
+                                     "mov.u32 $0, 0; }", "=r,r", [x.to(tl.int32, bitcast=True)], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_attention_proj_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, knew_ptr, vnew_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, count_ptr,
     stats_ptr, words_ptr, positions_ptr,
@@ -150,7 +161,7 @@ def _decode_attention_proj_kernel(
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -182,8 +193,21 @@ def _decode_attention_proj_kernel(
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
-    if USE_PDL:
+    if EARLY_F32 > 0 and PREFETCH > 0 and USE_PDL:  # experiment: the tiles in fp32 before the wait
+        chk = 0.0
+        if EARLY_F32 % 2 == 1:
+            k = k.to(tl.float32)
+            chk += tl.max(tl.max(k, axis=1), axis=0)
+        if EARLY_F32 // 2 % 2 == 1:
+            v = v.to(tl.float32)
+            chk += tl.max(tl.max(v, axis=1), axis=0)
+        if EARLY_F32 // 4 % 2 == 1:
+            w = w.to(tl.float32)
+            chk += tl.max(tl.max(w, axis=1), axis=0)
+        _gdc_wait_after(chk)
+    elif USE_PDL:
         tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
+    if USE_PDL:
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
     if PREFETCH == 1:
@@ -210,8 +234,8 @@ def _decode_attention_proj_kernel(
     for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
         offs = start + offs_l
         older_rows = offs < pos
-        k, v = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, m_i, l_i, acc, p_new)
+        k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
+        m_i, l_i, acc, p_new = _attend_rows(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
     acc += p_new * v_new.to(tl.float32)
     o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
@@ -366,7 +390,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         *l2_args, **l2_meta,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
-        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, EARLY_F32=EARLY_F32,
         num_warps=warps, launch_pdl=pdl,
     )
     return y
