@@ -60,8 +60,12 @@ if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# experiment: MINILLM_ATTN_EARLY_F32 = 1 (K) + 2 (V) + 4 (W): those tiles converted to fp32 before the wait
-EARLY_F32 = int(os.environ.get("MINILLM_ATTN_EARLY_F32", "0"))
+# which prefetched tiles are converted to fp32 before the wait (early_f32), by width at two rows:
+# 1 the keys, 2 the values, 4 W's. H200, alternated twice in one call, the same ids
+# (bench/results/h200/session-75/): gpt2 batch 2 9,240 / 9,254 -> 9,372 / 9,365 tok/s (+1.3%) with
+# the keys and values; with W's too -2.6%. At one row they lost: gpt2 -1.2% (with W's -19.1%),
+# gpt2-xl -1.4%; gpt2-medium and gpt2-large were even
+EARLY_F32_AT_TWO_ROWS = {768: 3}
 # one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
 # (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
 # gpt2-large batch 1 1,272 / 1,271 -> 1,424 / 1,427 tok/s (+12.1%; +11.4% in another call) with
@@ -84,6 +88,31 @@ def forced_layout(text):
 
 
 FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))
+
+
+def forced_early_f32(text):
+    """MINILLM_ATTN_EARLY_F32's mask (0-7: 1 keys, 2 values, 4 W), or None where unset: the
+    early conversions of every fused launch (A/B timing). One ValueError for anything else."""
+    if not text:
+        return None
+    if not (text.isdigit() and int(text) < 8):
+        raise ValueError(f"MINILLM_ATTN_EARLY_F32: expected 0 to 7 (1 keys + 2 values + 4 W), got {text!r}")
+    return int(text)
+
+
+FORCED_EARLY_F32 = forced_early_f32(os.environ.get("MINILLM_ATTN_EARLY_F32"))
+
+
+def early_f32(rows, n):
+    """Which prefetched tiles the fused launch converts to fp32 before its wait (a mask: 1 keys,
+    2 values, 4 W). ptxas otherwise puts every conversion after the wait, among the products,
+    on the path from q's arrival to the output; the wait, predicated on the converted tiles'
+    maximum (_gdc_wait_after), keeps them before it. That holds more registers, and the
+    maximum's reduction runs beside the kernel before: it gained at gpt2's two rows only
+    (EARLY_F32_AT_TWO_ROWS)."""
+    if FORCED_EARLY_F32 is not None:
+        return FORCED_EARLY_F32
+    return EARLY_F32_AT_TWO_ROWS.get(n, 0) if rows == 2 else 0
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -143,8 +172,9 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 
 @triton.jit
 def _gdc_wait_after(x):
-    """The dependent-launch wait, predicated on x (always true: x's bits are never the NaN
-    0x7fc00001, which no arithmetic gives), so that ptxas computes x before it."""
+    """The dependent-launch wait, predicated on x so that ptxas computes x before it. The
+    predicate always holds: x is a sum, and no arithmetic gives the NaN bits 0x7fc00001 (a NaN
+    result is 0x7fffffff)."""
     return tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.u32 p, $1, 0x7fc00001; @p griddepcontrol.wait; "
                                      "mov.u32 $0, 0; }", "=r,r", [x.to(tl.int32, bitcast=True)], dtype=tl.int32,
                                      is_pure=False, pack=1)
@@ -193,7 +223,7 @@ def _decode_attention_proj_kernel(
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
-    if EARLY_F32 > 0 and PREFETCH > 0 and USE_PDL:  # experiment: the tiles in fp32 before the wait
+    if EARLY_F32 > 0 and PREFETCH > 0 and USE_PDL:  # tiles in fp32 before the wait (early_f32)
         chk = 0.0
         if EARLY_F32 % 2 == 1:
             k = k.to(tl.float32)
@@ -306,7 +336,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None):
+                          l2_ahead=(), _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -328,7 +358,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
-    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's (benchmarks)."""
+    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
+    early_f32's (tests, benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
@@ -390,7 +421,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         *l2_args, **l2_meta,
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
-        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, EARLY_F32=EARLY_F32,
+        BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
+        EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
         num_warps=warps, launch_pdl=pdl,
     )
     return y

@@ -8,8 +8,8 @@ from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
 from kernels.decode_attention import LOG2E
-from kernels.decode_attention_proj import (FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats, forced_layout,
-                                           fused_layout)
+from kernels.decode_attention_proj import (FIXED_MERGE, FIXED_STATS, FORCED_EARLY_F32, MAX_CACHE, MAX_ROWS, early_f32,
+                                           fixed_row_stats, forced_early_f32, forced_layout, fused_layout)
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -261,6 +261,41 @@ def test_wide_column_blocks(device):
     expect, _, _ = _expect(*case)
     y = kernels.decode_attention_proj(*case, _layout=(512, 128, 8))
     assert_rel_close(y, expect, torch.float32, "512-column blocks")
+
+
+@pytest.mark.parametrize("mask", [3, 7, 4])
+@pytest.mark.parametrize("prefetch", ["cache", True])
+def test_tiles_converted_before_the_wait(mask, prefetch, device):
+    """The tiles in fp32 before the dependent-launch wait (early_f32's mask: 1 keys, 2 values,
+    4 W), as the model calls the launch at two rows: in place, twice. On the GPU the wait is
+    the predicated one; the interpreter has no dependent launch, so there it runs the plain form."""
+    B, H, L, D, N = 2, 3, 70, 32, 96
+    q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device)
+    for _ in range(2):
+        expect, _, _ = _expect(q, kc, vc, lens, k_new, v_new, w, b, x)
+        kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, prefetch=prefetch,
+                                      early_launch=True, positions=_positions(prefetch, lens), _early_f32=mask)
+        assert_rel_close(x, expect, torch.float32, f"mask {mask}")
+
+
+@pytest.mark.skipif(FORCED_EARLY_F32 is not None, reason="MINILLM_ATTN_EARLY_F32 is set")
+def test_early_f32_rule():
+    """Keys and values in fp32 before the wait at gpt2's two rows only (EARLY_F32_AT_TWO_ROWS)."""
+    assert early_f32(2, 768) == 3
+    assert early_f32(1, 768) == 0
+    assert early_f32(2, 1024) == 0
+    assert early_f32(1, 1600) == 0
+
+
+@pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("0", 0), ("7", 7)])
+def test_forced_early_f32(text, expect):
+    assert forced_early_f32(text) == expect
+
+
+@pytest.mark.parametrize("text", ["8", "-1", "kv", "3.0"])
+def test_forced_early_f32_bad(text):
+    with pytest.raises(ValueError, match="MINILLM_ATTN_EARLY_F32: expected 0 to 7"):
+        forced_early_f32(text)
 
 
 @pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("512x256x8", (512, 256, 8))])
