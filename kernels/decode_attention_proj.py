@@ -43,11 +43,9 @@ from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
+from .decode_attention_proj_config import early_f32, fused_layout
 from .linear import linear
 
-MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
-MAX_HEADS_AT_TWO_ROWS = 16  # fused_layout: gpt2-large's and gpt2-xl's two rows run the two kernels
-MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
 PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
 # the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
@@ -58,99 +56,7 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
 if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
-# MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
-FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
-# which prefetched tiles are converted to fp32 before the wait (early_f32), by width at two rows:
-# 1 the keys, 2 the values, 4 W's. H200, alternated twice in one call, the same ids
-# (bench/results/h200/session-75/): gpt2 batch 2 9,240 / 9,254 -> 9,372 / 9,365 tok/s (+1.3%) with
-# the keys and values; with W's too -2.6%. At one row they lost: gpt2 -1.2% (with W's -19.1%),
-# gpt2-xl -1.4%; gpt2-medium and gpt2-large were even
-EARLY_F32_AT_TWO_ROWS = {768: 3}
-# one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
-# (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
-# gpt2-large batch 1 1,272 / 1,271 -> 1,424 / 1,427 tok/s (+12.1%; +11.4% in another call) with
-# 512 columns (60 programs) over the whole tile in 8 warps, where 256 columns over it lost 0.6%;
-# the same 512 columns lost at gpt2-medium (-7.2%) and gpt2-xl (-0.6%; 128 positions up front -4.8%)
-WIDE_BLOCK_N = {1280: 512}
-
-
-def forced_layout(text):
-    """MINILLM_FUSED_LAYOUT's (BLOCK_N, BLOCK_L, num_warps), e.g. "512x256x8", or None where unset:
-    the layout of every fused launch (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    parts = text.split("x")
-    values = tuple(int(p) for p in parts if p.isdigit())
-    if len(parts) != 3 or len(values) != 3 or any(v < 1 or v & (v - 1) for v in values):
-        raise ValueError(f"MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS, three powers of two such as "
-                         f"512x256x8, got {text!r}")
-    return values
-
-
-FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))
-
-
-def forced_early_f32(text):
-    """MINILLM_ATTN_EARLY_F32's mask (0-7: 1 keys, 2 values, 4 W), or None where unset: the
-    early conversions of every fused launch (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    if not (text.isdigit() and int(text) < 8):
-        raise ValueError(f"MINILLM_ATTN_EARLY_F32: expected 0 to 7 (1 keys + 2 values + 4 W), got {text!r}")
-    return int(text)
-
-
-FORCED_EARLY_F32 = forced_early_f32(os.environ.get("MINILLM_ATTN_EARLY_F32"))
-
-
-def early_f32(rows, n):
-    """Which prefetched tiles the fused launch converts to fp32 before its wait (a mask: 1 keys,
-    2 values, 4 W). ptxas otherwise puts every conversion after the wait, among the products,
-    on the path from q's arrival to the output; the wait, predicated on the converted tiles'
-    maximum (_gdc_wait_after), keeps them before it. That holds more registers, and the
-    maximum's reduction runs beside the kernel before: it gained at gpt2's two rows only
-    (EARLY_F32_AT_TWO_ROWS)."""
-    if FORCED_EARLY_F32 is not None:
-        return FORCED_EARLY_F32
-    return EARLY_F32_AT_TWO_ROWS.get(n, 0) if rows == 2 else 0
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
-
-
-def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
-    """(BLOCK_N, BLOCK_L, num_warps) of the fused kernel, or None where the two kernels run.
-    The first BLOCK_L cache positions are read before the wait, the rest in a loop after it.
-    Timed end to end on an H100 against the two kernels (bench/results/h100/fused-attention-proj.md):
-    - 256-column blocks: each recomputes its head's attention, and 128 columns lost everywhere
-      (gpt2-xl 650 -> 550 tok/s); 512 was no better than 256;
-    - a whole-cache tile in 8 warps while the programs (rows x heads x column blocks) fill up to
-      3/4 of the SMs (gpt2 b1 36: 5,330 -> 5,530, b2 72: +1.8%, gpt2-medium 64: 1,847 ->
-      2,004); past that 128 positions up front in 4 warps (gpt2-large 100: 1,081 -> 1,108,
-      gpt2-xl 175: 650 -> 666), where the 8-warp tile was even or slower (gpt2-xl 608);
-    - 4 warps for a whole tile of up to 128 x 64 elements, except at 128 x 64 (128 positions of
-      64-wide heads) with up to 3 column blocks a head (gpt2's width): 8 warps there, H200,
-      alternated in one call at a 128-position cache
-      (bench/results/h200/warps-at-128-ab-dd47f84.log): gpt2 b1 7,156 -> 7,605 tok/s (+6.3%),
-      sampled +4.2%, b2 +1.6%; gpt2-medium's 4 blocks lost with 8 (2,178 -> 2,130);
-    - two rows of more than MAX_HEADS_AT_TWO_ROWS heads run the two kernels: H200, alternated
-      twice in one call (bench/results/h200/fused-attn-ab/), gpt2-large batch 2 (200 programs)
-      2,137 / 2,132 -> 2,206 / 2,200 tok/s (+3.2%), gpt2-xl batch 2 (350) 1,232 / 1,233 ->
-      1,298 / 1,299 (+5.4%). Everywhere else the fused launch stays ahead of them: gpt2 batch 1
-      +11%, batch 2 +6.5%, gpt2-medium +14.7% and +5.5%, gpt2-xl batch 1 +3.2%, gpt2-large
-      batch 1 +0.6% (even). Why is not profiled;
-    - one row of a width in WIDE_BLOCK_N (gpt2-large's) over a 256-position tile: wider column
-      blocks (H200; a table of the timed widths, as no layout property seen separates them)."""
-    if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
-            or head_dim > 128):
-        return None
-    if FORCED_LAYOUT is not None:
-        return FORCED_LAYOUT
-    whole = max(16, triton.next_power_of_2(cache_len))
-    block_n = WIDE_BLOCK_N.get(n, 256) if rows == 1 and whole == MAX_CACHE else 256
-    blocks = triton.cdiv(n, block_n)
-    if 4 * rows * heads * blocks <= 3 * sms:
-        elements = whole * head_dim
-        return block_n, whole, 8 if elements > 128 * 64 or (elements == 128 * 64 and blocks <= 3) else 4
-    return block_n, min(whole, 128), 4
 
 
 @triton.jit

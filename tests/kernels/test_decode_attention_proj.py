@@ -8,8 +8,8 @@ from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
 from kernels.decode_attention import LOG2E
-from kernels.decode_attention_proj import (FIXED_MERGE, FIXED_STATS, FORCED_EARLY_F32, MAX_CACHE, MAX_ROWS, early_f32,
-                                           fixed_row_stats, forced_early_f32, forced_layout, fused_layout)
+from kernels.decode_attention_proj import FIXED_MERGE, FIXED_STATS, fixed_row_stats
+from kernels.decode_attention_proj_config import MAX_CACHE, MAX_ROWS, fused_layout
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -231,30 +231,6 @@ def test_more_rows_or_a_longer_cache_run_two_kernels(B, L, device):
     assert_rel_close(y, expect, torch.float32, f"two kernels B={B} L={L}")
 
 
-def test_layout_policy():
-    """On an H100's 132 SMs: gpt2 at one row reads its whole cache up front in 8 warps,
-    gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile (128 positions
-    in 8 warps at gpt2's width, 4 at gpt2-medium's); 4 rows, 512-position caches and two rows
-    of more than 16 heads (gpt2-large, gpt2-xl) run two kernels; gpt2-large's one row over a
-    256-position tile takes 512-column blocks."""
-    assert fused_layout(1, 768, 256, 64, 12, sms=132) == (256, 256, 8)
-    assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 8)
-    assert fused_layout(1, 768, 128, 64, 12, sms=132) == (256, 128, 8)
-    assert fused_layout(1, 1024, 128, 64, 16, sms=132) == (256, 128, 4)
-    assert fused_layout(1, 1600, 256, 64, 25, sms=132) == (256, 128, 4)
-    assert fused_layout(1, 1600, 100, 64, 25, sms=132) == (256, 128, 4)
-    assert fused_layout(1, 768, 40, 64, 12, sms=132) == (256, 64, 4)
-    assert fused_layout(4, 768, 256, 64, 12, sms=132) is None
-    assert fused_layout(1, 768, 512, 64, 12, sms=132) is None
-    assert fused_layout(2, 1024, 256, 64, 16, sms=132) == (256, 128, 4)
-    assert fused_layout(2, 1280, 256, 64, 20, sms=132) is None
-    assert fused_layout(2, 1600, 256, 64, 25, sms=132) is None
-    # gpt2-large's width at one row: 512 columns over a 256-position tile (WIDE_BLOCK_N), not shorter ones
-    assert fused_layout(1, 1280, 256, 64, 20, sms=132) == (512, 256, 8)
-    assert fused_layout(1, 1280, 200, 64, 20, sms=132) == (512, 256, 8)
-    assert fused_layout(1, 1280, 128, 64, 20, sms=132) == (256, 128, 4)
-
-
 def test_wide_column_blocks(device):
     """512-column blocks (gpt2-large's at one row), one of them partial, against the reference."""
     case = _case(1, 3, 70, 32, 600, torch.float32, device)
@@ -276,37 +252,6 @@ def test_tiles_converted_before_the_wait(mask, prefetch, device):
         kernels.decode_attention_proj(q, kc, vc, lens, k_new, v_new, w, b, x, out=x, prefetch=prefetch,
                                       early_launch=True, positions=_positions(prefetch, lens), _early_f32=mask)
         assert_rel_close(x, expect, torch.float32, f"mask {mask}")
-
-
-@pytest.mark.skipif(FORCED_EARLY_F32 is not None, reason="MINILLM_ATTN_EARLY_F32 is set")
-def test_early_f32_rule():
-    """Keys and values in fp32 before the wait at gpt2's two rows only (EARLY_F32_AT_TWO_ROWS)."""
-    assert early_f32(2, 768) == 3
-    assert early_f32(1, 768) == 0
-    assert early_f32(2, 1024) == 0
-    assert early_f32(1, 1600) == 0
-
-
-@pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("0", 0), ("7", 7)])
-def test_forced_early_f32(text, expect):
-    assert forced_early_f32(text) == expect
-
-
-@pytest.mark.parametrize("text", ["8", "-1", "kv", "3.0"])
-def test_forced_early_f32_bad(text):
-    with pytest.raises(ValueError, match="MINILLM_ATTN_EARLY_F32: expected 0 to 7"):
-        forced_early_f32(text)
-
-
-@pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("512x256x8", (512, 256, 8))])
-def test_forced_layout(text, expect):
-    assert forced_layout(text) == expect
-
-
-@pytest.mark.parametrize("text", ["512,256,8", "512x256", "512x256x6", "0x256x8", "ax256x8"])
-def test_forced_layout_bad(text):
-    with pytest.raises(ValueError, match="MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS"):
-        forced_layout(text)
 
 
 @pytest.mark.skipif(not FIXED_MERGE, reason="MINILLM_FIXED_MERGE=0")
