@@ -176,8 +176,10 @@ def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
 @pytest.mark.parametrize("layout", [None, (64, 32, 4)])
 def test_older_rows_far_above_the_new_row(gap, layout, device):
     """One older row (in the first tile, and with the small layout also in a later one) scores
-    `gap` (log2 units) above the new row, whose score is 0: the softmax against the new row's
-    score holds up to 64 and overflows at 300, where the online softmax takes over."""
+    `gap` (log2 units) above the new row, whose score is 0 and whose weight, started at 1, must
+    shrink by 2**-gap as the maximum moves: exact where exp2(gap) would overflow float32 (300).
+    It also held a reverted form that took the weights against the new row's score
+    (bench/results/h200/session-75/attn-ref-new-experiment.patch) to its fallback."""
     B, H, L, D, N = 2, 2, 100, 32, 72
     q, kc, vc, lens, k_new, v_new, w, b, x = _case(B, H, L, D, N, torch.float32, device, lens=(L,))
     u = torch.nn.functional.normalize(torch.randn(D, dtype=torch.float64), dim=0)
