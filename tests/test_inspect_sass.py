@@ -1,0 +1,52 @@
+"""scripts/inspect_sass.py: a model's decode kernels compiled for Hopper, their SASS summarized
+around the dependent-launch wait (needs this Triton's NVIDIA backend, as check_compile does)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_check_compile import _nvidia_toolchain
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, *args):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), "PYTHONPATH": str(ROOT)}
+    for switch in ("TRITON_INTERPRET", "MINILLM_ATTN_EARLY_F32", "MINILLM_FUSED_LAYOUT"):  # the defaults' code
+        env.pop(switch, None)
+    return subprocess.run([sys.executable, "scripts/inspect_sass.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+@pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
+def test_fused_attention_launch_at_one_row(tmp_path):
+    """gpt2's one row: the fused attention launch waits, and its fp16 tiles are converted after
+    the wait (ptxas sinks them there where nothing holds them before it)."""
+    out = tmp_path / "sass"
+    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "256", "--kernel", "attention_proj",
+             "--out", str(out))
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| _decode")]
+    assert len(rows) == 1, rows
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1] == "D=64 L=256 N=256" and cells[2] == "8" and cells[5] == "yes", cells
+    before, after, barriers, hadd_before, hadd_after = (int(c) for c in cells[6:11])
+    assert before > 0 and after > before and barriers > 0, cells
+    assert hadd_before == 0 and hadd_after >= 3 * 64, cells  # keys, values and W, 64 elements a thread each
+    assert len(list(out.glob("decode_attention_proj_kernel-*.sass"))) == 1
+    assert len(list(out.glob("decode_attention_proj_kernel-*.ptx"))) == 1
+
+
+@pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
+def test_no_kernel_matches(tmp_path):
+    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--kernel", "no_such_kernel", "--out", str(tmp_path / "s"))
+    assert p.returncode == 1
+    assert "no compiled kernel's name contains 'no_such_kernel'" in p.stderr
+
+
+def test_bad_arguments(tmp_path):
+    p = _run(tmp_path, "--batch", "0", "--out", str(tmp_path / "s"))
+    assert p.returncode == 2
+    assert "--batch / --cache-len: expected >= 1 / >= 2, got 0 / 256" in p.stderr
