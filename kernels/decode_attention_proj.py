@@ -77,6 +77,13 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
 
 
 @triton.jit
+def _in_f32(tile, chk):
+    """The tile in fp32, and chk plus its maximum (for _gdc_wait_after to depend on)."""
+    tile = tile.to(tl.float32)
+    return tile, chk + tl.max(tl.max(tile, axis=1), axis=0)
+
+
+@triton.jit
 def _gdc_wait_after(x):
     """The dependent-launch wait, predicated on x so that ptxas computes x before it. The
     predicate always holds: x is a sum, and no arithmetic gives the NaN bits 0x7fc00001 (a NaN
@@ -129,21 +136,18 @@ def _decode_attention_proj_kernel(
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
-    if EARLY_F32 > 0 and PREFETCH > 0 and USE_PDL:  # tiles in fp32 before the wait (early_f32)
-        chk = 0.0
-        if EARLY_F32 % 2 == 1:
-            k = k.to(tl.float32)
-            chk += tl.max(tl.max(k, axis=1), axis=0)
-        if EARLY_F32 // 2 % 2 == 1:
-            v = v.to(tl.float32)
-            chk += tl.max(tl.max(v, axis=1), axis=0)
-        if EARLY_F32 // 4 % 2 == 1:
-            w = w.to(tl.float32)
-            chk += tl.max(tl.max(w, axis=1), axis=0)
-        _gdc_wait_after(chk)
-    elif USE_PDL:
-        tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
     if USE_PDL:
+        if EARLY_F32 > 0 and PREFETCH > 0:  # tiles in fp32 before the wait (early_f32)
+            chk = 0.0
+            if EARLY_F32 % 2 == 1:
+                k, chk = _in_f32(k, chk)
+            if EARLY_F32 // 2 % 2 == 1:
+                v, chk = _in_f32(v, chk)
+            if EARLY_F32 // 4 % 2 == 1:
+                w, chk = _in_f32(w, chk)
+            _gdc_wait_after(chk)  # q, k_new, v_new are written by the kernel before
+        else:
+            tl.extra.cuda.gdc_wait()  # q, k_new, v_new are written by the kernel before
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
     if PREFETCH == 1:

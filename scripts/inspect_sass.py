@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,10 +30,11 @@ OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*
 WAIT = "ACQBULK"  # griddepcontrol.wait in SASS
 
 
-def sass_text(cubin, cuobjdump, tmp):
-    path = Path(tmp) / "kernel.cubin"
-    path.write_bytes(cubin)
-    return subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+def sass_text(cubin, cuobjdump):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def opcodes(sass):
@@ -90,13 +92,12 @@ def main():
     for (name, digest), (kernel, _, _, blocks, _) in sorted(log.items()):
         if args.kernel not in name:
             continue
-        sass = sass_text(kernel.asm["cubin"], cuobjdump, out)
+        sass = sass_text(kernel.asm["cubin"], cuobjdump)
         stem = f"{name.strip('_')}-{digest[:8]}"
         (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
         (out / f"{stem}.sass").write_text(sass)
         regs, local = cubin_usage(kernel, cuobjdump)
         rows.append(summary_row(name, blocks, kernel, regs, local, *around_wait(opcodes(sass))))
-    (out / "kernel.cubin").unlink(missing_ok=True)
     table = "\n".join([
         f"# SASS around the dependent-launch wait: {args.model} {args.dtype}, {args.batch} rows, cache "
         f"{args.cache_len}, sm_{args.arch}a ({time.perf_counter() - t0:.0f} s)", "",
