@@ -40,6 +40,7 @@ from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _s
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
+from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
@@ -74,23 +75,6 @@ def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, strid
     seq_len = tl.load(lens_ptr + b)
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, True)
     return seq_len, bias, res
-
-
-@triton.jit
-def _in_f32(tile, chk):
-    """The tile in fp32, and chk plus its maximum (for _gdc_wait_after to depend on)."""
-    tile = tile.to(tl.float32)
-    return tile, chk + tl.max(tl.max(tile, axis=1), axis=0)
-
-
-@triton.jit
-def _gdc_wait_after(x):
-    """The dependent-launch wait, predicated on x so that ptxas computes x before it. The
-    predicate always holds: x is a sum, and no arithmetic gives the NaN bits 0x7fc00001 (a NaN
-    result is 0x7fffffff)."""
-    return tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.u32 p, $1, 0x7fc00001; @p griddepcontrol.wait; "
-                                     "mov.u32 $0, 0; }", "=r,r", [x.to(tl.int32, bitcast=True)], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
 from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
+from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import INTERPRET, env_int, launch, use_pdl
 from .activations import _apply_activation
 
@@ -36,6 +37,8 @@ MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) eleme
 # elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
 MAX_WEIGHT = 2_400_000
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
+# MINILLM_FMA_EARLY_F32=mask converts the weights to fp32 before the wait, by role (early_f32)
+FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32", 0)
 
 
 def layout(K):
@@ -47,6 +50,16 @@ def layout(K):
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
     return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=triton.next_power_of_2(K),
                 num_warps=1 if K <= 1024 else 4)
+
+
+def early_f32(N, K, activation):
+    """Whether a (K -> N) layer's program converts its weights to fp32 before the wait (a mask
+    by role, as MINILLM_FMA_EARLY_F32: 1 widening layers without activation (qkv), 2 widening
+    layers with one (fc), 4 the others (attn-out, mlp-out)). ptxas otherwise converts them after
+    it, beside the products: at gpt2 batch 1 96 to 128 of a program's 390 to 490 instructions
+    after the wait (Triton 3.6, scripts/inspect_sass.py). Off unless forced: not yet timed."""
+    role = 4 if N <= K else (2 if activation else 1)
+    return bool(FORCED_EARLY_F32 & role)
 
 
 def fma_config(M, N, K, stride_wk):
@@ -83,7 +96,7 @@ def _gemv_fma_kernel(
     l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -114,7 +127,11 @@ def _gemv_fma_kernel(
     if L2_AHEAD:  # after this program's own loads, which should not queue behind these
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
+        if EARLY_F32:  # the weights in fp32 before the wait (early_f32)
+            w, chk = _in_f32(w, 0.0)
+            _gdc_wait_after(chk)  # x (and a late residual) are written by now
+        else:
+            tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
@@ -143,10 +160,12 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
              prefetch_residual, config, early_launch=False, l2_ahead_ranges=None):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch, l2_ahead: see `linear`
-    (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead)."""
+    (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead). An EARLY_F32 in `config`
+    stands in for early_f32's choice (tests, benchmarks)."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
+    early = meta.pop("EARLY_F32", None)
     if meta.pop("ROWS") != 1:
         raise ValueError(f"_config: the CUDA-core layout runs one row per program, got ROWS={config['ROWS']}")
     grid = (M * triton.cdiv(N, meta["BLOCK_N"]),)
@@ -160,8 +179,8 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         *l2_args,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
-        LN_FOLD=ln_fold is not None, USE_PDL=pdl,
-        PREFETCH_RESIDUAL=bool(prefetch_residual), EARLY_LAUNCH=bool(early_launch), launch_pdl=pdl,
+        LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
+        EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early), launch_pdl=pdl,
         **l2_meta, **meta,
     )
     return y2

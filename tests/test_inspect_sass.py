@@ -12,10 +12,11 @@ from tests.test_check_compile import _nvidia_toolchain
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, switches=None):
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), "PYTHONPATH": str(ROOT)}
-    for switch in ("TRITON_INTERPRET", "MINILLM_ATTN_EARLY_F32", "MINILLM_FUSED_LAYOUT"):  # the defaults' code
-        env.pop(switch, None)
+    for switch in ("TRITON_INTERPRET", "MINILLM_ATTN_EARLY_F32", "MINILLM_FUSED_LAYOUT", "MINILLM_FMA_EARLY_F32"):
+        env.pop(switch, None)  # the defaults' code, unless switches asks otherwise
+    env.update(switches or {})
     return subprocess.run([sys.executable, "scripts/inspect_sass.py", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
 
@@ -37,6 +38,31 @@ def test_fused_attention_launch_at_one_row(tmp_path):
     assert hadd_before == 0 and hadd_after >= 3 * 64, cells  # keys, values and W, 64 elements a thread each
     assert len(list(out.glob("decode_attention_proj_kernel-*.sass"))) == 1
     assert len(list(out.glob("decode_attention_proj_kernel-*.ptx"))) == 1
+
+
+def _summary_rows(out, kernel):
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in (out / "summary.md").read_text().splitlines() if line.startswith(f"| {kernel} ")]
+
+
+@pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
+@pytest.mark.parametrize("mask", ["0", "7"])
+def test_cuda_core_gemv_conversions_around_the_wait(mask, tmp_path):
+    """gpt2's one-row linears (qkv, fc: one warp; mlp-out: four): ptxas converts the weights
+    after the wait, unless MINILLM_FMA_EARLY_F32 keeps them before it (96 weights a thread in
+    either layout; after the wait then only x's conversions: 24 a thread at one warp, 32 at four)."""
+    out = tmp_path / "sass"
+    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "64", "--kernel", "gemv_fma", "--out",
+             str(out), switches={"MINILLM_FMA_EARLY_F32": mask})
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    rows = _summary_rows(out, "_gemv_fma_kernel")
+    assert sorted(r[2] for r in rows) == ["1", "1", "4"], rows
+    for cells in rows:
+        hadd_before, hadd_after = int(cells[9]), int(cells[10])
+        if mask == "0":
+            assert hadd_before == 0 and hadd_after >= 96, cells
+        else:
+            assert hadd_before >= 96 and hadd_after <= 32, cells
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")

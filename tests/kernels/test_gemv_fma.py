@@ -81,6 +81,41 @@ def test_fma_early_launch_same_bits(dtype, device):
     assert_rel_close(y1, _ref(f0, w3, residual=x + _ref(x, w1)), dtype, "fma early launch chain")
 
 
+@pytest.mark.parametrize("K,N,activation", [(300, 70, "gelu_tanh"), (300, 70, None), (1500, 90, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fma_early_f32_same_bits(K, N, activation, dtype, device):
+    """Weights converted to fp32 before the wait (EARLY_F32; on the GPU the wait predicated on
+    their maximum, one warp and four) give the bits of the plain kernel: a conversion is exact,
+    the products and sums are the same. A chain as the model runs it (a layernorm folded into a
+    widening layer, then a narrowing one adding into the residual in place)."""
+    x = randn(1, K, dtype=dtype, device=device, scale=2.0) + 0.5
+    w1 = _out_major(randn(K, N, dtype=dtype, device=device, scale=K ** -0.5))
+    w2 = _out_major(randn(N, K, dtype=dtype, device=device, scale=N ** -0.5))
+    b, g, be = (randn(n, dtype=dtype, device=device) for n in (N, K, K))
+
+    def chain(early):
+        h = x.clone()
+        f = ln_linear(h, w1, b, g, be, activation=activation, _config=dict(gemv_fma.layout(K), EARLY_F32=early))
+        kernels.linear(f, w2, residual=h, out=h, _config=dict(gemv_fma.layout(N), EARLY_F32=early))
+        return f, h
+
+    (f0, h0), (f1, h1) = chain(False), chain(True)
+    assert torch.equal(f1, f0) and torch.equal(h1, h0)
+    assert_rel_close(f1, ln_linear_ref(x, w1, b, g, be, activation=activation), dtype, f"early f32 K={K}")
+    assert_rel_close(h1, _ref(f0, w2, residual=x), dtype, f"early f32 residual K={K}")
+
+
+def test_fma_early_f32_roles(monkeypatch):
+    """MINILLM_FMA_EARLY_F32's mask by role: 1 qkv (widening, no activation), 2 fc (widening,
+    with one), 4 attn-out and mlp-out."""
+    monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", 0)
+    assert not any(gemv_fma.early_f32(n, k, a) for n, k, a in [(2304, 768, None), (3072, 768, "gelu_tanh")])
+    roles = [(2304, 768, None), (3072, 768, "gelu_tanh"), (768, 3072, None), (768, 768, None)]
+    for mask, expect in [(1, [1, 0, 0, 0]), (2, [0, 1, 0, 0]), (4, [0, 0, 1, 1]), (7, [1, 1, 1, 1])]:
+        monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", mask)
+        assert [int(gemv_fma.early_f32(*r)) for r in roles] == expect
+
+
 def test_fma_l2_ahead_changes_no_bit(device):
     """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
     is not a multiple of 16 bytes) leaves the result and those tensors as they are. On the GPU
