@@ -19,6 +19,8 @@ itself:
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
   the same row among 2 to 64 rows may differ in the last bits.
 """
+import os
+
 import triton
 import triton.language as tl
 
@@ -41,6 +43,22 @@ VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_co
 FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32", 0)
 
 
+def forced_wide_layout(text):
+    """MINILLM_FMA_WIDE_LAYOUT's (BLOCK_N, num_warps) for layers of K past 1024, e.g. "1x1", or
+    None where unset (A/B timing). One ValueError for anything else."""
+    if not text:
+        return None
+    parts = text.split("x")
+    values = tuple(int(p) for p in parts if p.isdigit())
+    if len(parts) != 2 or len(values) != 2 or any(v < 1 or v & (v - 1) for v in values):
+        raise ValueError(f"MINILLM_FMA_WIDE_LAYOUT: expected COLUMNSxWARPS, two powers of two such as 1x1, "
+                         f"got {text!r}")
+    return values
+
+
+FORCED_WIDE_LAYOUT = forced_wide_layout(os.environ.get("MINILLM_FMA_WIDE_LAYOUT"))
+
+
 def layout(K):
     """The launch layout for a K-wide layer: one row and BLOCK_N columns per program, all of K
     in one tile (benchmarks and tests force it where fma_config would not route). Up to 1024
@@ -48,8 +66,11 @@ def layout(K):
     statistics, the dot) stays inside the warp, with no shared-memory round trip: gpt2's fc
     3.52 -> 2.71 us, qkv 2.74 -> 2.36, attn-out even (H200, bench/results/h200/fma-warps.md);
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=triton.next_power_of_2(K),
-                num_warps=1 if K <= 1024 else 4)
+    block_n, warps = BLOCK_N, 1 if K <= 1024 else 4
+    if K > 1024 and FORCED_WIDE_LAYOUT is not None:
+        block_n, warps = FORCED_WIDE_LAYOUT
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=triton.next_power_of_2(K),
+                num_warps=warps)
 
 
 def early_f32(N, K, activation):
