@@ -39,8 +39,13 @@ MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) eleme
 # elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
 MAX_WEIGHT = 2_400_000
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
-# MINILLM_FMA_EARLY_F32=mask converts the weights to fp32 before the wait, by role (early_f32)
-FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32", 0)
+# the roles whose weights are converted to fp32 before the wait (early_f32's mask: 1 qkv, 2 fc,
+# 4 mlp-out and attn-out). gpt2 batch 1, H200, alternated twice, the same ids
+# (bench/results/h200/session-76/): mlp-out 7,897 / 7,913 -> 7,955 / 7,947 tok/s (+0.6%), in a
+# second call 7,833 / 7,899 -> 7,933 / 7,938 (+0.9%); fc +0.3%, qkv -2.5%, fc and mlp-out together
+# -5.6%, all three -3.7%. MINILLM_FMA_EARLY_F32=mask takes another mask (A/B timing)
+EARLY_F32_ROLES = 4
+FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32")
 
 
 def forced_wide_layout(text):
@@ -74,13 +79,15 @@ def layout(K):
 
 
 def early_f32(N, K, activation):
-    """Whether a (K -> N) layer's program converts its weights to fp32 before the wait (a mask
-    by role, as MINILLM_FMA_EARLY_F32: 1 widening layers without activation (qkv), 2 widening
-    layers with one (fc), 4 the others (attn-out, mlp-out)). ptxas otherwise converts them after
-    it, beside the products: at gpt2 batch 1 96 to 128 of a program's 390 to 490 instructions
-    after the wait (Triton 3.6, scripts/inspect_sass.py). Off unless forced: not yet timed."""
+    """Whether a (K -> N) layer's program converts its weights to fp32 before the wait, by role
+    (EARLY_F32_ROLES' mask: 1 widening layers without activation (qkv), 2 widening layers with
+    one (fc), 4 the others (mlp-out, attn-out)). ptxas otherwise converts them after it, beside
+    the products: at gpt2 batch 1 96 to 128 of a program's 390 to 490 instructions after the
+    wait (Triton 3.6, scripts/inspect_sass.py). Before it they hold twice the registers (126
+    against 78 at mlp-out) and run beside the kernel before; where that is a loss is timed, not
+    derived: the roles did not add up (fc and mlp-out each gained alone, and lost together)."""
     role = 4 if N <= K else (2 if activation else 1)
-    return bool(FORCED_EARLY_F32 & role)
+    return bool((EARLY_F32_ROLES if FORCED_EARLY_F32 is None else FORCED_EARLY_F32) & role)
 
 
 def fma_config(M, N, K, stride_wk):

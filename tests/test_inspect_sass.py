@@ -46,20 +46,21 @@ def _summary_rows(out, kernel):
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
-@pytest.mark.parametrize("mask", ["0", "7"])
+@pytest.mark.parametrize("mask", ["0", "7", None])
 def test_cuda_core_gemv_conversions_around_the_wait(mask, tmp_path):
     """gpt2's one-row linears (qkv, fc: one warp; mlp-out: four): ptxas converts the weights
-    after the wait, unless MINILLM_FMA_EARLY_F32 keeps them before it (96 weights a thread in
-    either layout; after the wait then only x's conversions: 24 a thread at one warp, 32 at four)."""
+    after the wait, unless early_f32 keeps them before it (96 weights a thread in either layout;
+    after the wait then only x's conversions: 24 a thread at one warp, 32 at four). The rule
+    (mask None) does so at mlp-out only; MINILLM_FMA_EARLY_F32 0 nowhere, 7 everywhere."""
     out = tmp_path / "sass"
     p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "64", "--kernel", "gemv_fma", "--out",
-             str(out), switches={"MINILLM_FMA_EARLY_F32": mask})
+             str(out), switches={} if mask is None else {"MINILLM_FMA_EARLY_F32": mask})
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     rows = _summary_rows(out, "_gemv_fma_kernel")
     assert sorted(r[2] for r in rows) == ["1", "1", "4"], rows
     for cells in rows:
         hadd_before, hadd_after = int(cells[9]), int(cells[10])
-        if mask == "0":
+        if mask == "0" or (mask is None and cells[2] == "1"):
             assert hadd_before == 0 and hadd_after >= 96, cells
         else:
             assert hadd_before >= 96 and hadd_after <= 32, cells

@@ -106,12 +106,14 @@ def test_fma_early_f32_same_bits(K, N, activation, dtype, device):
 
 
 def test_fma_early_f32_roles(monkeypatch):
-    """MINILLM_FMA_EARLY_F32's mask by role: 1 qkv (widening, no activation), 2 fc (widening,
-    with one), 4 attn-out and mlp-out."""
-    monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", 0)
-    assert not any(gemv_fma.early_f32(n, k, a) for n, k, a in [(2304, 768, None), (3072, 768, "gelu_tanh")])
+    """The early conversions by role (the rule: mlp-out and attn-out only; a mask forced by
+    MINILLM_FMA_EARLY_F32: 1 qkv (widening, no activation), 2 fc (widening, with one), 4 attn-out
+    and mlp-out, 0 none)."""
     roles = [(2304, 768, None), (3072, 768, "gelu_tanh"), (768, 3072, None), (768, 768, None)]
-    for mask, expect in [(1, [1, 0, 0, 0]), (2, [0, 1, 0, 0]), (4, [0, 0, 1, 1]), (7, [1, 1, 1, 1])]:
+    monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", None)
+    assert [int(gemv_fma.early_f32(*r)) for r in roles] == [0, 0, 1, 1]
+    for mask, expect in [(0, [0, 0, 0, 0]), (1, [1, 0, 0, 0]), (2, [0, 1, 0, 0]), (4, [0, 0, 1, 1]),
+                         (7, [1, 1, 1, 1])]:
         monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", mask)
         assert [int(gemv_fma.early_f32(*r)) for r in roles] == expect
 
