@@ -19,8 +19,6 @@ itself:
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
   the same row among 2 to 64 rows may differ in the last bits.
 """
-import os
-
 import triton
 import triton.language as tl
 
@@ -48,21 +46,6 @@ EARLY_F32_ROLES = 4
 FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32")
 
 
-def forced_wide_layout(text):
-    """MINILLM_FMA_WIDE_LAYOUT's (BLOCK_N, num_warps) for layers of K past 1024, e.g. "1x1", or
-    None where unset (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    parts = text.split("x")
-    values = tuple(int(p) for p in parts if p.isdigit())
-    if len(parts) != 2 or len(values) != 2 or any(v < 1 or v & (v - 1) for v in values):
-        raise ValueError(f"MINILLM_FMA_WIDE_LAYOUT: expected COLUMNSxWARPS, two powers of two such as 1x1, "
-                         f"got {text!r}")
-    return values
-
-
-FORCED_WIDE_LAYOUT = forced_wide_layout(os.environ.get("MINILLM_FMA_WIDE_LAYOUT"))
-
 
 def layout(K):
     """The launch layout for a K-wide layer: one row and BLOCK_N columns per program, all of K
@@ -71,11 +54,8 @@ def layout(K):
     statistics, the dot) stays inside the warp, with no shared-memory round trip: gpt2's fc
     3.52 -> 2.71 us, qkv 2.74 -> 2.36, attn-out even (H200, bench/results/h200/fma-warps.md);
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
-    block_n, warps = BLOCK_N, 1 if K <= 1024 else 4
-    if K > 1024 and FORCED_WIDE_LAYOUT is not None:
-        block_n, warps = FORCED_WIDE_LAYOUT
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=triton.next_power_of_2(K),
-                num_warps=warps)
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=triton.next_power_of_2(K),
+                num_warps=1 if K <= 1024 else 4)
 
 
 def early_f32(N, K, activation):
@@ -85,7 +65,8 @@ def early_f32(N, K, activation):
     the products: at gpt2 batch 1 96 to 128 of a program's 390 to 490 instructions after the
     wait (Triton 3.6, scripts/inspect_sass.py). Before it they hold twice the registers (126
     against 78 at mlp-out) and run beside the kernel before; where that is a loss is timed, not
-    derived: the roles did not add up (fc and mlp-out each gained alone, and lost together)."""
+    derived: the roles did not add up (fc and mlp-out each gained alone, and lost together), and
+    qkv's early conversions held back the attention launch's start by 0.26 us (traced)."""
     role = 4 if N <= K else (2 if activation else 1)
     return bool((EARLY_F32_ROLES if FORCED_EARLY_F32 is None else FORCED_EARLY_F32) & role)
 
@@ -208,7 +189,8 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
         *l2_args,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
-        EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early), launch_pdl=pdl,
+        EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early),
+        launch_pdl=pdl,
         **l2_meta, **meta,
     )
     return y2

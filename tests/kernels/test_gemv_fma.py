@@ -118,28 +118,6 @@ def test_fma_early_f32_roles(monkeypatch):
         assert [int(gemv_fma.early_f32(*r)) for r in roles] == expect
 
 
-@pytest.mark.parametrize("block_n,warps", [(1, 1), (2, 1), (4, 4)])
-def test_fma_wide_k_layouts(block_n, warps, device):
-    """MINILLM_FMA_WIDE_LAYOUT's layouts for K past 1024 (one or two columns in one warp, the
-    rule's four in four): a narrowing layer adding into the residual, N off every block."""
-    K, N = 1500, 9
-    y = randn(1, K, dtype=torch.float16, device=device)
-    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
-    h = randn(1, N, dtype=torch.float16, device=device)
-    expect = _ref(y, w, residual=h)
-    cfg = dict(gemv_fma.layout(K), BLOCK_N=block_n, num_warps=warps)
-    kernels.linear(y, w, residual=h, out=h, _config=cfg)
-    assert_rel_close(h, expect, torch.float16, f"fma {block_n} columns, {warps} warps")
-
-
-def test_forced_wide_layout():
-    assert gemv_fma.forced_wide_layout("") is None and gemv_fma.forced_wide_layout(None) is None
-    assert gemv_fma.forced_wide_layout("1x1") == (1, 1) and gemv_fma.forced_wide_layout("8x4") == (8, 4)
-    for bad in ("1", "3x1", "1x1x1", "ax1", "0x1"):
-        with pytest.raises(ValueError, match="MINILLM_FMA_WIDE_LAYOUT: expected COLUMNSxWARPS"):
-            gemv_fma.forced_wide_layout(bad)
-
-
 def test_fma_l2_ahead_changes_no_bit(device):
     """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
     is not a multiple of 16 bytes) leaves the result and those tensors as they are. On the GPU
