@@ -48,14 +48,6 @@ def _now_after(v):  # the clock once v (fp32) is computed
 
 
 @triton.jit
-def _last_arrival(tile):  # the clock once the 2-D tile's last element is in registers
-    # read per element, each read after its element: no reduction before the clock is read
-    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [tile.to(tl.float32)], dtype=tl.int64,
-                                  is_pure=False, pack=1)
-    return tl.max(tl.max(t, axis=1), axis=0)
-
-
-@triton.jit
 def _record(trace_ptr, idx, t0, t1, t2):
     smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     t3 = _now()
@@ -128,14 +120,11 @@ PATCHES = {
 
 
 # --stamp: where the fused attention launch's second stamp goes in place of its weights'
-# arrival: "tiles" once the last element of its key and value tiles is in registers (read after
-# the wait, so never before it: how long the prefetched cache tiles keep it waiting), "attend"
-# once its head's attention output is computed, "merge" once the projection's partial is (just
-# before the heads' merge; from there to the program's end is the merge and the epilogue)
+# arrival: "attend" once its head's attention output is computed, "merge" once the projection's
+# partial is (just before the heads' merge; from there to the program's end is the merge and
+# the epilogue)
 WAIT_STAMP = ("    pos = seq_len - 1\n", "    t2 = _now()\n    pos = seq_len - 1\n")
 STAMPS = {
-    "tiles": [("    pos = seq_len - 1\n", "    t2 = _now()\n    t1 = tl.maximum(_last_arrival(k), _last_arrival(v))\n"
-                                          "    pos = seq_len - 1\n")],
     "attend": [WAIT_STAMP, ("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
                                                            "    part = tl.sum(o[:, None]")],
     "merge": [WAIT_STAMP, ("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
@@ -273,9 +262,9 @@ def main():
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
     ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
     ap.add_argument("--stamp", choices=("weights", *STAMPS), default="weights",
-                    help="the fused attention launch's second stamp: its weights' arrival (default), its key "
-                         "and value tiles' last element in registers after the wait (tiles), its attention "
-                         "output computed (attend), or its projection's partial, before the heads' merge (merge)")
+                    help="the fused attention launch's second stamp: its weights' arrival (default), its "
+                         "attention output computed (attend), or its projection's partial, before the heads' "
+                         "merge (merge)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
     args = ap.parse_args()
     from minillm.benchutil import require_cuda
