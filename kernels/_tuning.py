@@ -27,6 +27,16 @@ def env_int(name, default=None):
         raise ValueError(f"{name}: expected an integer, got {value!r}") from None
 
 
+def mask_switch(name, text, meaning):
+    """A 3-bit mask switch's value (A/B timing; `meaning` names the bits), or None where unset
+    or empty. One ValueError naming the variable for anything but 0 to 7."""
+    if not text:
+        return None
+    if not (text.isdigit() and int(text) < 8):
+        raise ValueError(f"{name}: expected 0 to 7 ({meaning}), got {text!r}")
+    return int(text)
+
+
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
 # Triton's CPU interpreter runs every program in Python: kernels give it one small config
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

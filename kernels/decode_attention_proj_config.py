@@ -4,6 +4,8 @@ import os
 
 import triton
 
+from ._tuning import mask_switch
+
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_HEADS_AT_TWO_ROWS = 16  # fused_layout: gpt2-large's and gpt2-xl's two rows run the two kernels
 MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
@@ -42,11 +44,7 @@ FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))
 def forced_early_f32(text):
     """MINILLM_ATTN_EARLY_F32's mask (0-7: 1 keys, 2 values, 4 W), or None where unset: the
     early conversions of every fused launch (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    if not (text.isdigit() and int(text) < 8):
-        raise ValueError(f"MINILLM_ATTN_EARLY_F32: expected 0 to 7 (1 keys + 2 values + 4 W), got {text!r}")
-    return int(text)
+    return mask_switch("MINILLM_ATTN_EARLY_F32", text, "1 keys + 2 values + 4 W")
 
 
 FORCED_EARLY_F32 = forced_early_f32(os.environ.get("MINILLM_ATTN_EARLY_F32"))

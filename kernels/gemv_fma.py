@@ -19,13 +19,15 @@ itself:
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
   the same row among 2 to 64 rows may differ in the last bits.
 """
+import os
+
 import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
 from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
-from ._tuning import INTERPRET, env_int, launch, use_pdl
+from ._tuning import INTERPRET, env_int, launch, mask_switch, use_pdl
 from .activations import _apply_activation
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -43,7 +45,8 @@ VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_co
 # second call 7,833 / 7,899 -> 7,933 / 7,938 (+0.9%); fc +0.3%, qkv -2.5%, fc and mlp-out together
 # -5.6%, all three -3.7%. MINILLM_FMA_EARLY_F32=mask takes another mask (A/B timing)
 EARLY_F32_ROLES = 4
-FORCED_EARLY_F32 = env_int("MINILLM_FMA_EARLY_F32")
+FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_FMA_EARLY_F32"),
+                               "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
 
 

@@ -21,6 +21,11 @@ def _run(tmp_path, *args, switches=None):
                           text=True, timeout=300, check=False)
 
 
+def _summary_rows(out, kernel):
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in (out / "summary.md").read_text().splitlines() if line.startswith(f"| {kernel} ")]
+
+
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
 def test_fused_attention_launch_at_one_row(tmp_path):
     """gpt2's one row: the fused attention launch waits, and its fp16 tiles are converted after
@@ -29,20 +34,15 @@ def test_fused_attention_launch_at_one_row(tmp_path):
     p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "256", "--kernel", "attention_proj",
              "--out", str(out))
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
-    rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| _decode")]
+    rows = _summary_rows(out, "_decode_attention_proj_kernel")
     assert len(rows) == 1, rows
-    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    cells = rows[0]
     assert cells[1] == "D=64 L=256 N=256" and cells[2] == "8" and cells[5] == "yes", cells
     before, after, barriers, hadd_before, hadd_after = (int(c) for c in cells[6:11])
     assert before > 0 and after > before and barriers > 0, cells
     assert hadd_before == 0 and hadd_after >= 3 * 64, cells  # keys, values and W, 64 elements a thread each
     assert len(list(out.glob("decode_attention_proj_kernel-*.sass"))) == 1
     assert len(list(out.glob("decode_attention_proj_kernel-*.ptx"))) == 1
-
-
-def _summary_rows(out, kernel):
-    return [[c.strip() for c in line.strip("|").split("|")]
-            for line in (out / "summary.md").read_text().splitlines() if line.startswith(f"| {kernel} ")]
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")

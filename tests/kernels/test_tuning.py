@@ -133,3 +133,13 @@ def test_env_int(monkeypatch):
     monkeypatch.setenv("MINILLM_TEST_SWITCH", "three")
     with pytest.raises(ValueError, match="MINILLM_TEST_SWITCH: expected an integer, got 'three'"):
         _tuning.env_int("MINILLM_TEST_SWITCH", 1)
+
+
+def test_mask_switch():
+    """The 3-bit mask switches (MINILLM_ATTN_EARLY_F32, MINILLM_FMA_EARLY_F32): unset or empty
+    is None, 0 to 7 themselves, anything else one error naming the variable and the bits."""
+    assert _tuning.mask_switch("MINILLM_X", None, "1 a") is None and _tuning.mask_switch("MINILLM_X", "", "1 a") is None
+    assert [_tuning.mask_switch("MINILLM_X", str(v), "1 a") for v in (0, 4, 7)] == [0, 4, 7]
+    for bad in ("8", "-1", "qkv", "3.0"):
+        with pytest.raises(ValueError, match=r"MINILLM_X: expected 0 to 7 \(1 a \+ 2 b\), got"):
+            _tuning.mask_switch("MINILLM_X", bad, "1 a + 2 b")
