@@ -82,8 +82,7 @@ PATCHES = {
         ("\n\ndef gemv_slab(", "    _record(trace_ptr, tl.program_id(0), t0, t1, t2)\n\n\ndef gemv_slab("),
     ],
     "gemv_fma": [
-        ("from ._tuning import INTERPRET, env_int, launch, use_pdl\n",
-         "from ._tuning import INTERPRET, env_int, launch, use_pdl\n" + HELPERS),
+        ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),
         ("    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,\n):",
          "    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
