@@ -22,7 +22,7 @@ from ._tuning import INTERPRET, is_hopper
 
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
-MAX_RANGES = 2
+MAX_RANGES = 3
 
 
 def l2_ranges(name, tensors, device):
@@ -44,12 +44,14 @@ def l2_ranges(name, tensors, device):
 
 
 def launch_args(ranges, fallback, device, num_warps):
-    """(the kernel's four range arguments, its L2_* constexprs) for l2_ranges' list (None: no
+    """(the kernel's six range arguments, its L2_* constexprs) for l2_ranges' list (None: no
     requests); `fallback`, any tensor on the device, stands in for the unused pointers. The
     requests run only on Hopper (cp.async.bulk needs sm_90) and never under the interpreter."""
-    (a, a_bytes), (b, b_bytes) = ranges or l2_ranges("l2_ahead", (), device)
-    args = (a if a is not None else fallback, a_bytes, b if b is not None else fallback, b_bytes)
-    return args, dict(L2_AHEAD=ON and a is not None and is_hopper(device), L2_SLOTS=32 * num_warps, L2_PIECE=PIECE)
+    ranges = ranges or l2_ranges("l2_ahead", (), device)
+    args = tuple(x for t, nbytes in ranges for x in (t if t is not None else fallback, nbytes))
+    first = ranges[0][0]
+    return args, dict(L2_AHEAD=ON and first is not None and is_hopper(device), L2_SLOTS=32 * num_warps,
+                      L2_PIECE=PIECE)
 
 
 @triton.jit
@@ -73,8 +75,9 @@ def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES
 
 
 @triton.jit
-def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, program, num_programs, SLOTS: tl.constexpr,
-                   PIECE_BYTES: tl.constexpr):
-    """_ask_l2 for both of launch_args' ranges (an unused one has 0 bytes: no request)."""
+def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, c_ptr, c_bytes, program, num_programs,
+                   SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
+    """_ask_l2 for launch_args' three ranges in order (an unused one has 0 bytes: no request)."""
     _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
     _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)
+    _ask_l2(c_ptr, c_bytes, program, num_programs, SLOTS, PIECE_BYTES)
