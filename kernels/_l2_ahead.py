@@ -14,6 +14,7 @@ The requests are Hopper instructions (sm_90 on): the launcher sends them only th
 """
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,10 +27,11 @@ MAX_RANGES = 3
 
 
 def l2_ranges(name, tensors, device):
-    """[(tensor, bytes)] * MAX_RANGES for a kernel's arguments: each tensor's bytes (a multiple of
-    16, so every request is whole), (None, 0) for the unused ones. Each tensor must be dense in
-    some order of its dims (an out-major weight's transposed view is), or its span would not be
-    its bytes."""
+    """[(bytes view, bytes)] * MAX_RANGES for a kernel's arguments: each tensor's bytes as a uint8
+    view that starts and ends on 16-byte boundaries inside them (a bulk request takes only
+    those: a view's slice may start anywhere), (None, 0) for the unused ones. Each tensor must be
+    dense in some order of its dims (an out-major weight's transposed view is), or its span
+    would not be its bytes."""
     tensors = tuple(tensors or ())
     if len(tensors) > MAX_RANGES:
         raise ValueError(f"{name}: expected at most {MAX_RANGES} tensors, got {len(tensors)}")
@@ -39,7 +41,10 @@ def l2_ranges(name, tensors, device):
         if not t.permute(sorted(range(t.dim()), key=t.stride, reverse=True)).is_contiguous():
             raise ValueError(f"{name}[{i}]: expected a dense tensor (in any order of its dims), got shape "
                              f"{tuple(t.shape)} with strides {t.stride()}")
-        out.append((t, t.numel() * t.element_size() // 16 * 16))
+        flat = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True)).reshape(-1).view(torch.uint8)
+        skip = -flat.data_ptr() % 16
+        nbytes = max(0, flat.numel() - skip) // 16 * 16
+        out.append((flat[skip:skip + nbytes], nbytes))
     return out + [(None, 0)] * (MAX_RANGES - len(out))
 
 

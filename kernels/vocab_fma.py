@@ -33,6 +33,23 @@ BLOCK_N = 8  # columns per block
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 PROGRAMS_PER_SM = 4
 MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
+NUM_WARPS = 4
+
+
+def forced_layout(text):
+    """MINILLM_VOCAB_LAYOUT's (BLOCK_N, num_warps, programs an SM), e.g. "2x1x16", or None where
+    unset (A/B timing). One ValueError for anything else."""
+    if not text:
+        return None
+    parts = text.split("x")
+    values = tuple(int(p) for p in parts if p.isdigit())
+    if len(parts) != 3 or len(values) != 3 or any(v < 1 for v in values) or any(v & (v - 1) for v in values[:2]):
+        raise ValueError(f"MINILLM_VOCAB_LAYOUT: expected BLOCK_NxWARPSxPROGRAMS (the first two powers of two), "
+                         f"such as 8x4x4, got {text!r}")
+    return values
+
+
+FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_VOCAB_LAYOUT"))
 
 
 def vocab_config(M, N, K, stride_wk, *, sms):
@@ -45,9 +62,10 @@ def vocab_config(M, N, K, stride_wk, *, sms):
     (5,980 -> 6,095 tok/s); gpt2-medium's head (K = 1024) lost 0.7%, hence MAX_K."""
     if not ENABLED or M != 1 or N < VOCAB_N or stride_wk != 1 or K > MAX_K:
         return None
-    block_n = INTERPRET_BLOCK_N if INTERPRET else BLOCK_N
-    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=4,
-                programs=min(triton.cdiv(N, block_n), sms * PROGRAMS_PER_SM))
+    block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N, NUM_WARPS, PROGRAMS_PER_SM)
+    block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
+    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps,
+                programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
 @triton.jit

@@ -49,6 +49,28 @@ def test_vocab_head_logits_and_argmax(K, dtype, device):
     assert torch.equal(keys, first)
 
 
+@pytest.mark.parametrize("layout", [(2, 1, 16), (4, 2, 3)])
+def test_vocab_head_forced_layouts(layout, device, monkeypatch):
+    """MINILLM_VOCAB_LAYOUT's layouts (A/B timing) give the logits and the argmax too."""
+    monkeypatch.setattr(vocab_fma, "FORCED_LAYOUT", layout)
+    K = 100
+    x, wf, bf, colsum, g, be, w, b = _head(K, N_ODD, torch.float16, device, tied=[7, 8, N_ODD - 1])
+    cfg = vocab_fma.vocab_config(1, N_ODD, K, wf.stride(0), sms=sm_count(torch.device(device)))
+    assert cfg["num_warps"] == layout[1]
+    keys, y = _keys(device), poisoned((1, N_ODD), torch.float16, device)
+    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys, out=y)
+    assert_rel_close(y, ln_linear_ref(x, w, b, g, be), torch.float16, f"vocab head {layout}")
+    assert argmax_key.argmax_index(keys).item() == y[0].argmax().item() == 7
+
+
+def test_vocab_forced_layout_parse():
+    assert vocab_fma.forced_layout(None) is None and vocab_fma.forced_layout("") is None
+    assert vocab_fma.forced_layout("2x1x16") == (2, 1, 16)
+    for bad in ("2x1", "3x1x16", "2x3x16", "2x1x0", "axbxc", "2x1x16x1"):
+        with pytest.raises(ValueError, match=r"^MINILLM_VOCAB_LAYOUT: expected BLOCK_NxWARPSxPROGRAMS"):
+            vocab_fma.forced_layout(bad)
+
+
 def test_vocab_head_plain_and_without_argmax(device):
     """No layernorm, no bias, no keys: x @ W alone."""
     K = 72

@@ -1,0 +1,93 @@
+"""Is the one-row vocabulary head bound by DRAM? Times gpt2's head (kernels/vocab_fma.py, the
+engine's launch: layernorm folded in, greedy argmax keys) with L2 flushed before it, and with the
+head's first X MB read into L2 just before it. A DRAM-bound head gets shorter by about X MB at
+the copy bandwidth; a head bound by its programs' own chains does not.
+
+Each sample: a 512 MB read (L2 flushed), then the warm-up read of X MB, then the head between two
+CUDA events (the flush is long enough that the host has queued the rest before the GPU gets
+there). Medians over --reps samples, the variants interleaved.
+
+    python3 scripts/probe_vocab_l2.py --out bench/results/h200
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kernels  # noqa: E402
+from kernels.argmax_key import EMPTY  # noqa: E402
+from minillm.benchutil import copy_bandwidth, device_slug, environment, require_cuda  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="\n".join(__doc__.splitlines()[-1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=50257, help="head width (default gpt2's 50257)")
+    ap.add_argument("--embd", type=int, default=768, help="K (default gpt2's 768)")
+    ap.add_argument("--warm-mb", type=float, nargs="*", default=[0, 8, 16, 32, 48],
+                    help="MB of the head's first columns read into L2 before it (default 0 8 16 32 48)")
+    ap.add_argument("--reps", type=int, default=50, help="samples per variant (default 50)")
+    ap.add_argument("--out", required=True, help="folder for probe-vocab-l2-<gpu>.json")
+    args = ap.parse_args()
+    require_cuda("probe_vocab_l2.py")
+    if args.vocab < 16384 or args.embd < 1 or args.reps < 3 or any(mb < 0 for mb in args.warm_mb):
+        ap.error("--vocab >= 16384 (a vocabulary head), --embd >= 1, --reps >= 3, --warm-mb >= 0 expected")
+    dev = torch.device("cuda")
+    C, V = args.embd, args.vocab
+    gen = torch.Generator(device=dev).manual_seed(0)
+    w = (torch.randn(V, C, device=dev, generator=gen) * C ** -0.5).half().t()  # (C, V), out-major
+    colsum = torch.randn(V, device=dev, generator=gen)
+    x = torch.randn(1, C, device=dev, generator=gen).half()
+    y = torch.empty(1, V, device=dev, dtype=torch.float16)
+    keys = torch.full((1,), EMPTY, device=dev, dtype=torch.int64)
+    flush = torch.empty(512 << 20, device=dev, dtype=torch.uint8)
+    col_bytes = C * 2
+
+    def head():
+        kernels.linear(x, w, None, ln_fold=colsum, ln_eps=1e-5, argmax_keys=keys, out=y)
+
+    def warm(mb):
+        cols = min(V, int(mb * (1 << 20)) // col_bytes)
+        return w[:, :cols].sum() if cols else None
+
+    for _ in range(3):
+        head()
+    torch.cuda.synchronize()
+    times = {mb: [] for mb in args.warm_mb}
+    for _ in range(args.reps):
+        for mb in args.warm_mb:
+            flush.add_(1)  # read and write 512 MB: nothing of the head stays in L2
+            warm(mb)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            head()
+            e1.record()
+            times[mb].append((e0, e1))
+    torch.cuda.synchronize()
+    head_mb = V * col_bytes / 2 ** 20
+    bw = copy_bandwidth() * 1e9  # bytes/s (read plus written)
+    rows = []
+    print(f"head {C} x {V} fp16 ({head_mb:.1f} MB), copy bandwidth {bw / 1e12:.2f} TB/s "
+          f"(the head's bytes: {V * col_bytes / bw * 1e6:.1f} us)")
+    for mb, evs in times.items():
+        us = statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in evs)
+        cold = min(V * col_bytes, mb * (1 << 20))
+        rows.append(dict(warm_mb=mb, median_us=round(us, 2),
+                         dram_bound_us=round((V * col_bytes - cold) / bw * 1e6, 2)))
+        print(f"warm {mb:5.1f} MB: {us:6.2f} us (the bytes left cold at the copy bandwidth: "
+              f"{rows[-1]['dram_bound_us']:.2f} us)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"probe-vocab-l2-{device_slug()}.json"
+    path.write_text(json.dumps(dict(environment=environment(), copy_gb_s=bw / 1e9, head_mb=head_mb, rows=rows),
+                               indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
