@@ -3,7 +3,8 @@ engine's launch: layernorm folded in, greedy argmax keys) with L2 flushed before
 head's first X MB read into L2 just before it. A DRAM-bound head gets shorter by about X MB at
 the copy bandwidth; a head bound by its programs' own chains does not.
 
-Each sample: a 512 MB read (L2 flushed), then the warm-up read of X MB, then the head between two
+Each sample: a 512 MB read (L2 flushed, clean: a flush that writes would leave its dirty lines
+write-backs to the head), then the warm-up read of X MB, then the head between two
 CUDA events (the flush is long enough that the host has queued the rest before the GPU gets
 there). Medians over --reps samples, the variants interleaved.
 
@@ -61,7 +62,7 @@ def main():
     times = {mb: [] for mb in args.warm_mb}
     for _ in range(args.reps):
         for mb in args.warm_mb:
-            flush.add_(1)  # read and write 512 MB: nothing of the head stays in L2
+            flush.sum()  # read 512 MB: nothing of the head stays in L2
             warm(mb)
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()

@@ -15,7 +15,7 @@ def test_ranges_start_and_end_on_16_bytes_inside_the_tensor(start, cols, device)
     head = torch.randn(300, C, dtype=torch.float16, device=device).t()  # (C, 300), out-major
     share = head[:, start:start + cols]
     lo, hi = share.data_ptr(), share.data_ptr() + share.numel() * 2
-    (view, nbytes), *unused = l2_ranges("l2_ahead", (share,), torch.device(device))
+    (view, nbytes), *unused = l2_ranges("l2_ahead", (share,), head.device)
     assert unused == [(None, 0)] * (MAX_RANGES - 1)
     assert view.dtype == torch.uint8 and view.numel() == nbytes and nbytes % 16 == 0
     assert view.data_ptr() % 16 == 0 and lo <= view.data_ptr() and view.data_ptr() + nbytes <= hi
@@ -27,6 +27,6 @@ def test_ranges_start_and_end_on_16_bytes_inside_the_tensor(start, cols, device)
 def test_ranges_refuse_what_they_cannot_cover(device):
     w = torch.randn(8, 16, device=device)
     with pytest.raises(ValueError, match=r"^l2_ahead: expected at most 3 tensors, got 4$"):
-        l2_ranges("l2_ahead", (w,) * 4, torch.device(device))
+        l2_ranges("l2_ahead", (w,) * 4, w.device)
     with pytest.raises(ValueError, match=r"^l2_ahead\[1\]: expected a dense tensor"):
-        l2_ranges("l2_ahead", (w, w[:, ::2]), torch.device(device))
+        l2_ranges("l2_ahead", (w, w[:, ::2]), w.device)
