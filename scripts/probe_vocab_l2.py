@@ -3,8 +3,8 @@ engine's launch: layernorm folded in, greedy argmax keys) with L2 flushed before
 head's first X MB read into L2 just before it. A DRAM-bound head gets shorter by about X MB at
 the copy bandwidth; a head bound by its programs' own chains does not.
 
-Each sample: a 512 MB read (L2 flushed, clean: a flush that writes would leave its dirty lines
-write-backs to the head), then the warm-up read of X MB, then the head between two
+Each sample: a 512 MB read (L2 flushed, clean: a flush that wrote would leave the head its dirty
+lines to write back), then the warm-up read of X MB, then the head between two
 CUDA events (the flush is long enough that the host has queued the rest before the GPU gets
 there). Medians over --reps samples, the variants interleaved.
 
