@@ -23,40 +23,39 @@ from ._tuning import INTERPRET, is_hopper
 
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
-MAX_RANGES = 3
+MAX_RANGES = 2
 
 
 def l2_ranges(name, tensors, device):
     """[(bytes view, bytes)] * MAX_RANGES for a kernel's arguments: each tensor's bytes as a uint8
     view that starts and ends on 16-byte boundaries inside them (a bulk request takes only
-    those: a view's slice may start anywhere), (None, 0) for the unused ones. Each tensor must be
-    dense in some order of its dims (an out-major weight's transposed view is), or its span
-    would not be its bytes."""
+    those, and a view's slice may start anywhere), (None, 0) for the unused ones. Each tensor
+    must be dense in some order of its dims (an out-major weight's transposed view is), or its
+    span would not be its bytes."""
     tensors = tuple(tensors or ())
     if len(tensors) > MAX_RANGES:
         raise ValueError(f"{name}: expected at most {MAX_RANGES} tensors, got {len(tensors)}")
     out = []
     for i, t in enumerate(tensors):
         check_tensor(f"{name}[{i}]", t, dtypes=None, device=device)
-        if not t.permute(sorted(range(t.dim()), key=t.stride, reverse=True)).is_contiguous():
+        dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+        if not dense.is_contiguous():
             raise ValueError(f"{name}[{i}]: expected a dense tensor (in any order of its dims), got shape "
                              f"{tuple(t.shape)} with strides {t.stride()}")
-        flat = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True)).reshape(-1).view(torch.uint8)
-        skip = -flat.data_ptr() % 16
+        flat = dense.reshape(-1).view(torch.uint8)
+        skip = -flat.data_ptr() % 16  # a misaligned request is a CUDA error that ends the context
         nbytes = max(0, flat.numel() - skip) // 16 * 16
         out.append((flat[skip:skip + nbytes], nbytes))
     return out + [(None, 0)] * (MAX_RANGES - len(out))
 
 
 def launch_args(ranges, fallback, device, num_warps):
-    """(the kernel's six range arguments, its L2_* constexprs) for l2_ranges' list (None: no
+    """(the kernel's four range arguments, its L2_* constexprs) for l2_ranges' list (None: no
     requests); `fallback`, any tensor on the device, stands in for the unused pointers. The
     requests run only on Hopper (cp.async.bulk needs sm_90) and never under the interpreter."""
-    ranges = ranges or l2_ranges("l2_ahead", (), device)
-    args = tuple(x for t, nbytes in ranges for x in (t if t is not None else fallback, nbytes))
-    first = ranges[0][0]
-    return args, dict(L2_AHEAD=ON and first is not None and is_hopper(device), L2_SLOTS=32 * num_warps,
-                      L2_PIECE=PIECE)
+    (a, a_bytes), (b, b_bytes) = ranges or l2_ranges("l2_ahead", (), device)
+    args = (a if a is not None else fallback, a_bytes, b if b is not None else fallback, b_bytes)
+    return args, dict(L2_AHEAD=ON and a is not None and is_hopper(device), L2_SLOTS=32 * num_warps, L2_PIECE=PIECE)
 
 
 @triton.jit
@@ -80,9 +79,8 @@ def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES
 
 
 @triton.jit
-def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, c_ptr, c_bytes, program, num_programs,
-                   SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
-    """_ask_l2 for launch_args' three ranges in order (an unused one has 0 bytes: no request)."""
+def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, program, num_programs, SLOTS: tl.constexpr,
+                   PIECE_BYTES: tl.constexpr):
+    """_ask_l2 for both of launch_args' ranges (an unused one has 0 bytes: no request)."""
     _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
     _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)
-    _ask_l2(c_ptr, c_bytes, program, num_programs, SLOTS, PIECE_BYTES)

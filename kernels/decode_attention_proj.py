@@ -84,7 +84,7 @@ def _decode_attention_proj_kernel(
     M, N, D, qk_scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_wk, stride_wn, stride_rm, stride_ym, stride_sm,
-    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes,
+    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,8 +119,7 @@ def _decode_attention_proj_kernel(
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes, program, n_prog, L2_SLOTS,
-                       L2_PIECE)
+        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         if EARLY_F32 > 0 and PREFETCH > 0:  # tiles in fp32 before the wait (early_f32)
             chk = 0.0
@@ -251,7 +250,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     well, which needs the kernel before to launch this one only after its own wait.
     early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
-    own wait). l2_ahead: up to three dense tensors (the next kernels' weights) whose bytes the
+    own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
     _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
     early_f32's (tests, benchmarks)."""

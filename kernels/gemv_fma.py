@@ -105,7 +105,7 @@ def _gemv_fma_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr,
     M, N, ln_eps, negative_slope,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
-    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes,
+    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
@@ -137,8 +137,7 @@ def _gemv_fma_kernel(
     if HAS_RESIDUAL and PREFETCH_RESIDUAL:
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if L2_AHEAD:  # after this program's own loads, which should not queue behind these
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, l2c_ptr, l2c_bytes, pid, tl.num_programs(0), L2_SLOTS,
-                       L2_PIECE)
+        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
         if EARLY_F32:  # the weights in fp32 before the wait (early_f32)
             w, chk = _in_f32(w, 0.0)

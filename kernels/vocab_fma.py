@@ -5,15 +5,18 @@ launch.
 A vocabulary head at one row is a pure weight stream (gpt2: 77 MB for 50k outputs), so what
 counts is keeping the memory bus busy to the last byte. The tensor-core GEMV (gemv.py) runs it
 as 786 column-block programs in 1.5 waves, each one loading x, taking the row's statistics and
-max-ing its argmax key into the row's word; here a few programs per SM loop over column blocks:
-- a program owns BLOCK_N columns at a time over the whole of K (out-major weights: each
-  column's K weights contiguous, as nn.Linear stores them) and requests its next block before
-  it reduces the current one, so every program keeps two blocks in flight;
+max-ing its argmax key into the row's word; here many small programs per SM loop over column
+blocks:
+- a program is one warp that owns BLOCK_N columns at a time over the whole of K (out-major
+  weights: each column's K weights contiguous, as nn.Linear stores them) and requests its next
+  block before it reduces the current one, so every program keeps two blocks in flight. One
+  warp holds a column's whole K, so every reduction stays in the warp: no barrier after the
+  wait, where 4-warp programs took 10 (their sums over K crossed the warps);
 - x and its layernorm statistics are loaded once per program, after the programmatic-
   dependent-launch wait; the first block is requested before it;
 - the argmax runs in registers over all of a program's blocks (per lane the first maximum,
   lanes then reduced to the lowest column among equal maxima), and each program max-es one key
-  (argmax_key.py) into the row's word: 528 atomics instead of 786.
+  (argmax_key.py) into the row's word.
 Products and sums are fp32 on CUDA cores, as in gemv_fma.py: the row's logits differ from the
 tensor-core path's (a row inside a batch) only in the last bits.
 """
@@ -29,11 +32,11 @@ from .gemv_fma import VOCAB_N, _row_dot
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
 ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
-BLOCK_N = 8  # columns per block
+BLOCK_N = 2  # columns per block
+NUM_WARPS = 1
+PROGRAMS_PER_SM = 24  # 80 registers a thread (Triton 3.6): 24 one-warp programs fit an SM's 64K
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
-PROGRAMS_PER_SM = 4
 MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
-NUM_WARPS = 4
 
 
 def forced_layout(text):
@@ -55,11 +58,15 @@ FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_VOCAB_LAYOUT"))
 def vocab_config(M, N, K, stride_wk, *, sms):
     """Launch parameters of the persistent CUDA-core head for M rows of a (K -> N) layer, or None
     where the tensor-core GEMV runs it: more than one row, narrower than a vocabulary, weights
-    not out-major, or K past MAX_K. Chosen on an H100 (bench/results/h100/vocab-head.md): gpt2's
-    head alone 30.5 -> 27.9 us (its floor at the copy bandwidth 25.9), from a sweep of 8 or 16
-    columns, 4 or 8 warps, 2 to 8 programs an SM, and the next block in registers or Triton's
-    shared-memory pipeline (3 stages: 29.5 us at best). End to end gpt2 batch 1 gained 1.9%
-    (5,980 -> 6,095 tok/s); gpt2-medium's head (K = 1024) lost 0.7%, hence MAX_K."""
+    not out-major, or K past MAX_K. First chosen on an H100 (bench/results/h100/vocab-head.md):
+    8 columns in 4 warps, 4 programs an SM, from a sweep of 8 or 16 columns, 4 or 8 warps, 2 to
+    8 programs an SM (gpt2's head alone 30.5 -> 27.9 us; end to end +1.9%); gpt2-medium's head
+    (K = 1024) lost 0.7%, hence MAX_K. One-warp programs were not in that sweep. H200, gpt2
+    batch 1, alternated twice, the same ids (bench/results/h200/session-77/): 2 columns, 24 an
+    SM 7,891 / 7,877 -> 8,091 / 8,089 tok/s (+2.6%), and 7,908 / 7,867 -> 8,097 / 8,044 (+2.3%)
+    in a second call, sampled +2.8%; 2 columns 16 an SM +1.9%, 20 +1.5%; 1 column 24 an SM
+    +1.5%, 32 +0.7%; 4 columns 8 an SM +0.3%. Alone (L2 flushed) the head took 22.9 against
+    25.1 us. MINILLM_VOCAB_LAYOUT=BLOCK_NxWARPSxPROGRAMS takes another layout (A/B timing)."""
     if not ENABLED or M != 1 or N < VOCAB_N or stride_wk != 1 or K > MAX_K:
         return None
     block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N, NUM_WARPS, PROGRAMS_PER_SM)

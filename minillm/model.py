@@ -11,8 +11,6 @@ import kernels
 import kernels.reference
 from kernels.reference import fold_layernorm
 
-from . import l2_plan
-
 BACKENDS = {"triton": kernels, "torch": kernels.reference}
 
 
@@ -136,6 +134,11 @@ def folded(weight, bias, ln_weight, ln_bias):
     return out_major(w), b, colsum
 
 
+# the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
+# first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
+L2_LM_HEAD_BYTES = 4 << 20
+
+
 class Block:
     """One transformer layer's weights; Conv1D weights (in, out), stored out-major. ln_1 and
     ln_2 live folded into the linears after them (qkv and fc)."""
@@ -181,9 +184,8 @@ class GPT:
         return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
 
     # early: the roles (early_roles) that let the next kernel launch at their start
-    def _attention_in(self, blk, x, stats, early=frozenset(), l2_ahead=()):
-        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early,
-                               l2_ahead=l2_ahead)  # qkv = ln_1(x) @ W + b
+    def _attention_in(self, blk, x, stats, early=frozenset()):
+        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early)  # qkv = ln_1(x) @ W + b
 
     def _attention_out(self, blk, y, x, stats_out):  # prefill: x += proj(y)
         # x was last written before qkv, and attention (no dependent launch) lies between
@@ -250,12 +252,9 @@ class GPT:
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
-        # and kernels of the last layers for the lm_head's first columns (l2_plan)
-        shares = l2_plan.head_shares(self.lm_head[0], len(self.blocks)) if cuda_core else {}
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
         for i, blk in enumerate(self.blocks):
-            qkv_ahead = self._l2_ahead(shares, "qkv", i)
-            qkv = self._attention_in(blk, x, st_a, early, l2_ahead=qkv_ahead).view(B, 3, H, D)
+            qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
             # x += attention(q) @ W + b, one launch at few rows and a short cache. It reads the
@@ -268,18 +267,14 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_ahead=self._l2_ahead(shares, "attn", i, blk.fc[0], blk.mlp_proj[0])
-                                          if cuda_core else ())
-            x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=self._l2_ahead(shares, "mlp-out", i, *self._next_qkv(i)) if cuda_core else ())
+                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
+            x = self._mlp(blk, x, st_attn, st_a, early, l2_ahead=(self._next_weight(i),) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
-    def _next_qkv(self, i):
-        """The next layer's qkv weights, which layer i's mlp-out asks L2 for (one row of gpt2's
-        size); none after the last layer."""
-        return (self.blocks[i + 1].attn[0],) if i + 1 < len(self.blocks) else ()
-
-    @staticmethod
-    def _l2_ahead(shares, role, i, *weights):
-        """What layer i's `role` kernel asks L2 for: `weights`, then its share of the lm_head."""
-        return weights + ((shares[(role, i)],) if (role, i) in shares else ())
+    def _next_weight(self, i):
+        """What layer i's mlp-out asks L2 for (one row of gpt2's size): the next layer's qkv
+        weights, or after the last layer the lm_head's first columns."""
+        if i + 1 < len(self.blocks):
+            return self.blocks[i + 1].attn[0]
+        w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
+        return w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))]

@@ -120,20 +120,21 @@ def test_fma_early_f32_roles(monkeypatch):
 
 def test_fma_l2_ahead_changes_no_bit(device):
     """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
-    is not a multiple of 16 bytes; a later slice of columns of an out-major head) leaves the
-    result and those tensors as they are. On the GPU the requests run (unless
-    MINILLM_L2_AHEAD=0); the interpreter has none."""
+    is not a multiple of 16 bytes; a slice that starts off a 16-byte boundary) leaves the result
+    and those tensors as they are. On the GPU the requests run (unless MINILLM_L2_AHEAD=0); the
+    interpreter has none."""
     K, N = 300, 1200
     x = randn(1, K, dtype=torch.float16, device=device, scale=2.0) + 0.5
     w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
     later = _out_major(randn(N, K, dtype=torch.float16, device=device))
     odd = randn(1001, dtype=torch.float16, device=device)
+    # columns of an out-major head from one whose 600-byte columns put its start off 16 bytes
     head = _out_major(randn(K, 3 * N, dtype=torch.float16, device=device))[:, N + 5:2 * N]
     keep = later.clone(), odd.clone(), head.clone()
     plain = kernels.linear(x, w, activation="gelu_tanh", out=poisoned((1, N), torch.float16, device))
-    ahead = kernels.linear(x, w, activation="gelu_tanh", l2_ahead=(later, odd, head),
-                           out=poisoned((1, N), torch.float16, device))
-    assert torch.equal(plain, ahead)
+    for ahead in ((later, odd), (head,)):
+        assert torch.equal(plain, kernels.linear(x, w, activation="gelu_tanh", l2_ahead=ahead,
+                                                 out=poisoned((1, N), torch.float16, device)))
     assert all(torch.equal(t, k) for t, k in zip((later, odd, head), keep))
     with pytest.raises(ValueError, match=r"l2_ahead\[0\]: expected a dense tensor"):
         kernels.linear(x, w, l2_ahead=(later[::2],))

@@ -26,7 +26,7 @@ def test_ranges_start_and_end_on_16_bytes_inside_the_tensor(start, cols, device)
 
 def test_ranges_refuse_what_they_cannot_cover(device):
     w = torch.randn(8, 16, device=device)
-    with pytest.raises(ValueError, match=r"^l2_ahead: expected at most 3 tensors, got 4$"):
-        l2_ranges("l2_ahead", (w,) * 4, w.device)
+    with pytest.raises(ValueError, match=rf"^l2_ahead: expected at most {MAX_RANGES} tensors, got "):
+        l2_ranges("l2_ahead", (w,) * (MAX_RANGES + 1), w.device)
     with pytest.raises(ValueError, match=r"^l2_ahead\[1\]: expected a dense tensor"):
         l2_ranges("l2_ahead", (w, w[:, ::2]), w.device)

@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 
-import minillm.l2_plan
 import minillm.model
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
@@ -198,21 +197,16 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
         roles_from_env("fc,gelu")
 
 
-def test_l2_requests_of_the_decode_step(path):
-    """At one row of gpt2's size layer i's mlp-out asks L2 for the next layer's qkv weights; the
-    default plan gives the last mlp-out the lm_head's first 4 MB (all of a small head), the
-    shares in the head's byte order, dense (l2_ahead's requirement)."""
+def test_mlp_out_asks_l2_for_the_next_weights(path):
+    """At one row of gpt2's size layer i's mlp-out asks L2 for the next layer's qkv weights, and
+    the last layer's for the lm_head's first columns: their first bytes, as many as
+    L2_LM_HEAD_BYTES allows, dense (l2_ahead's requirement)."""
     model = LLM(path, dtype="float32", cuda_graphs=False).engine.model
     n = len(model.blocks)
     for i in range(n - 1):
-        assert model._next_qkv(i) == (model.blocks[i + 1].attn[0],)
-    assert model._next_qkv(n - 1) == ()
+        assert model._next_weight(i) is model.blocks[i + 1].attn[0]
+    head = model._next_weight(n - 1)
     w = model.lm_head[0]  # (C, V), out-major
-    shares = minillm.l2_plan.head_shares(w, n)
-    assert set(shares) == {("mlp-out", n - 1)}
-    cols = min(w.shape[1], (4 << 20) // (w.shape[0] * w.element_size()))
-    head = shares[("mlp-out", n - 1)]
+    cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
-    assert model._l2_ahead(shares, "mlp-out", n - 1) == (head,)
-    assert model._l2_ahead(shares, "attn", 0, w) == (w,)
