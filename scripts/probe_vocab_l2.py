@@ -35,9 +35,9 @@ def main():
     ap.add_argument("--reps", type=int, default=50, help="samples per variant (default 50)")
     ap.add_argument("--out", required=True, help="folder for probe-vocab-l2-<gpu>.json")
     args = ap.parse_args()
-    require_cuda("probe_vocab_l2.py")
     if args.vocab < 16384 or args.embd < 1 or args.reps < 3 or any(mb < 0 for mb in args.warm_mb):
         ap.error("--vocab >= 16384 (a vocabulary head), --embd >= 1, --reps >= 3, --warm-mb >= 0 expected")
+    require_cuda("probe_vocab_l2.py")
     dev = torch.device("cuda")
     C, V = args.embd, args.vocab
     gen = torch.Generator(device=dev).manual_seed(0)
