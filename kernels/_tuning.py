@@ -37,6 +37,23 @@ def mask_switch(name, text, meaning):
     return int(text)
 
 
+def layout_switch(name, text, fields, example, pow2=3):
+    """A layout switch's values (A/B timing): `fields` positive integers joined by x (`fields`
+    names them, such as "BLOCK_NxWARPSxPROGRAMS"; `example` is one), the first `pow2` of them
+    powers of two, or None where unset or empty. One ValueError naming the variable for
+    anything else."""
+    if not text:
+        return None
+    parts = text.split("x")
+    values = tuple(int(p) for p in parts if p.isdigit())
+    n = len(fields.split("x"))
+    if len(parts) != n or len(values) != n or min(values) < 1 or any(v & (v - 1) for v in values[:pow2]):
+        what = "powers of two" if pow2 >= n else f"the first {pow2} powers of two"
+        raise ValueError(f"{name}: expected {fields}, {n} positive integers ({what}) such as {example}, "
+                         f"got {text!r}")
+    return values
+
+
 AUTOTUNE = os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
 # Triton's CPU interpreter runs every program in Python: kernels give it one small config
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

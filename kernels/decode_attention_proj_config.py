@@ -4,7 +4,7 @@ import os
 
 import triton
 
-from ._tuning import mask_switch
+from ._tuning import layout_switch, mask_switch
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_HEADS_AT_TWO_ROWS = 16  # fused_layout: gpt2-large's and gpt2-xl's two rows run the two kernels
@@ -28,14 +28,7 @@ WIDE_BLOCK_N = {1280: 512}
 def forced_layout(text):
     """MINILLM_FUSED_LAYOUT's (BLOCK_N, BLOCK_L, num_warps), e.g. "512x256x8", or None where unset:
     the layout of every fused launch (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    parts = text.split("x")
-    values = tuple(int(p) for p in parts if p.isdigit())
-    if len(parts) != 3 or len(values) != 3 or any(v < 1 or v & (v - 1) for v in values):
-        raise ValueError(f"MINILLM_FUSED_LAYOUT: expected BLOCK_NxBLOCK_LxWARPS, three powers of two such as "
-                         f"512x256x8, got {text!r}")
-    return values
+    return layout_switch("MINILLM_FUSED_LAYOUT", text, "BLOCK_NxBLOCK_LxWARPS", "512x256x8")
 
 
 FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_FUSED_LAYOUT"))

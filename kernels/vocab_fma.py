@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import INTERPRET, launch, use_pdl
+from ._tuning import INTERPRET, launch, layout_switch, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
@@ -42,14 +42,7 @@ MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab
 def forced_layout(text):
     """MINILLM_VOCAB_LAYOUT's (BLOCK_N, num_warps, programs an SM), e.g. "2x1x16", or None where
     unset (A/B timing). One ValueError for anything else."""
-    if not text:
-        return None
-    parts = text.split("x")
-    values = tuple(int(p) for p in parts if p.isdigit())
-    if len(parts) != 3 or len(values) != 3 or any(v < 1 for v in values) or any(v & (v - 1) for v in values[:2]):
-        raise ValueError(f"MINILLM_VOCAB_LAYOUT: expected BLOCK_NxWARPSxPROGRAMS (the first two powers of two), "
-                         f"such as 8x4x4, got {text!r}")
-    return values
+    return layout_switch("MINILLM_VOCAB_LAYOUT", text, "BLOCK_NxWARPSxPROGRAMS", "8x4x4", pow2=2)
 
 
 FORCED_LAYOUT = forced_layout(os.environ.get("MINILLM_VOCAB_LAYOUT"))

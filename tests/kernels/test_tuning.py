@@ -143,3 +143,18 @@ def test_mask_switch():
     for bad in ("8", "-1", "qkv", "3.0"):
         with pytest.raises(ValueError, match=r"MINILLM_X: expected 0 to 7 \(1 a \+ 2 b\), got"):
             _tuning.mask_switch("MINILLM_X", bad, "1 a + 2 b")
+
+
+def test_layout_switch():
+    """The layout switches (MINILLM_FUSED_LAYOUT, MINILLM_VOCAB_LAYOUT): unset or empty is None,
+    positive integers joined by x, the first `pow2` powers of two; anything else one error that
+    names the variable, the fields and an example."""
+    switch = _tuning.layout_switch
+    assert switch("MINILLM_X", None, "AxBxC", "2x2x3") is None and switch("MINILLM_X", "", "AxBxC", "2x2x3") is None
+    assert switch("MINILLM_X", "2x1x24", "AxBxC", "2x2x3", pow2=2) == (2, 1, 24)
+    assert switch("MINILLM_X", "512x256x8", "AxBxC", "2x2x3") == (512, 256, 8)
+    for bad, pow2 in (("2x1x24", 3), ("3x1x16", 2), ("2x1", 2), ("2x1x0", 2), ("2x-1x4", 2), ("ax1x4", 2),
+                      ("2x1x4x1", 2), ("2,1,4", 2)):
+        with pytest.raises(ValueError, match=r"^MINILLM_X: expected AxBxC, 3 positive integers \(.*powers of two\) "
+                                             r"such as 2x2x3, got"):
+            switch("MINILLM_X", bad, "AxBxC", "2x2x3", pow2=pow2)
