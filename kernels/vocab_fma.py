@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import INTERPRET, launch, layout_switch, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
@@ -64,7 +64,7 @@ def vocab_config(M, N, K, stride_wk, *, sms):
         return None
     block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N, NUM_WARPS, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
-    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps,
+    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
@@ -137,20 +137,39 @@ def _vocab_fma_kernel(
         tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
 
 
+def resident_per_sm(regs, warps, per_sm):
+    """How many programs of `warps` warps and `regs` registers a thread an SM holds at once, at
+    most per_sm: 64K registers, allocated per warp in units of 8 a thread, and at most 32
+    programs (every GPU since Volta). The programs loop over the blocks, so any count is
+    correct; more than fit would leave the last ones a second, thin wave."""
+    regs = -(-regs // 8) * 8
+    return max(1, min(per_sm, 32, 65536 // (regs * 32 * warps)))
+
+
+_RESIDENT = {}  # (device, the launch's constexprs and dtypes) -> resident_per_sm of its compiled kernel
+
+
 def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
     """Launch for the row x2 (1, K) already checked by `linear`, with vocab_config's `config`;
-    writes y2 (1, N) and max-es the row's argmax key into argmax_keys (1,) if given."""
+    writes y2 (1, N) and max-es the row's argmax key into argmax_keys (1,) if given. On a GPU
+    the programs are cut to those that fit the SMs at once by the compiled kernel's registers
+    (Triton 3.6 takes 80 a thread for the default layout, 3.9 takes 95: 21 an SM, not 24)."""
     K, N = weight.shape
     meta = dict(config)
-    programs = meta.pop("programs")
+    programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
     pdl = use_pdl(x2.device)
-    launch(
-        _vocab_fma_kernel, (programs,), x2, weight, bias if bias is not None else y2, y2,
-        ln_fold if ln_fold is not None else y2,
-        argmax_keys if argmax_keys is not None else y2,
-        N, ln_eps, x2.stride(1), weight.stride(1),
-        K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None, USE_PDL=pdl,
-        num_stages=1, launch_pdl=pdl, **meta,
-    )
+    args = (x2, weight, bias if bias is not None else y2, y2, ln_fold if ln_fold is not None else y2,
+            argmax_keys if argmax_keys is not None else y2, N, ln_eps, x2.stride(1), weight.stride(1))
+    meta.update(K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None,
+                USE_PDL=pdl, num_stages=1, launch_pdl=pdl)
+    if x2.device.type == "cuda" and hasattr(_vocab_fma_kernel, "warmup"):  # (not trace_decode's stand-in)
+        # what picks the compiled kernel: the constexprs, the dtypes, the ints Triton specializes
+        key = (x2.device, x2.dtype, weight.dtype, y2.dtype, N % 16, x2.stride(1), weight.stride(1) % 16,
+               *sorted(meta.items()))
+        if key not in _RESIDENT:
+            compiled = _vocab_fma_kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
+            _ = compiled.run  # loads the module, which sets n_regs
+            _RESIDENT[key] = resident_per_sm(compiled.n_regs, meta["num_warps"], per_sm)
+        programs = min(programs, sm_count(x2.device) * _RESIDENT[key])
+    launch(_vocab_fma_kernel, (programs,), *args, **meta)
     return y2
-

@@ -63,6 +63,29 @@ def test_vocab_head_forced_layouts(layout, device, monkeypatch):
     assert argmax_key.argmax_index(keys).item() == y[0].argmax().item() == 7
 
 
+def test_resident_per_sm():
+    """Programs an SM holds at once: 64K registers in units of 8 a thread per warp, at most 32,
+    never more than asked for, at least one."""
+    fit = vocab_fma.resident_per_sm
+    assert fit(80, 1, 24) == 24 and fit(95, 1, 24) == 21 and fit(124, 4, 4) == 4 and fit(128, 4, 8) == 4
+    assert fit(16, 1, 64) == 32 and fit(255, 8, 4) == 1 and fit(81, 1, 24) == 23
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
+def test_vocab_head_programs_fit_the_sms(device, monkeypatch):
+    """On a GPU the head launches no more programs than the SMs hold at once by its compiled
+    registers, and the logits and argmax hold."""
+    monkeypatch.setattr(vocab_fma, "_RESIDENT", {})
+    K = 100
+    x, wf, bf, colsum, g, be, w, b = _head(K, N_ODD, torch.float16, device)
+    keys, y = _keys(device), poisoned((1, N_ODD), torch.float16, device)
+    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys, out=y)
+    (fit,) = vocab_fma._RESIDENT.values()
+    assert 1 <= fit <= vocab_fma.PROGRAMS_PER_SM
+    assert_rel_close(y, ln_linear_ref(x, w, b, g, be), torch.float16, "fitted vocab head")
+    assert argmax_key.argmax_index(keys).item() == y[0].argmax().item()
+
+
 def test_vocab_forced_layout_parse():
     assert vocab_fma.forced_layout(None) is None and vocab_fma.forced_layout("") is None
     assert vocab_fma.forced_layout("2x1x16") == (2, 1, 16)
