@@ -49,7 +49,6 @@ FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
 
-
 def layout(K):
     """The launch layout for a K-wide layer: one row and BLOCK_N columns per program, all of K
     in one tile (benchmarks and tests force it where fma_config would not route). Up to 1024

@@ -201,16 +201,20 @@ def package_kernels():
             if isinstance(obj, JITFunction) and obj.__name__.endswith("_kernel")}
 
 
+def run_cuobjdump(cuobjdump, cubin, option, check=False):
+    """cuobjdump's output for a cubin (bytes), with one option such as -sass."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([cuobjdump, option, f.name], capture_output=True, text=True, check=check).stdout
+
+
 def cubin_usage(kernel, cuobjdump):
     """(registers, local memory bytes a thread: spills and stack) from the cubin; (None, None)
     without cuobjdump."""
     if cuobjdump is None:
         return None, None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=False).stdout
+    out = run_cuobjdump(cuobjdump, kernel.asm["cubin"], "--dump-resource-usage")
     fields = dict(kv.split(":", 1) for line in out.splitlines() if "REG:" in line for kv in line.split())
     return int(fields.get("REG", 0)), int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0))
 

@@ -13,9 +13,7 @@ branches included: a way to compare two variants, not a cycle count.
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,17 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from check_compile import cubin_usage, drive_model, find_cuobjdump, install_compile_only  # noqa: E402
+from check_compile import (cubin_usage, drive_model, find_cuobjdump, install_compile_only,  # noqa: E402
+                           run_cuobjdump)
 
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 WAIT = "ACQBULK"  # griddepcontrol.wait in SASS
-
-
-def sass_text(cubin, cuobjdump):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def opcodes(sass):
@@ -92,7 +84,7 @@ def main():
     for (name, digest), (kernel, _, _, blocks, _) in sorted(log.items()):
         if args.kernel not in name:
             continue
-        sass = sass_text(kernel.asm["cubin"], cuobjdump)
+        sass = run_cuobjdump(cuobjdump, kernel.asm["cubin"], "-sass", check=True)
         stem = f"{name.strip('_')}-{digest[:8]}"
         (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
         (out / f"{stem}.sass").write_text(sass)
