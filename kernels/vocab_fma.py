@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, env_int, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
@@ -35,6 +35,10 @@ ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
 BLOCK_N = 2  # columns per block
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 24  # 80 registers a thread (Triton 3.6): 24 one-warp programs fit an SM's 64K
+# blocks a program requests beyond the one it reduces (experiment: MINILLM_VOCAB_AHEAD=2)
+AHEAD = env_int("MINILLM_VOCAB_AHEAD", 1)
+if AHEAD not in (1, 2):
+    raise ValueError(f"MINILLM_VOCAB_AHEAD: expected 1 or 2, got {AHEAD}")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
 
@@ -64,7 +68,7 @@ def vocab_config(M, N, K, stride_wk, *, sms):
         return None
     block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N, NUM_WARPS, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
-    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps, per_sm=per_sm,
+    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), AHEAD=AHEAD, num_warps=warps, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
@@ -90,7 +94,7 @@ def _vocab_fma_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
     N, ln_eps, stride_xk, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -101,6 +105,9 @@ def _vocab_fma_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     w = tl.load(w_rows + rn[:, None] * stride_wn, mask=(rn < N)[:, None] & k_mask[None, :], other=0.0)
+    if AHEAD == 2:
+        rn1 = rn + step
+        w1 = tl.load(w_rows + rn1[:, None] * stride_wn, mask=(rn1 < N)[:, None] & k_mask[None, :], other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
@@ -115,7 +122,7 @@ def _vocab_fma_kernel(
     for n0 in range(pid * BLOCK_N, N, step):
         rn = n0 + cols
         n_mask = rn < N
-        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        rn_next = rn + AHEAD * step  # requested before this block is reduced: AHEAD + 1 blocks in flight
         w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
                          other=0.0)
         y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD)
@@ -124,7 +131,10 @@ def _vocab_fma_kernel(
             better = v > best  # NaN never wins: a NaN row is told by its input (below)
             best = tl.where(better, v, best)
             best_col = tl.where(better, rn, best_col)
-        w = w_next
+        if AHEAD == 2:
+            w, w1 = w1, w_next
+        else:
+            w = w_next
     if ARGMAX:
         vmax = tl.max(best, axis=0)
         col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties

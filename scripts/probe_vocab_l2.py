@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--embd", type=int, default=768, help="K (default gpt2's 768)")
     ap.add_argument("--warm-mb", type=float, nargs="*", default=[0, 8, 16, 32, 48],
                     help="MB of the head's first columns read into L2 before it (default 0 8 16 32 48)")
+    ap.add_argument("--no-argmax", action="store_true",
+                    help="time each warm-up also without the greedy argmax keys (their one atomic a program)")
     ap.add_argument("--reps", type=int, default=50, help="samples per variant (default 50)")
     ap.add_argument("--out", required=True, help="folder for probe-vocab-l2-<gpu>.json")
     args = ap.parse_args()
@@ -49,39 +51,41 @@ def main():
     flush = torch.empty(512 << 20, device=dev, dtype=torch.uint8)
     col_bytes = C * 2
 
-    def head():
-        kernels.linear(x, w, None, ln_fold=colsum, ln_eps=1e-5, argmax_keys=keys, out=y)
+    def head(argmax=True):
+        kernels.linear(x, w, None, ln_fold=colsum, ln_eps=1e-5, argmax_keys=keys if argmax else None, out=y)
 
     def warm(mb):
         cols = min(V, int(mb * (1 << 20)) // col_bytes)
         return w[:, :cols].sum() if cols else None
 
+    variants = [(mb, argmax) for mb in args.warm_mb for argmax in ((True, False) if args.no_argmax else (True,))]
     for _ in range(3):
         head()
+        head(False)
     torch.cuda.synchronize()
-    times = {mb: [] for mb in args.warm_mb}
+    times = {v: [] for v in variants}
     for _ in range(args.reps):
-        for mb in args.warm_mb:
+        for mb, argmax in variants:
             flush.sum()  # read 512 MB: nothing of the head stays in L2
             warm(mb)
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            head()
+            head(argmax)
             e1.record()
-            times[mb].append((e0, e1))
+            times[mb, argmax].append((e0, e1))
     torch.cuda.synchronize()
     head_mb = V * col_bytes / 2 ** 20
     bw = copy_bandwidth() * 1e9  # bytes/s (read plus written)
     rows = []
     print(f"head {C} x {V} fp16 ({head_mb:.1f} MB), copy bandwidth {bw / 1e12:.2f} TB/s "
           f"(the head's bytes: {V * col_bytes / bw * 1e6:.1f} us)")
-    for mb, evs in times.items():
+    for (mb, argmax), evs in times.items():
         us = statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in evs)
         cold = min(V * col_bytes, mb * (1 << 20))
-        rows.append(dict(warm_mb=mb, median_us=round(us, 2),
+        rows.append(dict(warm_mb=mb, argmax=argmax, median_us=round(us, 2),
                          dram_bound_us=round((V * col_bytes - cold) / bw * 1e6, 2)))
-        print(f"warm {mb:5.1f} MB: {us:6.2f} us (the bytes left cold at the copy bandwidth: "
-              f"{rows[-1]['dram_bound_us']:.2f} us)")
+        print(f"warm {mb:5.1f} MB{'' if argmax else ', no argmax'}: {us:6.2f} us (the bytes left cold at the "
+              f"copy bandwidth: {rows[-1]['dram_bound_us']:.2f} us)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"probe-vocab-l2-{device_slug()}.json"

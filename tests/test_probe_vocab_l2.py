@@ -28,12 +28,13 @@ def test_refuses_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(not ON_GPU, reason="times a kernel: GPU only")
 def test_short_run_writes_its_rows(tmp_path):
-    done = _run("--warm-mb", "0", "4", "--reps", "3", "--out", str(tmp_path))
+    done = _run("--warm-mb", "0", "4", "--no-argmax", "--reps", "3", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("probe-vocab-l2-*.json")
     rows = json.loads(path.read_text())["rows"]
-    assert [r["warm_mb"] for r in rows] == [0, 4] and all(r["median_us"] > 0 for r in rows)
-    assert rows[1]["dram_bound_us"] < rows[0]["dram_bound_us"]
+    assert [(r["warm_mb"], r["argmax"]) for r in rows] == [(0, True), (0, False), (4, True), (4, False)]
+    assert all(r["median_us"] > 0 for r in rows)
+    assert rows[2]["dram_bound_us"] < rows[0]["dram_bound_us"]
 
 
 def test_refuses_bad_arguments(tmp_path):
