@@ -40,7 +40,7 @@ AHEAD = env_int("MINILLM_VOCAB_AHEAD", 1)
 if AHEAD not in (1, 2):
     raise ValueError(f"MINILLM_VOCAB_AHEAD: expected 1 or 2, got {AHEAD}")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
-MAX_K = 1023  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
+MAX_K = env_int("MINILLM_VOCAB_MAX_K", 1023)  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
 
 
 def forced_layout(text):
