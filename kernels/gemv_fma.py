@@ -45,9 +45,6 @@ VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_co
 # second call 7,833 / 7,899 -> 7,933 / 7,938 (+0.9%); fc +0.3%, qkv -2.5%, fc and mlp-out together
 # -5.6%, all three -3.7%. MINILLM_FMA_EARLY_F32=mask takes another mask (A/B timing)
 EARLY_F32_ROLES = 4
-# columns per program by role (experiment): MINILLM_FMA_COLUMNS="qkv=2,fc=2,out=4"; out is mlp-out
-# and attn-out
-FORCED_COLUMNS = dict(kv.split("=") for kv in os.environ.get("MINILLM_FMA_COLUMNS", "").split("+") if kv)
 FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_FMA_EARLY_F32"),
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
@@ -180,9 +177,6 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     N = weight.shape[1]
     meta = dict(config)
     early = meta.pop("EARLY_F32", None)
-    role = "out" if N <= K else ("fc" if activation else "qkv")
-    if role in FORCED_COLUMNS and not INTERPRET:
-        meta["BLOCK_N"] = int(FORCED_COLUMNS[role])
     if meta.pop("ROWS") != 1:
         raise ValueError(f"_config: the CUDA-core layout runs one row per program, got ROWS={config['ROWS']}")
     grid = (M * triton.cdiv(N, meta["BLOCK_N"]),)

@@ -26,21 +26,17 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, env_int, launch, layout_switch, sm_count, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
 ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
-BLOCK_N = 2  # columns per block
+BLOCK_N = 2  # columns per block below K = 1024; from there 1 (see vocab_config)
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 24  # 80 registers a thread (Triton 3.6): 24 one-warp programs fit an SM's 64K
-# blocks a program requests beyond the one it reduces (experiment: MINILLM_VOCAB_AHEAD=2)
-AHEAD = env_int("MINILLM_VOCAB_AHEAD", 1)
-if AHEAD not in (1, 2):
-    raise ValueError(f"MINILLM_VOCAB_AHEAD: expected 1 or 2, got {AHEAD}")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
-MAX_K = env_int("MINILLM_VOCAB_MAX_K", 1023)  # gpt2's 768 gained end to end; gpt2-medium's 1024 lost (see vocab_config)
+MAX_K = 1024  # gpt2's 768 and gpt2-medium's 1024 gained end to end; gpt2-large's 1280 lost (see vocab_config)
 
 
 def forced_layout(text):
@@ -58,17 +54,20 @@ def vocab_config(M, N, K, stride_wk, *, sms):
     not out-major, or K past MAX_K. First chosen on an H100 (bench/results/h100/vocab-head.md):
     8 columns in 4 warps, 4 programs an SM, from a sweep of 8 or 16 columns, 4 or 8 warps, 2 to
     8 programs an SM (gpt2's head alone 30.5 -> 27.9 us; end to end +1.9%); gpt2-medium's head
-    (K = 1024) lost 0.7%, hence MAX_K. One-warp programs were not in that sweep. H200, gpt2
-    batch 1, alternated twice, the same ids (bench/results/h200/session-77/): 2 columns, 24 an
-    SM 7,891 / 7,877 -> 8,091 / 8,089 tok/s (+2.6%), and 7,908 / 7,867 -> 8,097 / 8,044 (+2.3%)
-    in a second call, sampled +2.8%; 2 columns 16 an SM +1.9%, 20 +1.5%; 1 column 24 an SM
-    +1.5%, 32 +0.7%; 4 columns 8 an SM +0.3%. Alone (L2 flushed) the head took 22.9 against
-    25.1 us. MINILLM_VOCAB_LAYOUT=BLOCK_NxWARPSxPROGRAMS takes another layout (A/B timing)."""
+    (K = 1024) lost 0.7% there. One-warp programs were not in that sweep. H200, gpt2 batch 1,
+    alternated twice, the same ids (bench/results/h200/session-77/): 2 columns, 24 an SM 7,891 /
+    7,877 -> 8,091 / 8,089 tok/s (+2.6%), and 7,908 / 7,867 -> 8,097 / 8,044 (+2.3%) in a second
+    call, sampled +2.8%; 2 columns 16 an SM +1.9%, 20 +1.5%; 1 column 24 an SM +1.5%, 32 +0.7%;
+    4 columns 8 an SM +0.3%. Alone (L2 flushed) the head took 22.9 against 25.1 us. Past K =
+    1023, H200, alternated twice, the same ids (bench/results/h200/session-78/): gpt2-medium
+    batch 1 2,261 / 2,268 -> 2,280 / 2,284 tok/s (+0.8%) with 1 column at 24 an SM (Triton 3.6:
+    75 registers), even with 2 (103 registers: 19 an SM); gpt2-large (K = 1280) -0.3% and -1.1%,
+    hence MAX_K. MINILLM_VOCAB_LAYOUT=BLOCK_NxWARPSxPROGRAMS takes another layout (A/B timing)."""
     if not ENABLED or M != 1 or N < VOCAB_N or stride_wk != 1 or K > MAX_K:
         return None
-    block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N, NUM_WARPS, PROGRAMS_PER_SM)
+    block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N if K < 1024 else 1, NUM_WARPS, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
-    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), AHEAD=AHEAD, num_warps=warps, per_sm=per_sm,
+    return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
@@ -94,7 +93,7 @@ def _vocab_fma_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
     N, ln_eps, stride_xk, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -105,9 +104,6 @@ def _vocab_fma_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     w = tl.load(w_rows + rn[:, None] * stride_wn, mask=(rn < N)[:, None] & k_mask[None, :], other=0.0)
-    if AHEAD == 2:
-        rn1 = rn + step
-        w1 = tl.load(w_rows + rn1[:, None] * stride_wn, mask=(rn1 < N)[:, None] & k_mask[None, :], other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
@@ -122,7 +118,7 @@ def _vocab_fma_kernel(
     for n0 in range(pid * BLOCK_N, N, step):
         rn = n0 + cols
         n_mask = rn < N
-        rn_next = rn + AHEAD * step  # requested before this block is reduced: AHEAD + 1 blocks in flight
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
         w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
                          other=0.0)
         y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD)
@@ -131,10 +127,7 @@ def _vocab_fma_kernel(
             better = v > best  # NaN never wins: a NaN row is told by its input (below)
             best = tl.where(better, v, best)
             best_col = tl.where(better, rn, best_col)
-        if AHEAD == 2:
-            w, w1 = w1, w_next
-        else:
-            w = w_next
+        w = w_next
     if ARGMAX:
         vmax = tl.max(best, axis=0)
         col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties

@@ -6,7 +6,7 @@ import torch
 
 import kernels
 from kernels import argmax_key, gemv, gemv_fma, vocab_fma
-from kernels._tuning import sm_count
+from kernels._tuning import INTERPRET, sm_count
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear_ref, poisoned, randn
 
@@ -136,7 +136,10 @@ def test_vocab_routing(device, monkeypatch):
     assert cfg(2, 50257, 768, 1, sms=sms) is None  # two rows
     assert cfg(1, 50257, 768, 768, sms=sms) is None  # in-major weights
     assert cfg(1, 3072, 768, 1, sms=sms) is None  # not a vocabulary
-    assert cfg(1, 50257, 1024, 1, sms=sms) is None  # K past MAX_K: gpt2-medium lost
+    medium = cfg(1, 50257, 1024, 1, sms=sms)  # gpt2-medium's lm_head: one column a block
+    assert medium is not None and cfg(1, 50257, 1280, 1, sms=sms) is None  # K past MAX_K: gpt2-large lost
+    if not (INTERPRET or vocab_fma.FORCED_LAYOUT):
+        assert (cfg(1, 50257, 768, 1, sms=sms)["BLOCK_N"], medium["BLOCK_N"]) == (vocab_fma.BLOCK_N, 1)
     calls = []
     real = vocab_fma.vocab_fma
     monkeypatch.setattr(gemv, "vocab_fma", lambda *a: calls.append(1) or real(*a))
@@ -153,11 +156,12 @@ def test_vocab_routing(device, monkeypatch):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="interpreter time: gpt2's head (50257 x 768) runs on the GPU only")
-def test_vocab_gpt2_head_same_token_as_in_a_batch(device):
-    """gpt2's lm_head: the row alone (here) and inside a batch of 2 (tensor cores) give logits
-    within fp16 rounding and the same token."""
-    x, wf, bf, colsum, g, be, w, b = _head(768, 50257, torch.float16, device)
-    x2 = torch.cat([x, randn(1, 768, dtype=torch.float16, device=device)])
+@pytest.mark.parametrize("K", [768, 1024])  # gpt2's and gpt2-medium's (one column a block)
+def test_vocab_gpt2_head_same_token_as_in_a_batch(K, device):
+    """gpt2's and gpt2-medium's lm_heads: the row alone (here) and inside a batch of 2 (tensor
+    cores) give logits within fp16 rounding and the same token."""
+    x, wf, bf, colsum, g, be, w, b = _head(K, 50257, torch.float16, device)
+    x2 = torch.cat([x, randn(1, K, dtype=torch.float16, device=device)])
     keys1, keys2 = _keys(device), torch.full((2,), argmax_key.EMPTY, dtype=torch.int64, device=device)
     alone = kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys1)
     batch = kernels.linear(x2, wf, bf, ln_fold=colsum, argmax_keys=keys2)
