@@ -32,7 +32,8 @@ from .gemv_fma import VOCAB_N, _row_dot
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
 ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
-BLOCK_N = 2  # columns per block below K = 1024; from there 1 (see vocab_config)
+BLOCK_N = 2  # columns per block below ONE_COLUMN_K
+ONE_COLUMN_K = 1024  # from this K 1 column a block: 2 would hold 103 registers (19 programs an SM)
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 24  # 80 registers a thread (Triton 3.6): 24 one-warp programs fit an SM's 64K
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
@@ -65,7 +66,7 @@ def vocab_config(M, N, K, stride_wk, *, sms):
     hence MAX_K. MINILLM_VOCAB_LAYOUT=BLOCK_NxWARPSxPROGRAMS takes another layout (A/B timing)."""
     if not ENABLED or M != 1 or N < VOCAB_N or stride_wk != 1 or K > MAX_K:
         return None
-    block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N if K < 1024 else 1, NUM_WARPS, PROGRAMS_PER_SM)
+    block_n, warps, per_sm = FORCED_LAYOUT or (BLOCK_N if K < ONE_COLUMN_K else 1, NUM_WARPS, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
     return dict(BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(K), num_warps=warps, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))

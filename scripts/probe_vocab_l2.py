@@ -6,7 +6,8 @@ the copy bandwidth; a head bound by its programs' own chains does not.
 Each sample: a 512 MB read (L2 flushed, clean: a flush that wrote would leave the head its dirty
 lines to write back), then the warm-up read of X MB, then the head between two
 CUDA events (the flush is long enough that the host has queued the rest before the GPU gets
-there). Medians over --reps samples, the variants interleaved.
+there). Medians over --reps samples, the variants interleaved. With --no-argmax each warm-up is
+timed also without the greedy argmax keys (one relaxed atomic a program, all on one word).
 
     python3 scripts/probe_vocab_l2.py --out bench/results/h200
 """

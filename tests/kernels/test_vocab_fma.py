@@ -155,7 +155,7 @@ def test_vocab_routing(device, monkeypatch):
     assert_rel_close(routed, kernels.linear(x, w.contiguous()), torch.float32, "routed against tensor cores")
 
 
-@pytest.mark.skipif(not ON_GPU, reason="interpreter time: gpt2's head (50257 x 768) runs on the GPU only")
+@pytest.mark.skipif(not ON_GPU, reason="interpreter time: gpt2's and gpt2-medium's heads run on the GPU only")
 @pytest.mark.parametrize("K", [768, 1024])  # gpt2's and gpt2-medium's (one column a block)
 def test_vocab_gpt2_head_same_token_as_in_a_batch(K, device):
     """gpt2's and gpt2-medium's lm_heads: the row alone (here) and inside a batch of 2 (tensor
