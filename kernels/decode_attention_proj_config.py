@@ -15,7 +15,8 @@ FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
 # 1 the keys, 2 the values, 4 W's. H200, alternated twice in one call, the same ids
 # (bench/results/h200/session-75/): gpt2 batch 2 9,240 / 9,254 -> 9,372 / 9,365 tok/s (+1.3%) with
 # the keys and values (+1.5% in a second call); with W's too -2.6%. Elsewhere they lost: gpt2-medium
-# batch 2 -1.0%, batch 1 gpt2 -1.2% (with W's -19.1%), gpt2-xl -1.4%, gpt2-medium and gpt2-large even
+# batch 2 -1.0%, batch 1 gpt2 -1.2% (with W's -19.1%; keys or values alone -1.6% each, session-78/),
+# gpt2-xl -1.4%, gpt2-medium and gpt2-large even
 EARLY_F32_AT_TWO_ROWS = {768: 3}
 # one row of these widths (n_embd) on wider column blocks where the whole tile has 256 positions
 # (fused_layout). H200, alternated twice in one call, the same ids (bench/results/h200/session-74/):
