@@ -71,7 +71,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         if M > BLOCK_M:
             return dict(BLOCK_N=64, BLOCK_K=64 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=64,
                         num_stages=3)
-        if K < 1024:  # (one row of out-major weights runs on CUDA cores instead: vocab_fma.py)
+        if K < 1024:  # (one row of out-major weights up to K = 1024 runs on CUDA cores instead: vocab_fma.py)
             return dict(BLOCK_N=64, BLOCK_K=128 // shrink, CHUNKS=1, SPLIT=False, num_warps=4, BLOCK_M=BLOCK_M,
                         num_stages=3)
         # gpt2-xl at one row: 56.7 -> 44.2 us on an H200 (bench/results/h200/lm-head-layouts.md)
