@@ -108,6 +108,15 @@ def sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+REGS_PER_SM = 65536  # the register file of an SM on every GPU since Volta
+
+
+def programs_by_registers(regs, warps, regs_per_sm=REGS_PER_SM):
+    """How many programs of `warps` warps and `regs` registers a thread an SM's register file
+    holds at once: registers are allocated per warp in units of 256 (8 a thread)."""
+    return regs_per_sm // (-(-regs // 8) * 8 * 32 * warps)
+
+
 # The fixed layouts (decode GEMV, first configs) were tuned on Hopper, up to 227 KB of shared
 # memory a block; an A100 has 163 KB, consumer cards 99 KB. There a layout falls back to fewer
 # software-pipelining stages: fewer loads in flight, the same K steps in the same order, so the

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, programs_by_registers, sm_count, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot
 
@@ -143,11 +143,10 @@ def _vocab_fma_kernel(
 
 def resident_per_sm(regs, warps, per_sm):
     """How many programs of `warps` warps and `regs` registers a thread an SM holds at once, at
-    most per_sm: 64K registers, allocated per warp in units of 8 a thread, and at most 32
+    most per_sm: as many as its registers hold (_tuning.programs_by_registers), and at most 32
     programs (every GPU since Volta). The programs loop over the blocks, so any count is
     correct; more than fit would leave the last ones a second, thin wave."""
-    regs = -(-regs // 8) * 8
-    return max(1, min(per_sm, 32, 65536 // (regs * 32 * warps)))
+    return max(1, min(per_sm, 32, programs_by_registers(regs, warps)))
 
 
 _RESIDENT = {}  # (device, the launch's constexprs and dtypes) -> resident_per_sm of its compiled kernel

@@ -43,6 +43,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels._tuning import programs_by_registers  # noqa: E402
 from kernels.decode_attention import LOG2E, _attend_rows  # noqa: E402
 from minillm.bench import floor_seconds  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda  # noqa: E402
@@ -258,8 +259,7 @@ def resident_per_sm(kernel, warps, props):
     memory): every program of the step must be resident, or one waits forever for values that a
     program not yet started would write."""
     kernel._init_handles()  # loads the module: n_regs is known from here on
-    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256
-    by_regs = props.regs_per_multiprocessor // (regs_per_warp * warps)
+    by_regs = programs_by_registers(kernel.n_regs, warps, props.regs_per_multiprocessor)
     by_threads = props.max_threads_per_multi_processor // (32 * warps)
     by_shared = props.shared_memory_per_multiprocessor // max(kernel.metadata.shared, 1)
     return min(by_regs, by_threads, by_shared)

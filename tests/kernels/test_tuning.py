@@ -158,3 +158,10 @@ def test_layout_switch():
         with pytest.raises(ValueError, match=r"^MINILLM_X: expected AxBxC, 3 positive integers \(.*powers of two\) "
                                              r"such as 2x2x3, got"):
             switch("MINILLM_X", bad, "AxBxC", "2x2x3", pow2=pow2)
+
+
+def test_programs_by_registers():
+    """Registers allocated per warp in units of 8 a thread: 80 and 75 a thread hold the same."""
+    fit = _tuning.programs_by_registers
+    assert fit(80, 1) == fit(75, 1) == 25 and fit(81, 1) == 23 and fit(128, 4) == 4
+    assert fit(64, 2, regs_per_sm=32768) == 8
