@@ -139,6 +139,17 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return y
 
 
+def screen_head(weight, bias, colsum):
+    """The torch backend screens no head: greedy decoding's argmax comes from the full logits."""
+    return None
+
+
+def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys):
+    """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
+    screened head's result (kernels.vocab_screen), here from the full logits."""
+    linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
+
+
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding).
     k_out, v_out (B, H, T, D): receive copies of k and v (a KV cache's prefill rows)."""

@@ -7,7 +7,9 @@ Each sample: a 512 MB read (L2 flushed, clean: a flush that wrote would leave th
 lines to write back), then the warm-up read of X MB, then the head between two
 CUDA events (the flush is long enough that the host has queued the rest before the GPU gets
 there). Medians over --reps samples, the variants interleaved. With --no-argmax each warm-up is
-timed also without the greedy argmax keys (one relaxed atomic a program, all on one word).
+timed also without the greedy argmax keys (one relaxed atomic a program, all on one word). With
+--screen the screened head (kernels/vocab_screen.py: the argmax from an int8 copy, 0 MB warm) is
+timed too, its key word reset before each sample as in a decode step.
 
     python3 scripts/probe_vocab_l2.py --out bench/results/h200
 """
@@ -35,6 +37,8 @@ def main():
                     help="MB of the head's first columns read into L2 before it (default 0 8 16 32 48)")
     ap.add_argument("--no-argmax", action="store_true",
                     help="time each warm-up also without the greedy argmax keys (their one atomic a program)")
+    ap.add_argument("--screen", action="store_true",
+                    help="time the screened head too (kernels/vocab_screen.py, the same argmax from an int8 copy)")
     ap.add_argument("--reps", type=int, default=50, help="samples per variant (default 50)")
     ap.add_argument("--out", required=True, help="folder for probe-vocab-l2-<gpu>.json")
     args = ap.parse_args()
@@ -52,14 +56,20 @@ def main():
     flush = torch.empty(512 << 20, device=dev, dtype=torch.uint8)
     col_bytes = C * 2
 
+    screen = kernels.screen_head(w, None, colsum) if args.screen else None
+
     def head(argmax=True):
-        kernels.linear(x, w, None, ln_fold=colsum, ln_eps=1e-5, argmax_keys=keys if argmax else None, out=y)
+        if argmax == "screen":
+            kernels.screened_argmax(x, w, None, colsum, 1e-5, screen, keys)
+        else:
+            kernels.linear(x, w, None, ln_fold=colsum, ln_eps=1e-5, argmax_keys=keys if argmax else None, out=y)
 
     def warm(mb):
         cols = min(V, int(mb * (1 << 20)) // col_bytes)
         return w[:, :cols].sum() if cols else None
 
     variants = [(mb, argmax) for mb in args.warm_mb for argmax in ((True, False) if args.no_argmax else (True,))]
+    variants += [(0, "screen")] if args.screen else []
     for _ in range(3):
         for argmax in {argmax for _, argmax in variants}:
             head(argmax)
@@ -69,6 +79,7 @@ def main():
         for mb, argmax in variants:
             flush.sum()  # read 512 MB: nothing of the head stays in L2
             warm(mb)
+            keys.fill_(EMPTY)
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             head(argmax)
@@ -85,7 +96,10 @@ def main():
         cold = min(V * col_bytes, mb * (1 << 20))
         rows.append(dict(warm_mb=mb, argmax=argmax, median_us=round(us, 2),
                          dram_bound_us=round((V * col_bytes - cold) / bw * 1e6, 2)))
-        print(f"warm {mb:5.1f} MB{'' if argmax else ', no argmax'}: {us:6.2f} us (the bytes left cold at the "
+        if argmax == "screen":  # its int8 copy: half the bytes
+            rows[-1]["dram_bound_us"] = round(V * C / bw * 1e6, 2)
+        what = {True: "", False: ", no argmax", "screen": ", screened"}[argmax]
+        print(f"warm {mb:5.1f} MB{what}: {us:6.2f} us (the bytes left cold at the "
               f"copy bandwidth: {rows[-1]['dram_bound_us']:.2f} us)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,9 @@ from minillm.sampling import SamplingParams  # noqa: E402
 
 
 WARMUP_STEPS = 3
-# tensor cores (the looping or split GEMV, the whole-slab one past 32 rows); CUDA cores at one row
-LINEARS = ("_gemv_kernel", "_gemv_slab_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel")
+# tensor cores (the looping or split GEMV, the whole-slab one past 32 rows); CUDA cores at one row,
+# where greedy decoding's lm_head may be the screened head (kernels/vocab_screen.py)
+LINEARS = ("_gemv_kernel", "_gemv_slab_kernel", "_gemv_fma_kernel", "_vocab_fma_kernel", "_vocab_screen_kernel")
 FUSED = "_decode_attention_proj_kernel"
 
 

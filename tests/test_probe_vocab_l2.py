@@ -28,11 +28,12 @@ def test_refuses_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(not ON_GPU, reason="times a kernel: GPU only")
 def test_short_run_writes_its_rows(tmp_path):
-    done = _run("--warm-mb", "0", "4", "--no-argmax", "--reps", "3", "--out", str(tmp_path))
+    done = _run("--warm-mb", "0", "4", "--no-argmax", "--screen", "--reps", "3", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("probe-vocab-l2-*.json")
     rows = json.loads(path.read_text())["rows"]
-    assert [(r["warm_mb"], r["argmax"]) for r in rows] == [(0, True), (0, False), (4, True), (4, False)]
+    assert [(r["warm_mb"], r["argmax"]) for r in rows] == [(0, True), (0, False), (4, True), (4, False),
+                                                           (0, "screen")]
     assert all(r["median_us"] > 0 for r in rows)
     assert rows[2]["dram_bound_us"] < rows[0]["dram_bound_us"]
 

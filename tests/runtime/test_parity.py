@@ -108,6 +108,27 @@ SAMPLING = [dict(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0),
             dict(temperature=0.9, top_k=30, top_p=0.9, repetition_penalty=1.4)]
 
 
+def test_greedy_screened_head_matches_transformers(tmp_path):
+    """A vocabulary wide enough for the screened head (kernels.vocab_screen: greedy decoding's
+    argmax at one row from an int8 copy of the lm_head): the ids token by token as transformers'
+    with the screen running, and the same with the full head."""
+    size = dict(n_layer=1, n_head=2, n_embd=32, vocab_size=16411)
+    hf = build_checkpoint(tmp_path, seed=2, **size)
+    dev = "cuda" if ON_GPU else "cpu"
+    hf = hf.to(dev)
+    llm = LLM(str(tmp_path), device=dev, dtype="float32", backend="triton")
+    assert llm.model.lm_screen is not None, "the test model's head must be screened"
+    g = torch.Generator().manual_seed(11)
+    prompt, new = torch.randint(0, size["vocab_size"] - 1, (6,), generator=g).tolist(), 10
+    expect = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False)
+    margin, diff, _ = _margin_and_diff(hf, llm, prompt + expect)
+    assert margin > 20 * diff, f"test model too flat: top-2 margin {margin:.2e} vs logit diff {diff:.2e}"
+    params = SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True)
+    assert llm.generate([prompt], params)[0].token_ids == expect
+    llm.model.lm_screen = None  # the full head
+    assert llm.generate([prompt], params)[0].token_ids == expect
+
+
 @pytest.mark.parametrize("kw", SAMPLING)
 def test_processed_distribution_matches_transformers(kw):
     """Our logits processing equals transformers' processors (in its order) on random logits."""

@@ -1,0 +1,259 @@
+"""Greedy decoding's vocabulary head at one row from an int8 screen: the argmax key of
+layernorm(x) @ W + bias (the layernorm folded in, as linear's ln_fold) that the full head
+(vocab_fma.py) gives, read from about half its bytes.
+
+At one row the full head is a pure weight stream (gpt2: 77 MB in fp16, a sixth of a decode
+step), and greedy decoding keeps one number of the 50k it computes. Here:
+- an int8 copy of W (one fp32 scale per column, built once at load: `screen_head`) is streamed
+  instead, and the row, standardized by its layernorm, is rounded to int8 on one scale, so a
+  column's screen value is an exact integer dot product (dp4a) times the two scales;
+- each column gets an interval that surely holds the full head's logit (the bound below); its
+  ends are rounded to the logits' dtype, which keeps their order against the rounded logits;
+- a program posts its best lower end into the row's argmax key word, as a key that any logit
+  of the same value outranks, with a returning atomic max: what comes back (with its own post)
+  is a value some column's logit reaches. Its columns whose upper end reaches that value are
+  computed exactly, as vocab_fma computes them, and their keys max-ed in. A column it skips is
+  below some column's logit even after rounding, so it is never the argmax, ties included.
+
+Programs are one warp, loop over column blocks with two in flight and request their first before
+the programmatic-dependent-launch wait, as in vocab_fma.py. The upper ends go through the
+logits buffer (y is scratch here: no logits come out), which the program reads back after its
+blocks. Most programs compute no column exactly: a column is computed only if it was near the
+best lower end posted before its program finished (a few columns a row, see the tests).
+"""
+import os
+from collections import namedtuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._epilogue import _mean_rstd
+from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
+from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
+from .gemv_fma import VOCAB_N, _row_dot
+from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_per_sm
+
+# MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
+ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
+BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
+PROGRAMS_PER_SM = 24
+INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
+FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
+                              "BLOCK_NxPROGRAMS", "4x24", pow2=1)
+
+# The screen's int8 copy: q (N, K // 4) int32 words of 4 int8 weights each (a column's K in order, the
+# first in the lowest byte), meta (5, N_PAD) fp32: per column its scale s (w ~ s * q), upper bounds
+# E of |w - s * q| and W of |w| (2-norms over K, of the weights the full head multiplies), |colsum|
+# and the bias (0 without one); N_PAD, N rounded up to 16, lets a block's constants load as vectors
+ScreenedHead = namedtuple("ScreenedHead", "q meta")
+PAD = 16
+
+
+def _fp32_up(v):
+    """fp64 values as fp32 values no smaller."""
+    v32 = v.float()
+    return torch.where(v32.double() < v, torch.nextafter(v32, torch.full_like(v32, float("inf"))), v32)
+
+
+def screen_head(weight, bias, colsum):
+    """The int8 screen of a vocabulary head's weight (K, N) (out-major, as vocab_fma takes it) with
+    its bias (N,) or None and its folded layernorm's column sums colsum (N,), or None where the
+    screen does not run: switched off, narrower than a vocabulary, K past vocab_fma's MAX_K or not
+    a multiple of 4, or a bias that is not finite (its bound would be too; the loader refuses
+    weights that are not finite)."""
+    K, N = weight.shape
+    if not ENABLED or N < VOCAB_N or K > MAX_K or K % 4 or weight.stride(0) != 1:
+        return None
+    if bias is not None and not torch.isfinite(bias).all():
+        return None
+    w = weight.t().double()  # (N, K)
+    scale = (w.abs().amax(1) / 127).float()
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a zero column: q = 0, exact
+    q = torch.round(w / scale.double()[:, None]).clamp_(-127, 127)
+    err = (w - scale.double()[:, None] * q).norm(dim=1)  # exact in fp64: 11 + 24 + 8 bits
+    meta = torch.zeros(5, triton.cdiv(N, PAD) * PAD, dtype=torch.float32, device=weight.device)
+    meta[0] = 1.0
+    meta[:4, :N] = torch.stack([scale, _fp32_up(err), _fp32_up(w.norm(dim=1)), colsum.float().abs().reshape(N)])
+    if bias is not None:
+        meta[4, :N] = bias.float()
+    return ScreenedHead(q.to(torch.int8).contiguous().view(torch.int32), meta)
+
+
+@triton.jit
+def _dp4a(a, b, DP4A: tl.constexpr):
+    """Elementwise sums of the four int8 products of int32 words a and b (exact in int32)."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:  # the interpreter runs no PTX: the bytes by shifts (arithmetic, so signed)
+        acc = tl.zeros_like(a)
+        for i in tl.static_range(4):
+            acc += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+        return acc
+
+
+@triton.jit
+def _pack_int8(v, BLOCK_K: tl.constexpr):
+    """int32 values in [-127, 127] (BLOCK_K,) as int32 words of 4 bytes (BLOCK_K // 4,), the
+    first in the lowest byte (the fields are disjoint, so their sum is their or)."""
+    b = tl.reshape(v & 255, (BLOCK_K // 4, 4))
+    return tl.sum(b << (tl.arange(0, 4) * 8)[None, :], axis=1)
+
+
+@triton.jit
+def _vocab_screen_kernel(
+    x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
+    N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
+    ITERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
+    cols = tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_W)
+    w_mask = rw < K // 4
+    q_rows = q_ptr + rw[None, :]  # (1, BLOCK_W): a column's words contiguous
+
+    rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
+    q = tl.load(q_rows + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & w_mask[None, :], other=0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x is written by now
+        tl.extra.cuda.gdc_launch_dependents()
+    rk = tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    row_sq = tl.sum(xf * xf, axis=0)
+    mean, rstd = _mean_rstd(tl.sum(xf, axis=0), row_sq, K, ln_eps)  # as vocab_fma: the same bits
+    # The bound. With u = rstd * (x - mean) (u' its fp32 value), u' = su * xq + d (xq int8) and a
+    # column's w = s * q + e (q int8), the full head's logit without its rounding is
+    #   u . w + bias = su * s * (xq . q) + su * xq . e + d . w + (u - u') . w + bias
+    # (its mean * colsum term cancels up to colsum's own rounding), so it lies within
+    # A * E + D * W of the screen value, A = su * |xq| and D >= |d| (the row's), E >= |e| and
+    # W >= |w| (the column's, from screen_head), plus every fp32 rounding of both computations:
+    # at most eta = (K + 16) * 2**-23 times what they round (for fp32 sums of K terms in any order
+    # (K + 1) * 2**-24 would do)
+    eta = (K + 16) * 1.1920928955078125e-07
+    u = tl.where(k_mask, (xf - mean) * rstd, 0.0)
+    su = tl.maximum(tl.max(tl.abs(u), axis=0), 1e-30) / 127.0
+    xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0), 127.0)
+    d = u - xq * su
+    xq = xq.to(tl.int32)
+    a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0).to(tl.float32))  # the int sum is exact below 2**24
+    d_norm = (tl.sqrt(tl.sum(d * d, axis=0)) + eta * a_norm) * (1.0 + eta)
+    x_norm = tl.sqrt(row_sq) * (1.0 + eta)
+    row_w = a_norm + d_norm + rstd * (x_norm + tl.abs(mean) * sqrt_k)  # W's factor in the slack
+    row_colsum = rstd * tl.abs(mean)  # |colsum|'s factor in the slack
+    xw = _pack_int8(xq, BLOCK_K)  # (BLOCK_W,)
+    xw = tl.broadcast_to(xw[None, :], (BLOCK_N, BLOCK_W))
+
+    best_lower = float("-inf")
+    for n0 in range(pid * BLOCK_N, N, step):
+        rn = n0 + cols
+        n_mask = rn < N
+        pad_mask = rn < N_PAD  # as n_mask, but whole vectors (N_PAD is a multiple of 16)
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
+                         other=0)
+        # the column constants first, so their round trip overlaps the reduction
+        s = tl.load(meta_ptr + rn, mask=pad_mask)
+        e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
+        w_norm = tl.load(meta_ptr + 2 * N_PAD + rn, mask=pad_mask)
+        colsum = tl.load(meta_ptr + 3 * N_PAD + rn, mask=pad_mask)
+        bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
+        dot = tl.sum(_dp4a(q, xw, DP4A), axis=1)  # (BLOCK_N,) exact: |dot| <= 127**2 * K < 2**24
+        core = (su * s) * dot.to(tl.float32)
+        screen = core + bias
+        slack = eta * (row_w * w_norm + row_colsum * colsum + tl.abs(core) + 2.0 * tl.abs(bias))
+        bound = (a_norm * e_norm + d_norm * w_norm + slack) * 1.0001  # the bound's own roundings
+        upper = (screen + bound).to(up_ptr.dtype.element_ty)  # round to nearest: order kept
+        tl.store(up_ptr + rn, upper, mask=pad_mask)
+        lower = (screen - bound).to(up_ptr.dtype.element_ty).to(tl.float32)
+        lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
+        best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
+        q = q_next
+
+    # post the best lower end as the lowest-ranked key of its value (index part 0); the word's
+    # maximum comes back: some column's rounded logit reaches it
+    posted = _ordered(best_lower).to(tl.int64) << 32
+    old = tl.atomic_max(key_ptr, posted, sem="relaxed")
+    threshold = _from_ordered((tl.maximum(old, posted) >> 32).to(tl.int32))
+    tl.debug_barrier()  # the upper ends stored by other lanes of this warp are visible now
+    rn_all = pid * BLOCK_N + tl.arange(0, ITERS)[:, None] * step + cols[None, :]  # (ITERS, BLOCK_N)
+    uppers = tl.load(up_ptr + rn_all, mask=rn_all < N_PAD, other=float("-inf")).to(tl.float32)
+    left = tl.where((uppers >= threshold) & (rn_all < N), rn_all, N)  # columns to compute exactly
+    n_left = tl.sum(tl.sum((left < N).to(tl.int32), axis=1), axis=0)
+
+    # the candidates exactly as vocab_fma computes them: its block of EXACT_N columns over its
+    # K tile, so a logit's bits are the full head's (x is read again in that head's layout)
+    ex = tl.arange(0, EXACT_N)
+    xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
+    best = tl.full((EXACT_N,), float("-inf"), tl.float32)
+    best_col = tl.full((EXACT_N,), N, tl.int32)
+    found = n_left > 0
+    while n_left > 0:  # ascending columns, EXACT_N at a time
+        rc = tl.full((EXACT_N,), N, tl.int32)
+        for i in tl.static_range(EXACT_N):
+            col = tl.min(tl.min(left, axis=1), axis=0)
+            rc = tl.where(ex == i, col, rc)
+            left = tl.where(left == col, N, left)
+        n_left -= EXACT_N
+        c_mask = rc < N
+        w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=c_mask[:, None] & k_mask[None, :], other=0.0)
+        c_colsum = tl.load(fold_ptr + rc, mask=c_mask, other=0.0)
+        c_bias = 0.0
+        if HAS_BIAS:
+            c_bias = tl.load(bias_ptr + rc, mask=c_mask, other=0.0).to(tl.float32)
+        y = (_row_dot(w, xf, c_colsum, mean, rstd, True) + c_bias).to(up_ptr.dtype.element_ty).to(tl.float32)
+        v = tl.where(c_mask, y, float("-inf"))
+        better = v > best  # per lane the first maximum: its columns rise
+        best = tl.where(better, v, best)
+        best_col = tl.where(better, rc, best_col)
+    vmax = tl.max(best, axis=0)
+    col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
+    # NaN or inf in x leaves no logit finite: the row names no token (as vocab_fma tells it)
+    not_finite = (mean * 0.0 != 0.0) | (rstd * 0.0 != 0.0)
+    vmax, col = _no_token_if_nan(vmax, col, not_finite, N)
+    if found | not_finite:
+        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
+
+
+def screen_config(N, K, *, sms):
+    """The launch layout: BLOCK_N int8 columns a block, one warp a program, PROGRAMS_PER_SM an SM
+    (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
+    block_n, per_sm = FORCED_LAYOUT or (BLOCK_N, PROGRAMS_PER_SM)
+    block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
+    return dict(BLOCK_N=block_n, BLOCK_W=triton.next_power_of_2(K // 4), BLOCK_K=triton.next_power_of_2(K),
+                EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,
+                programs=min(triton.cdiv(N, block_n), sms * per_sm))
+
+
+_RESIDENT = {}  # (device, the launch's constexprs and dtypes) -> programs an SM of its compiled kernel
+
+
+def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None):
+    """Max the argmax key of layernorm(x2) @ weight + bias (x2 (1, K); weight (K, N) out-major with
+    its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
+    reading the screen (`screen_head`) and only the few columns it cannot rule out. No logits
+    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests)."""
+    K, N = weight.shape
+    n_pad = screen.meta.shape[1]
+    if upper is None:
+        upper = torch.empty(n_pad, dtype=x2.dtype, device=x2.device)
+    meta = screen_config(N, K, sms=sm_count(x2.device))
+    programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
+    pdl = use_pdl(x2.device)
+    args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
+            N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
+    meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
+    if x2.device.type == "cuda":
+        key = (x2.device, x2.dtype, weight.dtype, N % 16, x2.stride(1), *sorted(meta.items()))
+        if key not in _RESIDENT:  # the programs that the SMs hold at once (vocab_fma.resident_per_sm)
+            compiled = _vocab_screen_kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
+            _ = compiled.run  # loads the module, which sets n_regs
+            _RESIDENT[key] = resident_per_sm(compiled.n_regs, meta["num_warps"], per_sm)
+        programs = min(programs, sm_count(x2.device) * _RESIDENT[key])
+    meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
+    launch(_vocab_screen_kernel, (programs,), *args, **meta)

@@ -1,0 +1,145 @@
+"""The screened one-row vocabulary head (kernels/vocab_screen.py): its argmax key is the full head's
+(vocab_fma.py, through `linear`) bit for bit, every column's upper end holds the full head's
+logit, ties and near-ties go to the lowest column, NaN rows name no token, and where it runs."""
+import pytest
+import torch
+
+import kernels
+from kernels import argmax_key, gemv_fma, reference, vocab_fma, vocab_screen
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import DTYPES, poisoned, randn
+
+N_ODD = gemv_fma.VOCAB_N + 27  # a vocabulary whose last column block is partial
+
+
+def _head(K, N, dtype, device, mean=0.5, seed=0):
+    """(x, weight, bias, colsum) of a folded-layernorm head, weight out-major as the model holds it."""
+    torch.manual_seed(seed)
+    x = randn(1, K, dtype=dtype, device=device, scale=2.0) + mean  # a mean to take out
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    b = randn(N, dtype=dtype, device=device)
+    g, be = 1 + 0.2 * randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    wf, bf, colsum = kernels.fold_layernorm(w, b, g, be)
+    return x, wf.t().contiguous().t(), bf, colsum
+
+
+def _keys(device):
+    return torch.full((1,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+
+
+def _both(x, wf, bf, colsum):
+    """(the full head's key, its logits (N,) in fp32, the screen's key, its upper ends (N,) in fp32)."""
+    full, y = _keys(x.device), poisoned((1, wf.shape[1]), x.dtype, x.device)
+    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full, out=y)
+    screen = kernels.screen_head(wf, bf, colsum)
+    assert screen is not None
+    keys, upper = _keys(x.device), poisoned((screen.meta.shape[1],), x.dtype, x.device)
+    kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys, upper=upper)
+    return full, y[0].float(), keys, upper[:wf.shape[1]].float()
+
+
+@pytest.mark.parametrize("K", [40, 100])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_screen_key_is_the_full_heads(K, dtype, device):
+    """Random heads with a mean to take out and a bias: the same key as the full head, and every
+    column's upper end at or above the full head's rounded logit (no tolerance)."""
+    for seed in range(2):
+        x, wf, bf, colsum = _head(K, N_ODD, dtype, device, seed=seed)
+        full, y, keys, upper = _both(x, wf, bf, colsum)
+        assert torch.equal(keys, full), f"seed {seed}: column {argmax_key.argmax_index(keys).item()} " \
+                                        f"against {argmax_key.argmax_index(full).item()}"
+        below = (upper < y).nonzero()
+        assert below.numel() == 0, f"seed {seed}: upper ends below the logits at columns {below[:5].tolist()}"
+        # the screen is tight enough to rule out all but a few columns (what makes it fast)
+        assert (upper >= y.max()).sum().item() <= 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_screen_ties_and_near_ties(dtype, device):
+    """Copies of the best column, some a hair smaller (so they round to the same logit or just
+    below it), spread over programs and blocks: the lowest of the tied columns wins, as in the
+    full head, even where a copy comes before the original."""
+    K = 64
+    x, wf, bf, colsum = _head(K, N_ODD, dtype, device, seed=3)
+    full, y, _, _ = _both(x, wf, bf, colsum)
+    best = argmax_key.argmax_index(full).item()
+    copies = [3, 1000, best + 1 if best + 1 < N_ODD else 7, N_ODD - 1]
+    wf, bf = wf.clone(), bf.clone()
+    for i, c in enumerate(copies):
+        wf[:, c] = wf[:, best]
+        bf[c] = bf[best] - i * 1e-6 * abs(bf[best].item())  # the first copy exact, then a hair below
+    colsum = wf.double().sum(0).float()
+    full, y, keys, upper = _both(x, wf, bf, colsum)
+    assert (y == y.max()).sum().item() >= 2, "the copies must tie after rounding"
+    assert torch.equal(keys, full) and argmax_key.argmax_index(keys).item() == y.argmax().item() == 3
+    assert (upper >= y).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_screen_nan_input_names_no_token(bad, device):
+    """NaN or inf in the row: no token (index N), as the full head gives it."""
+    x, wf, bf, colsum = _head(40, N_ODD, torch.float32, device)
+    x[0, 11] = bad
+    full, _, keys, _ = _both(x, wf, bf, colsum)
+    assert torch.equal(keys, full) and argmax_key.argmax_index(keys).item() == N_ODD
+
+
+def test_screen_leaves_a_larger_key(device):
+    """A key already in the word that outranks the row's stays (the keys only ever rise)."""
+    x, wf, bf, colsum = _head(40, N_ODD, torch.float32, device)
+    screen = kernels.screen_head(wf, bf, colsum)
+    big = (0x7F000000 << 32) | 5  # a key of 1.7e38 at column 2**31 - 6
+    keys = torch.full((1,), big, dtype=torch.int64, device=device)
+    kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
+    assert keys.item() == big
+
+
+def test_screen_head_bounds(device):
+    """The int8 copy: weights within [-127, 127], and E, W, |colsum| no smaller than the exact
+    norms of the rounding errors and of the columns (fp64), the bias as given, the padding inert."""
+    K = 40
+    _, wf, bf, colsum = _head(K, N_ODD, torch.float16, device)
+    screen = kernels.screen_head(wf, bf, colsum)
+    q = screen.q.view(torch.int8).reshape(N_ODD, K).double().cpu()
+    assert q.abs().max() <= 127
+    w = wf.t().double().cpu()
+    meta = screen.meta.double().cpu()
+    assert meta.shape == (5, N_ODD + 5) and (meta[0, N_ODD:] == 1).all() and (meta[1:, N_ODD:] == 0).all()
+    s = meta[0, :N_ODD]
+    assert ((w - s[:, None] * q).norm(dim=1) <= meta[1, :N_ODD]).all()
+    assert (w.norm(dim=1) <= meta[2, :N_ODD]).all() and torch.equal(meta[3, :N_ODD], colsum.double().abs().cpu())
+    assert torch.equal(meta[4, :N_ODD], bf.double().cpu())
+
+
+def test_screen_head_where_it_runs(device, monkeypatch):
+    """A screen for out-major vocabulary heads up to vocab_fma's MAX_K with K a multiple of 4 and
+    finite biases; None otherwise, with the switch off, and on the torch backend."""
+    def head(K, N, **kw):
+        _, wf, bf, colsum = _head(K, N, torch.float16, device)
+        return wf.t().contiguous() if kw.get("in_major") else wf, bf, colsum
+
+    assert kernels.screen_head(*head(40, N_ODD)) is not None
+    assert kernels.screen_head(*head(40, 4096)) is None  # not a vocabulary
+    assert kernels.screen_head(*head(42, N_ODD)) is None  # K not a multiple of 4
+    wide = torch.empty(vocab_fma.MAX_K + 4, N_ODD, dtype=torch.float16, device=device).t().contiguous().t()
+    assert kernels.screen_head(wide, None, torch.zeros(N_ODD, device=device)) is None  # K past MAX_K
+    w, b, c = head(40, N_ODD)
+    b[5] = float("-inf")
+    assert kernels.screen_head(w, b, c) is None  # a bias that is not finite
+    assert reference.screen_head(*head(40, N_ODD)) is None
+    monkeypatch.setattr(vocab_screen, "ENABLED", False)
+    assert kernels.screen_head(*head(40, N_ODD)) is None
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
+def test_screen_gpt2_shape_on_gpu(device):
+    """gpt2's head (K = 768, fp16) on the GPU: 64 random rows, each the full head's key, with the
+    layout the engine runs (dp4a, programs fitted to the SMs)."""
+    x, wf, bf, colsum = _head(768, 50257, torch.float16, device)
+    screen = kernels.screen_head(wf, bf, colsum)
+    for row in range(64):
+        x = randn(1, 768, dtype=torch.float16, device=device, scale=1 + row / 16) + row / 64
+        full, keys = _keys(device), _keys(device)
+        kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full)
+        kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
+        assert torch.equal(keys, full), f"row {row}"
