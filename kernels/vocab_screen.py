@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, env_int, is_hopper, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N, _row_dot
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_per_sm
@@ -38,6 +38,8 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_p
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
 PROGRAMS_PER_SM = 24
+# the blocks after the first that a program asks L2 for before its wait (experiment)
+L2_BLOCKS = env_int("MINILLM_SCREEN_L2_BLOCKS", 0)
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -102,12 +104,31 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _ask_l2_blocks(q_ptr, n0, step, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """Ask L2 (Hopper's bulk prefetch) for the program's BLOCKS int8 column blocks after the one
+    at column n0 (each BLOCK_N * K contiguous bytes, a 32nd of it a lane; the launcher makes that
+    a multiple of 16 bytes)."""
+    PIECE: tl.constexpr = BLOCK_N * K // 32
+    off = tl.arange(0, 32) * PIECE
+    base = q_ptr.to(tl.pointer_type(tl.int8))
+    for b in tl.static_range(1, BLOCKS + 1):
+        first = n0 + b * step  # the block's first column
+        size = tl.minimum(tl.minimum(N - first, BLOCK_N) * K - off, PIECE)  # <= 0: past the head
+        tl.inline_asm_elementwise(
+            """{ .reg .pred live;
+            setp.gt.s32 live, $2, 0;
+            @live cp.async.bulk.prefetch.L2.global [$1], $2;
+            mov.u32 $0, 0; }""",
+            "=r,l,r", [base + first.to(tl.int64) * K + off, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr,
+    ITERS: tl.constexpr, L2_BLOCKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -118,6 +139,8 @@ def _vocab_screen_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     q = tl.load(q_rows + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & w_mask[None, :], other=0)
+    if L2_BLOCKS > 0:
+        _ask_l2_blocks(q_ptr, pid * BLOCK_N, step, N, K, BLOCK_N, L2_BLOCKS)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
@@ -246,7 +269,9 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     pdl = use_pdl(x2.device)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
+    l2 = L2_BLOCKS if not INTERPRET and is_hopper(x2.device) and meta["BLOCK_N"] * K % 512 == 0 else 0
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
+                L2_BLOCKS=l2)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
     if x2.device.type == "cuda":
         key = (x2.device, x2.dtype, weight.dtype, N % 16, x2.stride(1), *sorted(meta.items()))

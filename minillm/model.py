@@ -137,6 +137,7 @@ def folded(weight, bias, ln_weight, ln_bias):
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20
+SCREEN_L2 = os.environ.get("MINILLM_SCREEN_L2", "q")  # experiment: q or fp16
 
 
 class Block:
@@ -203,7 +204,7 @@ class GPT:
                                early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
-        if argmax_keys is not None and x.shape[0] == 1 and self.lm_screen is not None:
+        if self._screened(x.shape[0], argmax_keys):
             # the argmax key alone, from about half the head's bytes (kernels.vocab_screen)
             self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys)
             return None
@@ -260,6 +261,7 @@ class GPT:
         st_fixed = None if st_b is None else ops.fixed_row_stats(
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
         x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
+        screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
             qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
@@ -275,13 +277,22 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            x = self._mlp(blk, x, st_attn, st_a, early, l2_ahead=(self._next_weight(i),) if cuda_core else ())
+            x = self._mlp(blk, x, st_attn, st_a, early,
+                          l2_ahead=(self._next_weight(i, screened),) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
-    def _next_weight(self, i):
+    def _next_weight(self, i, screened):
         """What layer i's mlp-out asks L2 for (one row of gpt2's size): the next layer's qkv
-        weights, or after the last layer the lm_head's first columns."""
+        weights, or after the last layer the lm_head's first columns (of its int8 copy, where
+        the screened head runs; MINILLM_SCREEN_L2=fp16 takes the fp16 head's, for A/B timing)."""
         if i + 1 < len(self.blocks):
             return self.blocks[i + 1].attn[0]
+        if screened and SCREEN_L2 == "q":
+            q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
+            return q[:max(1, L2_LM_HEAD_BYTES // (q.shape[1] * 4))]
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
         return w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))]
+
+    def _screened(self, B, argmax_keys):
+        """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""
+        return argmax_keys is not None and B == 1 and self.lm_screen is not None
