@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, env_int, is_hopper, launch, layout_switch, sm_count, use_pdl
+from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N, _row_dot
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_per_sm
@@ -38,10 +38,6 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_p
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
 PROGRAMS_PER_SM = 24
-# the blocks after the first that a program asks L2 for before its wait (experiment)
-L2_BLOCKS = env_int("MINILLM_SCREEN_L2_BLOCKS", 0)
-EARLY_NEXT = env_int("MINILLM_SCREEN_EARLY_NEXT", 1)  # experiment
-SPECULATE = env_int("MINILLM_SCREEN_SPECULATE", 0)  # experiment
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -106,26 +102,12 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _ask_l2_span(base, nbytes, PIECE: tl.constexpr):
-    """Ask L2 (Hopper's bulk prefetch) for nbytes from the int8 pointer base, a PIECE-byte piece
-    a lane of one warp (the launcher keeps the pieces at multiples of 16 bytes)."""
-    off = tl.arange(0, 32) * PIECE
-    size = tl.minimum(nbytes - off, PIECE)  # <= 0: nothing to ask for
-    tl.inline_asm_elementwise(
-        """{ .reg .pred live;
-        setp.gt.s32 live, $2, 0;
-        @live cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.u32 $0, 0; }""",
-        "=r,l,r", [base + off, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, L2_BLOCKS: tl.constexpr, EARLY_NEXT: tl.constexpr, SPECULATE: tl.constexpr,
+    ITERS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -136,17 +118,9 @@ def _vocab_screen_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     q = tl.load(q_rows + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & w_mask[None, :], other=0)
-    for b in tl.static_range(1, L2_BLOCKS + 1):  # later blocks asked into L2 (experiment)
-        first = pid * BLOCK_N + b * step
-        _ask_l2_span(q_ptr.to(tl.pointer_type(tl.int8)) + first.to(tl.int64) * K,
-                     tl.minimum(N - first, BLOCK_N) * K, BLOCK_N * K // 32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
-    q_next = q  # (unused where EARLY_NEXT is off)
-    if EARLY_NEXT:  # the second block is requested before the row's preparation, not after it
-        rn = rn + step
-        q_next = tl.load(q_rows + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & w_mask[None, :], other=0)
     rk = tl.arange(0, BLOCK_K)
     k_mask = rk < K
     xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
@@ -175,15 +149,13 @@ def _vocab_screen_kernel(
     xw = tl.broadcast_to(xw[None, :], (BLOCK_N, BLOCK_W))
 
     best_lower = float("-inf")
-    best_lower_col = 0
     for n0 in range(pid * BLOCK_N, N, step):
         rn = n0 + cols
         n_mask = rn < N
         pad_mask = rn < N_PAD  # as n_mask, but whole vectors (N_PAD is a multiple of 16)
-        if not EARLY_NEXT:  # requested before this block is reduced: two blocks in flight
-            rn_next = rn + step
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                             other=0)
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
+                         other=0)
         # the column constants first, so their round trip overlaps the reduction
         s = tl.load(meta_ptr + rn, mask=pad_mask)
         e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
@@ -199,17 +171,8 @@ def _vocab_screen_kernel(
         tl.store(up_ptr + rn, upper, mask=pad_mask)
         lower = (screen - bound).to(up_ptr.dtype.element_ty).to(tl.float32)
         lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
-        lower = tl.where(n_mask, lower, float("-inf"))
-        block_lower = tl.max(lower, axis=0)
-        if SPECULATE:
-            block_col = tl.min(tl.where(lower == block_lower, rn, N), axis=0)
-            best_lower_col = tl.where(block_lower > best_lower, block_col, best_lower_col)
-        best_lower = tl.maximum(best_lower, block_lower)
+        best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
         q = q_next
-        if EARLY_NEXT:
-            rn_next = rn + 2 * step
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                             other=0)
 
     # the upper ends back (and x, for the exact logits), requested before the atomic below so
     # that the round trips overlap
@@ -217,9 +180,6 @@ def _vocab_screen_kernel(
     rn_all = pid * BLOCK_N + tl.arange(0, ITERS)[:, None] * step + cols[None, :]  # (ITERS, BLOCK_N)
     uppers = tl.load(up_ptr + rn_all, mask=rn_all < N_PAD, other=float("-inf")).to(tl.float32)
     xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
-    if SPECULATE:  # the likeliest exact column into L2 (experiment)
-        _ask_l2_span(w_ptr.to(tl.pointer_type(tl.int8)) + best_lower_col.to(tl.int64) * stride_wn * 2, K * 2,
-                     K * 2 // 32)
     # post the best lower end as the lowest-ranked key of its value (index part 0); the word's
     # maximum comes back: some column's rounded logit reaches it
     posted = _ordered(best_lower).to(tl.int64) << 32
@@ -288,11 +248,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     pdl = use_pdl(x2.device)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
-    hopper = not INTERPRET and is_hopper(x2.device)
-    l2 = L2_BLOCKS if hopper and meta["BLOCK_N"] * K % 512 == 0 else 0
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
-                L2_BLOCKS=l2, EARLY_NEXT=bool(EARLY_NEXT), SPECULATE=bool(SPECULATE and hopper and K % 256 == 0
-                                                                         and weight.element_size() == 2))
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
     if x2.device.type == "cuda":
         key = (x2.device, x2.dtype, weight.dtype, N % 16, x2.stride(1), *sorted(meta.items()))

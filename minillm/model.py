@@ -137,7 +137,6 @@ def folded(weight, bias, ln_weight, ln_bias):
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20
-SCREEN_L2 = os.environ.get("MINILLM_SCREEN_L2", "q")  # experiment: q or fp16
 
 
 class Block:
@@ -283,11 +282,12 @@ class GPT:
 
     def _next_weight(self, i, screened):
         """What layer i's mlp-out asks L2 for (one row of gpt2's size): the next layer's qkv
-        weights, or after the last layer the lm_head's first columns (of its int8 copy, where
-        the screened head runs; MINILLM_SCREEN_L2=fp16 takes the fp16 head's, for A/B timing)."""
+        weights, or after the last layer the lm_head's first columns: of its int8 copy where the
+        screened head runs (H200, gpt2 batch 1, alternated twice, the same ids: 8,323 / 8,367
+        against 8,304 / 8,315 tok/s with the fp16 head's, +0.4%; bench/results/h200/session-79/)."""
         if i + 1 < len(self.blocks):
             return self.blocks[i + 1].attn[0]
-        if screened and SCREEN_L2 == "q":
+        if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
             return q[:max(1, L2_LM_HEAD_BYTES // (q.shape[1] * 4))]
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
