@@ -40,13 +40,23 @@ def test_check_met_missed_and_not_run():
             _row("minillm", None, prompt_len=1024, new_tokens=1, ttft_ms=1.44)]
     got = _by_name(check(rows))
     assert set(got) == {t.name for t in TARGETS}
-    assert got["gpt2 batch 1 >= 40x transformers eager"] == ("40.0x (6,000 / 150 tok/s)", True)
+    assert got["gpt2 batch 1 >= 40x transformers eager"] == ("40.00x (6,000 / 150 tok/s)", True)
     assert got["gpt2 batch 1 >= 4x torch-compile"][1] is False  # 3.0x
-    assert got["gpt2 batch 1 floor fraction >= 0.5"] == ("0.51 (0.167 ms a step)", True)
+    assert got["gpt2 batch 1 floor fraction >= 0.5"] == ("0.510 (0.1667 ms a step)", True)
     assert got["gpt2 batch 64 >= 15x transformers sdpa"][1] is False  # 12.5x
     assert got["gpt2 batch 1 TTFT of a 1024-token prompt <= 2 ms"][1] is True
     for name in ("gpt2-xl batch 1 floor fraction >= 0.7", "gpt2 batch 64 >= 3x torch-compile"):
         assert got[name] == ("not in this run", None)
+
+
+def test_a_near_miss_does_not_read_as_its_goal():
+    """0.4954 of the floor and 3.996x torch-compile are missed, and their text says so (the
+    ratios table's two digits would show 0.50 and 4.0x)."""
+    rows = [_row("minillm", 7992.0, floor=0.4954), _row("torch-compile", 2000.0)]
+    got = _by_name(check(rows))
+    assert got["gpt2 batch 1 floor fraction >= 0.5"][0].startswith("0.495 ") and \
+        got["gpt2 batch 1 floor fraction >= 0.5"][1] is False
+    assert got["gpt2 batch 1 >= 4x torch-compile"] == ("4.00x (7,992 / 2,000 tok/s)", False)
 
 
 def test_check_ignores_other_settings():
@@ -77,5 +87,5 @@ def test_written_table_carries_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "chart", lambda rows, path: False)
     bench.write([_row("minillm", 5000.0), _row("hf-eager", 100.0)], tmp_path)
     md = (tmp_path / "generate-test-gpu.md").read_text()
-    assert "| gpt2 batch 1 >= 40x transformers eager | 50.0x (5,000 / 100 tok/s) | yes |" in md
+    assert "| gpt2 batch 1 >= 40x transformers eager | 50.00x (5,000 / 100 tok/s) | yes |" in md
     assert "not in this run" not in md  # only what the run measured
