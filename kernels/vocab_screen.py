@@ -3,7 +3,7 @@ layernorm(x) @ W + bias (the layernorm folded in, as linear's ln_fold) that the 
 (vocab_fma.py) gives, read from about half its bytes.
 
 At one row the full head is a pure weight stream (gpt2: 77 MB in fp16, a sixth of a decode
-step), and greedy decoding keeps one number of the 50k it computes. Here:
+step's time), and greedy decoding keeps one number of the 50k it computes. Here:
 - an int8 copy of W (one fp32 scale per column, built once at load: `screen_head`) is streamed
   instead, and the row, standardized by its layernorm, is rounded to int8 on one scale, so a
   column's screen value is an exact integer dot product (dp4a) times the two scales;
@@ -16,10 +16,10 @@ step), and greedy decoding keeps one number of the 50k it computes. Here:
   below some column's logit even after rounding, so it is never the argmax, ties included.
 
 Programs are one warp, loop over column blocks with two in flight and request their first before
-the programmatic-dependent-launch wait, as in vocab_fma.py. The upper ends go through the
-logits buffer (y is scratch here: no logits come out), which the program reads back after its
-blocks. Most programs compute no column exactly: a column is computed only if it was near the
-best lower end posted before its program finished (a few columns a row, see the tests).
+the programmatic-dependent-launch wait, as in vocab_fma.py. The upper ends go through a scratch
+buffer, which the program reads back after its blocks; no logits come out. Most programs compute
+no column exactly: a column is computed only if it was near the best lower end posted before its
+program finished (a few columns a row, see the tests).
 """
 import os
 from collections import namedtuple
@@ -48,6 +48,7 @@ FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_S
 # and the bias (0 without one); N_PAD, N rounded up to 16, lets a block's constants load as vectors
 ScreenedHead = namedtuple("ScreenedHead", "q meta")
 PAD = 16
+BUILD_COLUMNS = 8192  # columns quantized at a time at load
 
 
 def _fp32_up(v):
@@ -67,17 +68,21 @@ def screen_head(weight, bias, colsum):
         return None
     if bias is not None and not torch.isfinite(bias).all():
         return None
-    w = weight.t().double()  # (N, K)
-    scale = (w.abs().amax(1) / 127).float()
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a zero column: q = 0, exact
-    q = torch.round(w / scale.double()[:, None]).clamp_(-127, 127)
-    err = (w - scale.double()[:, None] * q).norm(dim=1)  # exact in fp64: 11 + 24 + 8 bits
+    q8 = torch.empty(N, K, dtype=torch.int8, device=weight.device)
     meta = torch.zeros(5, triton.cdiv(N, PAD) * PAD, dtype=torch.float32, device=weight.device)
     meta[0] = 1.0
-    meta[:4, :N] = torch.stack([scale, _fp32_up(err), _fp32_up(w.norm(dim=1)), colsum.float().abs().reshape(N)])
+    for n0 in range(0, N, BUILD_COLUMNS):  # in slices: fp64 copies of the whole head would take GBs
+        w = weight[:, n0:n0 + BUILD_COLUMNS].t().double()  # (columns, K)
+        scale = (w.abs().amax(1) / 127).float()
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a zero column: q = 0, exact
+        q = torch.round(w / scale.double()[:, None]).clamp_(-127, 127)
+        err = (w - scale.double()[:, None] * q).norm(dim=1)  # exact in fp64: 11 + 24 + 8 bits
+        q8[n0:n0 + BUILD_COLUMNS] = q.to(torch.int8)
+        meta[:3, n0:n0 + len(w)] = torch.stack([scale, _fp32_up(err), _fp32_up(w.norm(dim=1))])
+    meta[3, :N] = colsum.float().abs().reshape(N)
     if bias is not None:
         meta[4, :N] = bias.float()
-    return ScreenedHead(q.to(torch.int8).contiguous().view(torch.int32), meta)
+    return ScreenedHead(q8.view(torch.int32), meta)
 
 
 @triton.jit
@@ -249,6 +254,8 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
+    # blocks a program takes, for the tile that reads its upper ends back (again once the
+    # programs are fitted to the SMs)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
     if x2.device.type == "cuda":
         key = (x2.device, x2.dtype, weight.dtype, N % 16, x2.stride(1), *sorted(meta.items()))

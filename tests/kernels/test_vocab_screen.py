@@ -111,6 +111,16 @@ def test_screen_head_bounds(device):
     assert torch.equal(meta[4, :N_ODD], bf.double().cpu())
 
 
+def test_screen_head_in_slices_is_the_same(device, monkeypatch):
+    """The copy built a few columns at a time (as a real head is, to bound the memory) equals
+    the copy built at once."""
+    _, wf, bf, colsum = _head(40, N_ODD, torch.float16, device)
+    whole = kernels.screen_head(wf, bf, colsum)
+    monkeypatch.setattr(vocab_screen, "BUILD_COLUMNS", 1000)  # N_ODD is no multiple of it
+    sliced = kernels.screen_head(wf, bf, colsum)
+    assert torch.equal(whole.q, sliced.q) and torch.equal(whole.meta, sliced.meta)
+
+
 def test_screen_head_where_it_runs(device, monkeypatch):
     """A screen for out-major vocabulary heads up to vocab_fma's MAX_K with K a multiple of 4 and
     finite biases; None otherwise, with the switch off, and on the torch backend."""
