@@ -74,9 +74,9 @@ def vocab_config(M, N, K, stride_wk, *, sms):
 
 @triton.jit
 def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS: tl.constexpr,
-                  LN_FOLD: tl.constexpr):
-    """One block's logits (BLOCK_N,) from its weights w (BLOCK_N, BLOCK_K): stored, and returned
-    as stored, in fp32."""
+                  LN_FOLD: tl.constexpr, STORE: tl.constexpr):
+    """One block's logits (BLOCK_N,) from its weights w (BLOCK_N, BLOCK_K), rounded to y's dtype:
+    stored (STORE), and returned as stored, in fp32."""
     # the column sums and the bias first, so their round trip overlaps the reduction (loaded
     # after it, they cost gpt2 half the gain end to end)
     colsum, bias = 0.0, 0.0
@@ -85,7 +85,8 @@ def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     y = (_row_dot(w, xf, colsum, mean, rstd, LN_FOLD) + bias).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rn, y, mask=n_mask)
+    if STORE:
+        tl.store(y_ptr + rn, y, mask=n_mask)
     return y.to(tl.float32)
 
 
@@ -122,7 +123,7 @@ def _vocab_fma_kernel(
         rn_next = rn + step  # requested before this block is reduced: two blocks in flight
         w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
                          other=0.0)
-        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD)
+        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD, True)
         if ARGMAX:
             v = tl.where(n_mask, y, float("-inf"))
             better = v > best  # NaN never wins: a NaN row is told by its input (below)
@@ -149,7 +150,22 @@ def resident_per_sm(regs, warps, per_sm):
     return max(1, min(per_sm, 32, programs_by_registers(regs, warps)))
 
 
-_RESIDENT = {}  # (device, the launch's constexprs and dtypes) -> resident_per_sm of its compiled kernel
+_RESIDENT = {}  # (kernel, device, the launch's constexprs and dtypes) -> resident_per_sm of its compiled kernel
+
+
+def fitted_programs(kernel, programs, per_sm, device, key, args, meta):
+    """programs, cut on a GPU to those the SMs hold at once by the compiled kernel's registers
+    (resident_per_sm, found once per `key`: what picks the compiled kernel besides `meta`, such as
+    the dtypes and the ints Triton specializes). The persistent heads loop over their blocks, so
+    any count is correct."""
+    if device.type != "cuda" or not hasattr(kernel, "warmup"):  # (not trace_decode's stand-in)
+        return programs
+    key = (kernel.__name__, device, *key, *sorted(meta.items()))
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
+        _ = compiled.run  # loads the module, which sets n_regs
+        _RESIDENT[key] = resident_per_sm(compiled.n_regs, meta["num_warps"], per_sm)
+    return min(programs, sm_count(device) * _RESIDENT[key])
 
 
 def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
@@ -165,14 +181,7 @@ def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
             argmax_keys if argmax_keys is not None else y2, N, ln_eps, x2.stride(1), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None,
                 USE_PDL=pdl, num_stages=1, launch_pdl=pdl)
-    if x2.device.type == "cuda" and hasattr(_vocab_fma_kernel, "warmup"):  # (not trace_decode's stand-in)
-        # what picks the compiled kernel: the constexprs, the dtypes, the ints Triton specializes
-        key = (x2.device, x2.dtype, weight.dtype, y2.dtype, N % 16, x2.stride(1), weight.stride(1) % 16,
-               *sorted(meta.items()))
-        if key not in _RESIDENT:
-            compiled = _vocab_fma_kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
-            _ = compiled.run  # loads the module, which sets n_regs
-            _RESIDENT[key] = resident_per_sm(compiled.n_regs, meta["num_warps"], per_sm)
-        programs = min(programs, sm_count(x2.device) * _RESIDENT[key])
+    key = (x2.dtype, weight.dtype, y2.dtype, N % 16, x2.stride(1), weight.stride(1) % 16)
+    programs = fitted_programs(_vocab_fma_kernel, programs, per_sm, x2.device, key, args, meta)
     launch(_vocab_fma_kernel, (programs,), *args, **meta)
     return y2

@@ -29,10 +29,10 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, sm_count, use_pdl
+from ._tuning import INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
-from .gemv_fma import VOCAB_N, _row_dot
-from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, resident_per_sm
+from .gemv_fma import VOCAB_N
+from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_logits, fitted_programs
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
@@ -193,8 +193,9 @@ def _vocab_screen_kernel(
     left = tl.where((uppers >= threshold) & (rn_all < N), rn_all, N)  # columns to compute exactly
     n_left = tl.sum(tl.sum((left < N).to(tl.int32), axis=1), axis=0)
 
-    # the candidates exactly as vocab_fma computes them: its block of EXACT_N columns over its
-    # K tile, so a logit's bits are the full head's (x was read again in that head's layout)
+    # the candidates exactly as vocab_fma computes them (its _block_logits): its block of EXACT_N
+    # columns over its K tile, so a logit's bits are the full head's (x was read again in that
+    # head's layout)
     ex = tl.arange(0, EXACT_N)
     best = tl.full((EXACT_N,), float("-inf"), tl.float32)
     best_col = tl.full((EXACT_N,), N, tl.int32)
@@ -208,11 +209,7 @@ def _vocab_screen_kernel(
         n_left -= EXACT_N
         c_mask = rc < N
         w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=c_mask[:, None] & k_mask[None, :], other=0.0)
-        c_colsum = tl.load(fold_ptr + rc, mask=c_mask, other=0.0)
-        c_bias = 0.0
-        if HAS_BIAS:
-            c_bias = tl.load(bias_ptr + rc, mask=c_mask, other=0.0).to(tl.float32)
-        y = (_row_dot(w, xf, c_colsum, mean, rstd, True) + c_bias).to(up_ptr.dtype.element_ty).to(tl.float32)
+        y = _block_logits(w, xf, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, up_ptr, HAS_BIAS, True, False)
         v = tl.where(c_mask, y, float("-inf"))
         better = v > best  # per lane the first maximum: its columns rise
         best = tl.where(better, v, best)
@@ -236,9 +233,6 @@ def screen_config(N, K, *, sms):
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
-_RESIDENT = {}  # (device, the launch's constexprs and dtypes) -> programs an SM of its compiled kernel
-
-
 def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None):
     """Max the argmax key of layernorm(x2) @ weight + bias (x2 (1, K); weight (K, N) out-major with
     its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
@@ -257,12 +251,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     # blocks a program takes, for the tile that reads its upper ends back (again once the
     # programs are fitted to the SMs)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
-    if x2.device.type == "cuda":
-        key = (x2.device, x2.dtype, weight.dtype, N % 16, x2.stride(1), *sorted(meta.items()))
-        if key not in _RESIDENT:  # the programs that the SMs hold at once (vocab_fma.resident_per_sm)
-            compiled = _vocab_screen_kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
-            _ = compiled.run  # loads the module, which sets n_regs
-            _RESIDENT[key] = resident_per_sm(compiled.n_regs, meta["num_warps"], per_sm)
-        programs = min(programs, sm_count(x2.device) * _RESIDENT[key])
+    key = (x2.dtype, weight.dtype, N % 16, x2.stride(1))
+    programs = fitted_programs(_vocab_screen_kernel, programs, per_sm, x2.device, key, args, meta)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
     launch(_vocab_screen_kernel, (programs,), *args, **meta)

@@ -8,23 +8,18 @@ import kernels
 from kernels import argmax_key, gemv_fma, reference, vocab_fma, vocab_screen
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, poisoned, randn
+from tests.kernels.test_vocab_fma import _head as vocab_head
+from tests.kernels.test_vocab_fma import _keys
 
 N_ODD = gemv_fma.VOCAB_N + 27  # a vocabulary whose last column block is partial
 
 
-def _head(K, N, dtype, device, mean=0.5, seed=0):
-    """(x, weight, bias, colsum) of a folded-layernorm head, weight out-major as the model holds it."""
+def _head(K, N, dtype, device, seed=0):
+    """(x, weight, bias, colsum) of test_vocab_fma's folded-layernorm head (a mean to take out,
+    a bias, out-major weights as the model holds its lm_head), drawn from `seed`."""
     torch.manual_seed(seed)
-    x = randn(1, K, dtype=dtype, device=device, scale=2.0) + mean  # a mean to take out
-    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
-    b = randn(N, dtype=dtype, device=device)
-    g, be = 1 + 0.2 * randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
-    wf, bf, colsum = kernels.fold_layernorm(w, b, g, be)
-    return x, wf.t().contiguous().t(), bf, colsum
-
-
-def _keys(device):
-    return torch.full((1,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    x, wf, bf, colsum, *_ = vocab_head(K, N, dtype, device)
+    return x, wf, bf, colsum
 
 
 def _both(x, wf, bf, colsum):
