@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
+from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._tuning import INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N
@@ -110,9 +111,10 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
+    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr,
+    ITERS: tl.constexpr, L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -178,6 +180,8 @@ def _vocab_screen_kernel(
         lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
         best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
         q = q_next
+    if L2_AHEAD:  # the next kernels' bytes, once this program's stream is done: the bus idles in the tail
+        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
 
     # the upper ends back (and x, for the exact logits), requested before the atomic below so
     # that the round trips overlap
@@ -233,11 +237,13 @@ def screen_config(N, K, *, sms):
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
-def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None):
+def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None, l2_ahead=()):
     """Max the argmax key of layernorm(x2) @ weight + bias (x2 (1, K); weight (K, N) out-major with
     its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
     reading the screen (`screen_head`) and only the few columns it cannot rule out. No logits
-    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests)."""
+    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests).
+    l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the programs ask L2
+    for once their stream is done (_l2_ahead.py; Hopper only, results unchanged)."""
     K, N = weight.shape
     n_pad = screen.meta.shape[1]
     if upper is None:
@@ -245,9 +251,11 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     meta = screen_config(N, K, sms=sm_count(x2.device))
     programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
     pdl = use_pdl(x2.device)
+    l2_args, l2_meta = l2_launch_args(l2_ranges("l2_ahead", l2_ahead, x2.device), x2, x2.device, 1)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
-            N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
+            N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1), *l2_args)
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
+                **l2_meta)
     # blocks a program takes, for the tile that reads its upper ends back (again once the
     # programs are fitted to the SMs)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
