@@ -144,9 +144,9 @@ def screen_head(weight, bias, colsum):
     return None
 
 
-def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys, l2_ahead=()):
+def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys):
     """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
-    screened head's result (kernels.vocab_screen), here from the full logits (l2_ahead: no-op)."""
+    screened head's result (kernels.vocab_screen), here from the full logits."""
     linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
 
 

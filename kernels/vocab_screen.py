@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._tuning import INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N
@@ -50,9 +49,6 @@ FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_S
 ScreenedHead = namedtuple("ScreenedHead", "q meta")
 PAD = 16
 BUILD_COLUMNS = 8192  # columns quantized at a time at load
-# MINILLM_SCREEN_TAIL=1: each program posts its best lower end while its last block is in flight and keeps its
-# upper ends in registers (A/B timing against 0: the post after its blocks, upper ends through a scratch buffer)
-TAIL = int(os.environ.get("MINILLM_SCREEN_TAIL", "0"))
 
 
 def _fp32_up(v):
@@ -114,11 +110,9 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
-    l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
-    TAIL: tl.constexpr, STORE_UPPER: tl.constexpr,
+    ITERS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -160,11 +154,6 @@ def _vocab_screen_kernel(
     xw = tl.broadcast_to(xw[None, :], (BLOCK_N, BLOCK_W))
 
     best_lower = float("-inf")
-    uppers = tl.full((ITERS, BLOCK_N), float("-inf"), tl.float32)  # (TAIL 1) this program's upper ends
-    its = tl.arange(0, ITERS)[:, None]
-    old = tl.full((), -9223372036854775807 - 1, tl.int64)  # the word's maximum before the post (EMPTY)
-    posted = tl.full((), -9223372036854775807 - 1, tl.int64)  # this program's post (none yet)
-    it = 0
     for n0 in range(pid * BLOCK_N, N, step):
         rn = n0 + cols
         n_mask = rn < N
@@ -184,37 +173,23 @@ def _vocab_screen_kernel(
         slack = eta * (row_w * w_norm + row_colsum * colsum + tl.abs(core) + 2.0 * tl.abs(bias))
         bound = (a_norm * e_norm + d_norm * w_norm + slack) * 1.0001  # the bound's own roundings
         upper = (screen + bound).to(up_ptr.dtype.element_ty)  # round to nearest: order kept
-        if TAIL == 0 or STORE_UPPER:
-            tl.store(up_ptr + rn, upper, mask=pad_mask)
-        if TAIL == 1:
-            uppers = tl.where(its == it, tl.where(n_mask, upper.to(tl.float32), float("-inf"))[None, :], uppers)
+        tl.store(up_ptr + rn, upper, mask=pad_mask)
         lower = (screen - bound).to(up_ptr.dtype.element_ty).to(tl.float32)
         lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
         best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
-        if TAIL == 1:
-            if (n0 + step < N) & (n0 + 2 * step >= N):  # the last block is in flight: its load hides the atomic
-                posted = _ordered(best_lower).to(tl.int64) << 32
-                old = tl.atomic_max(key_ptr, posted, sem="relaxed")
         q = q_next
-        it += 1
-    if L2_AHEAD:  # the next kernels' bytes, once this program's stream is done: the bus idles in the tail
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
 
+    # the upper ends back (and x, for the exact logits), requested before the atomic below so
+    # that the round trips overlap
+    tl.debug_barrier()  # the upper ends stored by other lanes of this warp are visible now
     rn_all = pid * BLOCK_N + tl.arange(0, ITERS)[:, None] * step + cols[None, :]  # (ITERS, BLOCK_N)
-    if TAIL == 0:
-        # the upper ends back (and x, for the exact logits), requested before the atomic below so
-        # that the round trips overlap
-        tl.debug_barrier()  # the upper ends stored by other lanes of this warp are visible now
-        uppers = tl.load(up_ptr + rn_all, mask=rn_all < N_PAD, other=float("-inf")).to(tl.float32)
+    uppers = tl.load(up_ptr + rn_all, mask=rn_all < N_PAD, other=float("-inf")).to(tl.float32)
     xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
     # post the best lower end as the lowest-ranked key of its value (index part 0); the word's
     # maximum comes back: some column's rounded logit reaches it
-    final = _ordered(best_lower).to(tl.int64) << 32
-    if TAIL == 0:
-        old = tl.atomic_max(key_ptr, final, sem="relaxed")
-    elif posted < final:  # risen since the post: posted again for later programs, nobody waits for it
-        tl.atomic_max(key_ptr, final, sem="relaxed")
-    threshold = _from_ordered((tl.maximum(old, final) >> 32).to(tl.int32))
+    posted = _ordered(best_lower).to(tl.int64) << 32
+    old = tl.atomic_max(key_ptr, posted, sem="relaxed")
+    threshold = _from_ordered((tl.maximum(old, posted) >> 32).to(tl.int32))
     left = tl.where((uppers >= threshold) & (rn_all < N), rn_all, N)  # columns to compute exactly
     n_left = tl.sum(tl.sum((left < N).to(tl.int32), axis=1), axis=0)
 
@@ -258,26 +233,21 @@ def screen_config(N, K, *, sms):
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
-def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None, l2_ahead=()):
+def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None):
     """Max the argmax key of layernorm(x2) @ weight + bias (x2 (1, K); weight (K, N) out-major with
     its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
     reading the screen (`screen_head`) and only the few columns it cannot rule out. No logits
-    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests).
-    l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the programs ask L2
-    for once their stream is done (_l2_ahead.py; Hopper only, results unchanged)."""
+    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests)."""
     K, N = weight.shape
     n_pad = screen.meta.shape[1]
-    store_upper = upper is not None
     if upper is None:
         upper = torch.empty(n_pad, dtype=x2.dtype, device=x2.device)
     meta = screen_config(N, K, sms=sm_count(x2.device))
     programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
     pdl = use_pdl(x2.device)
-    l2_args, l2_meta = l2_launch_args(l2_ranges("l2_ahead", l2_ahead, x2.device), x2, x2.device, 1)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
-            N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1), *l2_args)
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
-                TAIL=TAIL, STORE_UPPER=store_upper, **l2_meta)
+            N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
     # blocks a program takes, for the tile that reads its upper ends back (again once the
     # programs are fitted to the SMs)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))

@@ -7,7 +7,6 @@ mode) as a CUDA graph and replayed per token. The host reads the device back onl
 SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import array
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -18,11 +17,6 @@ from kernels.argmax_key import EMPTY
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
-# steps one replay runs between stop checks (when not streaming); MINILLM_GRAPH_STEPS=k captures a
-# second graph of k steps (A/B timing: whether the step boundary inside a graph beats the one between replays)
-GRAPH_STEPS = int(os.environ.get("MINILLM_GRAPH_STEPS", "1"))
-if not 1 <= GRAPH_STEPS <= SYNC_EVERY or SYNC_EVERY % GRAPH_STEPS:
-    raise ValueError(f"MINILLM_GRAPH_STEPS: expected a divisor of {SYNC_EVERY}, got {GRAPH_STEPS}")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
@@ -98,8 +92,7 @@ class _DecodeState:
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
-        self.graph = None  # one step
-        self.run_graph = None  # GRAPH_STEPS steps, captured when first needed
+        self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
 
@@ -191,24 +184,18 @@ class Engine:
             self._states[key] = st
         return st
 
-    def _capture(self, st, params, eos, steps=1):
+    def _capture(self, st, params, eos):
         cache = self.cache_for(st.tokens.shape[0])
-        if st.graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
-                for _ in range(2):
-                    self.decode_one_token(st, params, cache, eos)
-            torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(steps):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
+            for _ in range(2):
                 self.decode_one_token(st, params, cache, eos)
+        torch.cuda.current_stream().wait_stream(side)
+        st.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(st.graph):
+            self.decode_one_token(st, params, cache, eos)
         torch.cuda.synchronize()
-        if steps == 1:
-            st.graph = graph
-        else:
-            st.run_graph = graph
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
@@ -230,8 +217,6 @@ class Engine:
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
         st = self._state(Bp, params, eos, max_len)  # captures the graph first: prefill refills the cache
-        if st.graph is not None and GRAPH_STEPS > 1 and not stream and st.run_graph is None:
-            self._capture(st, params, eos, GRAPH_STEPS)  # capture only records: state and cache stay
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -269,16 +254,11 @@ class Engine:
         n = 1
         done = self._done(st, B, stop_check, n, eos)
         while n < params.max_new_tokens and not done:
-            # a run of steps when it ends by the next stop check and the last token
-            run = st.run_graph is not None and not stream and n + GRAPH_STEPS <= min(
-                (n // SYNC_EVERY + 1) * SYNC_EVERY, params.max_new_tokens)
-            if run:
-                st.run_graph.replay()
-            elif st.graph is not None:
+            if st.graph is not None:
                 st.graph.replay()
             else:
                 self.decode_one_token(st, params, cache, eos)
-            n += GRAPH_STEPS if run else 1
+            n += 1
             if stream:
                 ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)

@@ -137,8 +137,6 @@ def folded(weight, bias, ln_weight, ln_bias):
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20
-# MINILLM_SCREEN_L2_NEXT=1: the screened head asks L2 for the next step's first qkv weights (A/B timing)
-SCREEN_L2_NEXT = os.environ.get("MINILLM_SCREEN_L2_NEXT", "0") == "1"
 
 
 class Block:
@@ -207,8 +205,7 @@ class GPT:
     def _logits(self, x, stats=None, argmax_keys=None):
         if self._screened(x.shape[0], argmax_keys):
             # the argmax key alone, from about half the head's bytes (kernels.vocab_screen)
-            self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys,
-                                     l2_ahead=(self.blocks[0].attn[0],) if SCREEN_L2_NEXT else ())
+            self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys)
             return None
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import kernels.vocab_screen
-import minillm.generate
 import minillm.model
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
@@ -38,10 +37,7 @@ def _prompts(n, vocab, seed=0):
                                     SamplingParams(max_new_tokens=24, temperature=0.9, top_k=30, top_p=0.95,
                                                    repetition_penalty=1.2, seed=3, ignore_eos=True)],
                          ids=["greedy", "sampled"])
-@pytest.mark.parametrize("graph_steps", [1, 4])
-def test_cuda_graphs_on_off_identical(path, dtype, params, graph_steps, monkeypatch):
-    """Graphs of one step, and of graph_steps steps between the stop checks, give the eager ids."""
-    monkeypatch.setattr(minillm.generate, "GRAPH_STEPS", graph_steps)
+def test_cuda_graphs_on_off_identical(path, dtype, params):
     prompts = _prompts(5, SIZE["vocab_size"])
     on = LLM(path, dtype=dtype)
     off = LLM(path, dtype=dtype, cuda_graphs=False)
@@ -51,7 +47,6 @@ def test_cuda_graphs_on_off_identical(path, dtype, params, graph_steps, monkeypa
     a = [r.token_ids for r in on.generate(prompts, params)]
     b = [r.token_ids for r in off.generate(prompts + pad, params)[:5]]
     assert a == b
-    assert all((st.run_graph is not None) == (graph_steps > 1) for st in on.engine._states.values())
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the sampler computes torch's CUDA noise in-kernel on a GPU only")
@@ -90,12 +85,9 @@ def test_cache_bucket():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("graph_steps", [1, 4])
-def test_cuda_graphs_stop_at_eos_identical(path, tmp_path, graph_steps, monkeypatch):
+def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     """With an end-of-sequence token (the device-side finished flags in the graph): the same
-    tokens and finish with graphs on and off (one-step graphs, or runs of graph_steps), and both
-    stop at the first check after it."""
-    monkeypatch.setattr(minillm.generate, "GRAPH_STEPS", graph_steps)
+    tokens and finish with graphs on and off, and both stop at the first check after it."""
     candidates = _prompts(8, SIZE["vocab_size"], seed=2)
     free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     plain = LLM(path, dtype="float16", cuda_graphs=False)
