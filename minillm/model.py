@@ -136,7 +136,11 @@ def folded(weight, bias, ln_weight, ln_bias):
 
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
-L2_LM_HEAD_BYTES = int(os.environ.get("MINILLM_L2_LM_HEAD_MB", "4")) << 20  # (the switch: A/B timing)
+L2_LM_HEAD_BYTES = 4 << 20
+# the same for the screened head's int8 copy: none. H200, gpt2 batch 1, alternated twice, the same
+# ids (bench/results/h200/session-80/): 0 MB 8,425 / 8,431 tok/s against 8,403 / 8,388 with 4 MB
+# (+0.4%), 8 MB -0.1%, 12 MB -0.6% against 4. MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
+L2_SCREEN_BYTES = int(os.environ.get("MINILLM_L2_SCREEN_MB", "0")) << 20
 
 
 class Block:
@@ -277,21 +281,22 @@ class GPT:
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=(self._next_weight(i, screened),) if cuda_core else ())
+                          l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _next_weight(self, i, screened):
-        """What layer i's mlp-out asks L2 for (one row of gpt2's size): the next layer's qkv
-        weights, or after the last layer the lm_head's first columns: of its int8 copy where the
-        screened head runs (H200, gpt2 batch 1, alternated twice, the same ids: 8,323 / 8,367
-        against 8,304 / 8,315 tok/s with the fp16 head's, +0.4%; bench/results/h200/session-79/)."""
+        """What layer i's mlp-out asks L2 for (one row of gpt2's size), as l2_ahead: the next
+        layer's qkv weights, or after the last layer the full lm_head's first columns. Before the
+        screened head nothing (L2_SCREEN_BYTES): its int8 copy's first 4 MB had gained +0.4%
+        against the fp16 head's (bench/results/h200/session-79/), and asking for none gains as
+        much again."""
         if i + 1 < len(self.blocks):
-            return self.blocks[i + 1].attn[0]
+            return (self.blocks[i + 1].attn[0],)
         if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
-            return q[:max(1, L2_LM_HEAD_BYTES // (q.shape[1] * 4))]
+            return (q[:L2_SCREEN_BYTES // (q.shape[1] * 4)],) if L2_SCREEN_BYTES >= q.shape[1] * 4 else ()
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
-        return w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))]
+        return (w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))],)
 
     def _screened(self, B, argmax_keys):
         """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""
