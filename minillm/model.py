@@ -137,10 +137,11 @@ def folded(weight, bias, ln_weight, ln_bias):
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20
-# the same for the screened head's int8 copy: none. H200, gpt2 batch 1, alternated twice, the same
-# ids (bench/results/h200/session-80/): 0 MB 8,425 / 8,431 tok/s against 8,403 / 8,388 with 4 MB
-# (+0.4%), 8 MB -0.1%, 12 MB -0.6% against 4. MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
-L2_SCREEN_BYTES = int(os.environ.get("MINILLM_L2_SCREEN_MB", "0")) << 20
+# the same for the screened head's int8 copy: its first 4 MB, +0.4% against the fp16 head's
+# (bench/results/h200/session-79/). Against none, H200, gpt2 batch 1, alternated twice, the same ids
+# (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
+# MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
+L2_SCREEN_BYTES = int(os.environ.get("MINILLM_L2_SCREEN_MB", "4")) << 20
 
 
 class Block:
@@ -286,10 +287,8 @@ class GPT:
 
     def _next_weight(self, i, screened):
         """What layer i's mlp-out asks L2 for (one row of gpt2's size), as l2_ahead: the next
-        layer's qkv weights, or after the last layer the full lm_head's first columns. Before the
-        screened head nothing (L2_SCREEN_BYTES): its int8 copy's first 4 MB had gained +0.4%
-        against the fp16 head's (bench/results/h200/session-79/), and asking for none gains as
-        much again."""
+        layer's qkv weights, or after the last layer the lm_head's first columns: of its int8
+        copy where the screened head runs (L2_SCREEN_BYTES; none for 0)."""
         if i + 1 < len(self.blocks):
             return (self.blocks[i + 1].attn[0],)
         if screened:

@@ -200,9 +200,9 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
 
 def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     """At one row of gpt2's size layer i's mlp-out asks L2 for the next layer's qkv weights, and
-    the last layer's for the full lm_head's first columns: their first bytes, as many as
-    L2_LM_HEAD_BYTES allows, dense (l2_ahead's requirement). Before the screened head
-    (kernels.vocab_screen) it asks for nothing, or for L2_SCREEN_BYTES of the int8 copy."""
+    the last layer's for the lm_head's first columns: their first bytes, as many as
+    L2_LM_HEAD_BYTES allows, dense (l2_ahead's requirement); of the int8 copy where the screened
+    head runs (kernels.vocab_screen), as many as L2_SCREEN_BYTES allows (nothing for 0)."""
     model = LLM(path, dtype="float32", cuda_graphs=False).engine.model
     n = len(model.blocks)
     for i in range(n - 1):
@@ -211,10 +211,13 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     C, V = model.lm_head[0].shape
     q = torch.zeros(V, C // 4, dtype=torch.int32, device=model.device)  # the screen's words, (V, C / 4)
     model.lm_screen = kernels.vocab_screen.ScreenedHead(q, None)
-    assert minillm.model.L2_SCREEN_BYTES == 0 and model._next_weight(n - 1, True) == ()
-    monkeypatch.setattr(minillm.model, "L2_SCREEN_BYTES", 3 * C)  # a column's C int8 weights: C bytes
     (screened,) = model._next_weight(n - 1, True)
-    assert screened.shape == (3, C // 4) and screened.data_ptr() == q.data_ptr() and screened.is_contiguous()
+    rows = min(V, minillm.model.L2_SCREEN_BYTES // C)  # a column's C int8 weights: C bytes
+    assert screened.shape == (rows, C // 4) and screened.data_ptr() == q.data_ptr() and screened.is_contiguous()
+    monkeypatch.setattr(minillm.model, "L2_SCREEN_BYTES", 3 * C)
+    assert model._next_weight(n - 1, True)[0].shape == (3, C // 4)
+    monkeypatch.setattr(minillm.model, "L2_SCREEN_BYTES", 0)
+    assert model._next_weight(n - 1, True) == ()
     (head,) = model._next_weight(n - 1, False)
     w = model.lm_head[0]  # (C, V), out-major
     cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
