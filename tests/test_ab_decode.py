@@ -119,6 +119,27 @@ def test_the_first_process_may_compile_cold(monkeypatch, capsys):
         ab_decode.main(["--env", "", "--env", "MINILLM_A=1", "--timeout", "900"])
 
 
+def test_even_rounds_run_the_variants_in_reverse(monkeypatch, capsys):
+    """Rounds alternate the order (A B C, C B A, A B C): no variant always runs first; the table
+    keeps the variants in the order given, each one's rounds in round order."""
+    order = []
+
+    def fake_run(cmd, env, capture_output, text, timeout):
+        order.append(env.get("MINILLM_A", "-"))
+        rate = 100.0 + 10 * len(order)  # each process faster than the one before
+        row = {"model": "m", "batch": 1, "tok_s": rate, "min": rate, "max": rate, "ids": "x", "cold_s": 0.0}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
+
+    monkeypatch.setattr(ab_decode.subprocess, "run", fake_run)
+    monkeypatch.delenv("MINILLM_A", raising=False)
+    ab_decode.main(["--env", "", "--env", "MINILLM_A=1", "--env", "MINILLM_A=2", "--rounds", "3"])
+    assert order == ["-", "1", "2", "2", "1", "-", "-", "1", "2"]
+    # a steady drift over the call weighs on every variant alike over rounds 1 and 2 (270 each);
+    # the odd third round tilts the means its way
+    assert "| m | 1 | 110 / 160 / 170 | 120 / 150 / 180 | 130 / 140 / 190 | +2.3%, +4.5% | same |" in \
+        capsys.readouterr().out
+
+
 def test_worker_options_drop_the_parents_own():
     argv = ["--env", "MINILLM_A=1", "--model", "gpt2", "--env=", "--out", "/tmp/x", "--batch", "1", "2"]
     assert ab_decode._without_option(ab_decode._without_option(argv, "--out"), "--env") == [
