@@ -5,11 +5,11 @@ read at import, so each variant runs in a fresh process; the variants alternate 
 drift of the machine (clocks, another tenant) shows as spread between rounds instead of as a
 difference between variants. Every second round runs them in reverse order (A B, B A, A B, ...),
 so no variant always runs first or after the same neighbour, and a steady drift over the call
-weighs on every variant alike over each pair of rounds. Each process builds the model (a preset gets random weights, as
-`minillm bench`), generates once cold, then times --runs warm runs per batch (prompt 32, 128 new
-tokens, greedy or with --temperature sampled from seed 0, EOS ignored) and reports the median decode tokens/s, the range and a hash of the
-ids. The table gives each variant's median per round, the change against the first variant and
-whether the ids matched it.
+weighs on every variant alike over each pair of rounds. Each process builds the model (a preset
+gets random weights, as `minillm bench`), generates once cold, then times --runs warm runs per
+batch (prompt 32, 128 new tokens, greedy or with --temperature sampled from seed 0, EOS ignored)
+and reports the median decode tokens/s, the range and a hash of the ids. The table gives each
+variant's median per round, the change against the first variant and whether the ids matched it.
 
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
