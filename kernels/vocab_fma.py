@@ -158,9 +158,9 @@ def fitted_programs(kernel, programs, per_sm, device, key, args, meta):
     (resident_per_sm, found once per `key`: what picks the compiled kernel besides `meta`, such as
     the dtypes and the ints Triton specializes). The persistent heads loop over their blocks, so
     any count is correct."""
-    if device.type != "cuda" or not hasattr(kernel, "warmup"):  # (not trace_decode's stand-in)
+    if device.type != "cuda":
         return programs
-    key = (kernel.__name__, device, *key, *sorted(meta.items()))
+    key = (kernel, device, *key, *sorted(meta.items()))  # the object: trace_decode's copies share the names
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=(1,), enable_fp_fusion=FP_FUSION, **meta)
         _ = compiled.run  # loads the module, which sets n_regs

@@ -4,11 +4,13 @@ its dependent-launch wait, has its prefetched weights, ends, and on which SM. to
 sees whole kernels; this sees how a kernel's programs share the SMs with the next kernel's
 early starters.
 
-How: the six decode kernel files (the CUDA-core vocabulary head's too) are copied with four
-`%globaltimer` reads and a record store added (text patches at fixed anchors, checked by
-tests/test_trace_decode.py), loaded as `kernels._traced_*`, and the engine's launchers are
-pointed at them. The weights' arrival is forced by a sum after the wait, so the trigger stays
-where the engine has it. The clock ticks in 0.256 us steps on an H100, and instrumentation
+How: the seven decode kernel files (the CUDA-core vocabulary head's and the screened head's too)
+are copied with four `%globaltimer` reads and a record store added (text patches at fixed
+anchors, checked by tests/test_trace_decode.py), loaded as `kernels._traced_*`, and the engine's
+launchers are pointed at them. The weights' arrival is forced by a sum after the wait, so the
+trigger stays where the engine has it. The screened lm_head's "weights" stamp is its stream's
+end instead (its best lower end known): from there to its end are its atomic and its exact
+columns. The clock ticks in 0.256 us steps on an H100, and instrumentation
 slows a step (gpt2-xl 2,084 against 1,736 us): read the timeline for its shape, and time the
 step with --untraced.
 
@@ -99,6 +101,18 @@ PATCHES = {
         ('        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
          '        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n    _record(trace_ptr, pid, t0, t1, t2)\n'),
     ],
+    # the screened lm_head: its second stamp is its stream's end (the best lower end known), not
+    # a weights' arrival; from there to its end are the atomic and the exact columns (the tail)
+    "vocab_screen": [
+        ("_block_logits, fitted_programs\n", "_block_logits, fitted_programs\n" + HELPERS),
+        ("    ITERS: tl.constexpr,\n):", "    ITERS: tl.constexpr, trace_ptr,\n):"),
+        ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
+        ("    rk = tl.arange(0, BLOCK_K)\n", "    t2 = _now()\n    rk = tl.arange(0, BLOCK_K)\n"),
+        ("    # the upper ends back", "    t1 = _now_after(best_lower)\n    # the upper ends back"),
+        ('    if found | not_finite:\n        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
+         '    if found | not_finite:\n        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n'
+         '    _record(trace_ptr, pid, t0, t1, t2)\n'),
+    ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
         ("NEW_APART: tl.constexpr,\n):", "NEW_APART: tl.constexpr, trace_ptr,\n):"),
@@ -168,6 +182,13 @@ class _Traced:
         self.fn, self.kind, self.names = fn, kind, names
         self.__name__ = fn.__name__  # _tuning.launch names layouts by it
 
+    def warmup(self, *args, **kw):
+        """The traced copy compiled, for vocab_fma.fitted_programs: the persistent heads launch as
+        many programs as the copy's registers (timers included) let the SMs hold at once, as the
+        engine does for its own kernels (nothing runs: the record buffer only sets its dtype)."""
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        return self.fn.warmup(*args, trace_ptr=torch.empty(FIELDS, dtype=torch.int64, device=device), **kw)
+
     def shape(self, args, kw):
         """The named arguments' values, passed by keyword or by position."""
         return tuple(kw[n] if n in kw else args[self.fn.arg_names.index(n)] for n in self.names)
@@ -175,7 +196,8 @@ class _Traced:
     def __getitem__(self, grid):
         def run(*args, **kw):
             n = grid[0] * (grid[1] if len(grid) > 1 else 1)
-            buf = torch.empty(n * FIELDS, dtype=torch.int64, device="cuda")
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))  # (compile-only runs: the CPU)
+            buf = torch.empty(n * FIELDS, dtype=torch.int64, device=device)
             RECORDS.append((self.kind, *self.shape(args, kw), buf, n))
             return self.fn[grid](*args, trace_ptr=buf, **kw)
         return run
@@ -186,8 +208,8 @@ def install(tmp, stamp="weights"):
     import kernels  # noqa: F401  (kernels.decode_attention there is the function; take the modules)
     from kernels._tuning import launch
 
-    da, dap, gv, gs, gf, vf = (sys.modules[f"kernels.{m}"] for m in ("decode_attention", "decode_attention_proj",
-                                                                      "gemv", "gemv_slab", "gemv_fma", "vocab_fma"))
+    da, dap, gv, gs, gf, vf, vs = (sys.modules[f"kernels.{m}"] for m in (
+        "decode_attention", "decode_attention_proj", "gemv", "gemv_slab", "gemv_fma", "vocab_fma", "vocab_screen"))
     traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
     traced_slab = _Traced(load_traced("gemv_slab", tmp)._gemv_slab_kernel, "gemv", ("N", "K"))
@@ -197,6 +219,7 @@ def install(tmp, stamp="weights"):
     dap.launch = lambda kernel, grid, *a, **kw: launch(traced_proj, grid, *a, **kw)
     gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
     vf._vocab_fma_kernel = _Traced(load_traced("vocab_fma", tmp)._vocab_fma_kernel, "vocab", ("N", "K"))
+    vs._vocab_screen_kernel = _Traced(load_traced("vocab_screen", tmp)._vocab_screen_kernel, "screen", ("N", "K"))
     da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
                                           ("H", "D"))
 

@@ -15,7 +15,7 @@ spec.loader.exec_module(trace_decode)
 
 KERNELS = {"gemv": "_gemv_kernel", "gemv_slab": "_gemv_slab_kernel", "gemv_fma": "_gemv_fma_kernel",
            "decode_attention": "_decode_attention_kernel", "decode_attention_proj": "_decode_attention_proj_kernel",
-           "vocab_fma": "_vocab_fma_kernel"}
+           "vocab_fma": "_vocab_fma_kernel", "vocab_screen": "_vocab_screen_kernel"}
 
 
 def _calls_in(tree, function):
@@ -107,3 +107,14 @@ def test_stamps_move_the_second_stamp(stamp, tmp_path):
     assert trace_decode.SUM_W not in src
     mod = trace_decode.load_traced("decode_attention_proj", tmp_path, stamp)
     assert "trace_ptr" in mod._decode_attention_proj_kernel.arg_names
+
+
+def test_the_stand_in_compiles_for_the_register_fit(tmp_path, monkeypatch):
+    """vocab_fma.fitted_programs sizes a persistent head by its compiled registers: the stand-in
+    hands it the traced copy's kernel, compiled with an int64 record buffer."""
+    fn = trace_decode.load_traced("vocab_screen", tmp_path)._vocab_screen_kernel
+    seen = {}
+    monkeypatch.setattr(fn, "warmup", lambda *a, **kw: seen.update(kw) or "compiled")
+    traced = trace_decode._Traced(fn, "screen", ("N", "K"))
+    assert traced.warmup(torch.zeros(2), 3, grid=(1,), K=768) == "compiled"
+    assert seen["trace_ptr"].dtype == torch.int64 and seen["grid"] == (1,) and seen["K"] == 768
