@@ -14,6 +14,7 @@ variant's median per round, the change against the first variant and whether the
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
   python3 scripts/ab_decode.py --env "" --env MINILLM_PDL=0 --model gpt2 --batch 1   # "": as set
+  python3 scripts/ab_decode.py --env "" --env MINILLM_AA=1 --rounds 4   # A/A (a switch nothing reads): the noise
   python3 scripts/ab_decode.py --env "" --env MINILLM_L2_AHEAD=0 --temperature 1   # sampled, top_k 50
 """
 import argparse
