@@ -293,7 +293,8 @@ class GPT:
             return (self.blocks[i + 1].attn[0],)
         if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
-            return (q[:L2_SCREEN_BYTES // (q.shape[1] * 4)],) if L2_SCREEN_BYTES >= q.shape[1] * 4 else ()
+            rows = L2_SCREEN_BYTES // (q.shape[1] * 4)
+            return (q[:rows],) if rows else ()
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
         return (w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))],)
 

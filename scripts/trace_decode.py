@@ -174,6 +174,13 @@ def load_traced(name, tmp, stamp="weights"):
 RECORDS = []  # per launch in order: (kind, N, K, buffer, programs)
 
 
+def _records(n, args):
+    """An int64 record buffer of n words on the launch's device (its first tensor's: the CPU in
+    compile-only runs)."""
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    return torch.empty(n, dtype=torch.int64, device=device)
+
+
 class _Traced:
     """Stands in for a JIT kernel that launchers index with a grid: adds a record buffer, and
     notes the launch's shape (`names`: (N, K) of a linear, (H, D) of attention)."""
@@ -186,8 +193,7 @@ class _Traced:
         """The traced copy compiled, for vocab_fma.fitted_programs: the persistent heads launch as
         many programs as the copy's registers (timers included) let the SMs hold at once, as the
         engine does for its own kernels (nothing runs: the record buffer only sets its dtype)."""
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        return self.fn.warmup(*args, trace_ptr=torch.empty(FIELDS, dtype=torch.int64, device=device), **kw)
+        return self.fn.warmup(*args, trace_ptr=_records(FIELDS, args), **kw)
 
     def shape(self, args, kw):
         """The named arguments' values, passed by keyword or by position."""
@@ -196,8 +202,7 @@ class _Traced:
     def __getitem__(self, grid):
         def run(*args, **kw):
             n = grid[0] * (grid[1] if len(grid) > 1 else 1)
-            device = next(a.device for a in args if isinstance(a, torch.Tensor))  # (compile-only runs: the CPU)
-            buf = torch.empty(n * FIELDS, dtype=torch.int64, device=device)
+            buf = _records(n * FIELDS, args)
             RECORDS.append((self.kind, *self.shape(args, kw), buf, n))
             return self.fn[grid](*args, trace_ptr=buf, **kw)
         return run
