@@ -10,7 +10,8 @@
 - decode_attention_proj: decode attention and the output projection (+ residual) in one launch
   for few rows and a short cache; fixed_row_stats: its statistics buffers in fixed point, where
   its one-atomic merge takes them
-- embedding: token + position embedding gather
+- embedding: token + position embedding gather; embedding_linear: a decode step's embedding
+  and first linear, one launch where that linear runs one row on CUDA cores
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - screen_head / screened_argmax: greedy decoding's argmax at one row from an int8 copy of the
   vocabulary head, the full head's key from about half its bytes
@@ -34,7 +35,7 @@ from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
-from .linear import linear
+from .linear import embedding_linear, linear
 from .noise import ExponentialNoise, exponential, new_exponential_noise, torch_exponential_matches
 from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
@@ -43,8 +44,9 @@ from .softmax import softmax
 from .vocab_screen import screen_head, screened_argmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
-           "decode_attention_proj", "decode_row_stats", "embedding", "exponential", "ExponentialNoise",
-           "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear", "new_exponential_noise", "new_row_stats",
+           "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear", "exponential",
+           "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear",
+           "new_exponential_noise", "new_row_stats",
            "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "softmax",
            "torch_exponential_matches"]
 __version__ = "0.1.0"

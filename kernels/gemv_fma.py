@@ -29,6 +29,7 @@ from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import INTERPRET, env_int, launch, mask_switch, use_pdl
 from .activations import _apply_activation
+from .embedding import _embedded_row
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
 # (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
@@ -105,10 +106,11 @@ def _gemv_fma_kernel(
     M, N, ln_eps, negative_slope,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
+    ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab, n_pos, stride_te, stride_pe,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -146,7 +148,17 @@ def _gemv_fma_kernel(
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
-    xf = tl.load(x_ptr + row * stride_xm + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
+    if EMBED:  # x is the row's embedding (embedding_linear): gathered here, kept by column block 0
+        e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
+                               stride_pe)
+        x = e.to(x_ptr.dtype.element_ty)
+        if pid < M:  # every program gathers the same bits; one a row stores them
+            tl.store(x_ptrs, x, mask=k_mask)
+            tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
+        xf = x.to(tl.float32)  # (BLOCK_K,)
+    else:
+        xf = tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     mean, rstd = 0.0, 0.0
@@ -168,11 +180,13 @@ def decode_row_stats(rows, cols, device):
 
 
 def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
-             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None):
+             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None, embed=None):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch, l2_ahead: see `linear`
     (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead). An EARLY_F32 in `config`
-    stands in for early_f32's choice (tests, benchmarks)."""
+    stands in for early_f32's choice (tests, benchmarks). embed: (ids, pos, wte, wpe, lens_out),
+    checked by linear.embedding_linear: x2's rows are gathered from the tables and written, not read, and
+    lens_out gets pos + 1."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
@@ -183,16 +197,18 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     pdl = use_pdl(x2.device)
     r2 = residual if residual is not None else y2
     l2_args, l2_meta = l2_launch_args(l2_ahead_ranges, y2, x2.device, meta["num_warps"])
+    ids, pos, wte, wpe, lens = embed if embed is not None else (y2, y2, y2, y2, y2)
     launch(
         _gemv_fma_kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2,
         ln_fold if ln_fold is not None else y2,
         M, N, ln_eps, negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         *l2_args,
+        ids, pos, wte, wpe, lens, wte.shape[0], wpe.shape[0], wte.stride(0), wpe.stride(0),
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early),
-        launch_pdl=pdl,
+        EMBED=embed is not None, launch_pdl=pdl,
         **l2_meta, **meta,
     )
     return y2

@@ -18,6 +18,8 @@ Two kernels behind one launcher:
   (in the epilogue, from partial sums) made a 1024-token prompt's first token 1.44 ms against
   1.35 on an H100.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,9 @@ from ._l2_ahead import l2_ranges
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
+from .embedding import check_embedding, embedding
 from .gemv import gemv
+from .gemv_fma import fma_config, gemv_fma
 from .gemv_config import SMALL_M
 from .layernorm import standardize
 
@@ -90,10 +94,31 @@ def _linear_kernel(
         _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                          BLOCK_M, BLOCK_N)
 
+# a decode step's embedding gathered by its first linear where that runs on the CUDA-core GEMV
+# (embedding_linear); MINILLM_EMBED_FOLD=0 keeps two launches (A/B timing)
+EMBED_FOLD = os.environ.get("MINILLM_EMBED_FOLD", "1") != "0"
+
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
 _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"],
                          restore_value=["y_ptr"])(_linear_kernel)
+
+
+def _check_layer(x, weight, bias, activation, ln_fold):
+    """linear's checks of the layer's tensors against x; returns (K, N)."""
+    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=x.device)
+    K, N = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"weight: expected ({x.shape[-1]}, N) to match x's last dim, got {tuple(weight.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, device=x.device)
+        check_shape("bias", bias, (N,))
+    if ln_fold is not None:
+        check_tensor("ln_fold", ln_fold, ndim=1, dtypes=(torch.float32,), device=x.device)
+        check_shape("ln_fold", ln_fold, (N,))
+    return K, N
 
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
@@ -127,18 +152,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     """
     check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)
-    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=x.device)
-    K, N = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"weight: expected ({x.shape[-1]}, N) to match x's last dim, got {tuple(weight.shape)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1, device=x.device)
-        check_shape("bias", bias, (N,))
-    if ln_fold is not None:
-        check_tensor("ln_fold", ln_fold, ndim=1, dtypes=(torch.float32,), device=x.device)
-        check_shape("ln_fold", ln_fold, (N,))
+    K, N = _check_layer(x, weight, bias, activation, ln_fold)
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     out_shape = (*x.shape[:-1], N)
@@ -190,3 +204,28 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         keys = argmax_keys.view(-1)
         torch.maximum(keys, row_keys(y2), out=keys)
     return y
+
+
+def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps=1e-5, stats=None, lens_out=None,
+                     early_launch=False):
+    """A decode step's first two ops, (x, y): x = embedding(ids, pos, wte, wpe, stats_out=stats,
+    lens_out=lens_out) and y = linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps,
+    ln_stats=stats, early_launch=early_launch), the same bits. Where that linear runs the one-row
+    CUDA-core GEMV (gemv_fma.py: one row, no statistics), they are one launch: every program
+    gathers the row's embedding itself, beside its weights, and the first column block stores x
+    and the lengths. The step then begins with a kernel whose weights stream in from its start,
+    where the embedding launch held layer 0's qkv back by its own latency.
+    MINILLM_EMBED_FOLD=0 keeps the two launches (A/B timing)."""
+    check_embedding(ids, pos, wte, wpe, lens_out)
+    R = ids.shape[0]
+    x = torch.empty((R, wte.shape[1]), dtype=wte.dtype, device=wte.device)
+    K, N = _check_layer(x, weight, bias, None, ln_fold)
+    config = fma_config(R, N, K, weight.stride(0)) if EMBED_FOLD and R and stats is None else None
+    if config is None:
+        embedding(ids, pos, wte, wpe, out=x, stats_out=stats, lens_out=lens_out)
+        return x, linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, ln_stats=stats, early_launch=early_launch)
+    y = x.new_empty((R, N))
+    lens = lens_out if lens_out is not None else torch.empty_like(pos)
+    gemv_fma(x, weight, bias, None, y, ln_fold, ln_eps, None, 0.0, False, config, early_launch,
+             embed=(ids, pos, wte, wpe, lens))
+    return x, y

@@ -214,6 +214,12 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     return y
 
 
+def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps=1e-5, stats=None, lens_out=None,
+                     early_launch=False):
+    x = embedding(ids, pos, wte, wpe, stats_out=stats, lens_out=lens_out)
+    return x, linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, ln_stats=stats)
+
+
 def softmax(x):
     return torch.softmax(x.float(), dim=-1).to(x.dtype)
 

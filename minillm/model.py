@@ -248,7 +248,7 @@ class GPT:
         c, ops = self.config, self.ops
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
-        seq_lens = torch.empty_like(pos)  # pos + 1, written by the embedding kernel
+        seq_lens = torch.empty_like(pos)  # pos + 1, written with the embedding
         # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
         cuda_core = st_a is None  # the layer linears on the CUDA-core GEMV (one row of gpt2's size)
@@ -264,10 +264,16 @@ class GPT:
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
-        x = ops.embedding(tokens, pos, self.wte, self.wpe, stats_out=st_a, lens_out=seq_lens)  # (B, C)
+        # x (B, C) and layer 0's qkv; one launch at one row of gpt2's size (its programs gather x)
+        w, b, colsum = self.blocks[0].attn
+        x, qkv = ops.embedding_linear(tokens, pos, self.wte, self.wpe, w, b, ln_fold=colsum,
+                                      ln_eps=c.layer_norm_epsilon, stats=st_a, lens_out=seq_lens,
+                                      early_launch="qkv" in early)
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
-            qkv = self._attention_in(blk, x, st_a, early).view(B, 3, H, D)
+            if i:
+                qkv = self._attention_in(blk, x, st_a, early)
+            qkv = qkv.view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
             # x += attention(q) @ W + b, one launch at few rows and a short cache. It reads the

@@ -46,6 +46,14 @@ def test_screened_head_takes_the_lm_heads_place():
         "embedding", "qkv", "attention+attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
 
 
+def test_embedding_folded_into_the_first_qkv():
+    # one row of gpt2's size: kernels.embedding_linear gathers the embedding in layer 0's qkv
+    names = ["_gemv_fma_kernel", "_decode_attention_proj_kernel", "_gemv_fma_kernel", "_gemv_fma_kernel",
+             "_vocab_screen_kernel", "_append_tokens_kernel"]
+    assert profile_decode.label(names, n_layer=1) == [
+        "qkv", "attention+attn-out", "fc", "mlp-out", "lm_head", "append_tokens"]
+
+
 def test_critical_shares_add_up_to_each_step():
     # two steps of three kernels; the second starts early (dependent launch) and the third ends
     # before the second: its share is zero, and the shares add up to first start -> last end

@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ if ON_GPU:
     SHAPES += [(1, 768, 2304), (1, 1600, 6400), (64, 1600, 6400), (1, 768, 50257), (1024, 768, 3072),
                (4096, 3072, 768), (130, 1600, 4800)]
     EPILOGUE_SHAPES += [(1, 768, 3072), (1024, 768, 3072)]
+LINEAR_MODULE = importlib.import_module("kernels.linear")  # `kernels.linear` is the function
 
 
 def _ref(x, w, **kw):
@@ -113,3 +116,65 @@ def test_linear_errors(device):
         kernels.linear(x, w.half())
     with pytest.raises(ValueError, match="ln_fold: expected shape"):
         kernels.linear(x, w, ln_fold=randn(8, device=device))
+
+
+def _embedding_layer(V, P, C, N, dtype, device):
+    """Tables and a layernorm-folded, out-major layer (the model's first qkv)."""
+    wte, wpe = randn(V, C, dtype=dtype, device=device), randn(P, C, dtype=dtype, device=device, scale=0.3)
+    g, be = randn(C, dtype=dtype, device=device, scale=0.2) + 1.0, randn(C, dtype=dtype, device=device)
+    w, b, colsum = kernels.fold_layernorm(randn(C, N, dtype=dtype, device=device, scale=C ** -0.5),
+                                          randn(N, dtype=dtype, device=device), g, be)
+    return wte, wpe, w.t().contiguous().t(), b, colsum
+
+
+# (V, P, C, N): C off a power of two, N off the CUDA-core GEMV's column block; gpt2's qkv on the GPU
+EMBED_SHAPES = [(50, 16, 300, 37), (97, 40, 64, 130)] + ([(50257, 1024, 768, 2304)] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("V,P,C,N", EMBED_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embedding_linear_one_row_in_one_launch(V, P, C, N, dtype, device, monkeypatch):
+    """At one row the first linear's programs gather the embedding themselves: x, y and the
+    lengths equal the two ops' bit for bit, and y matches the float64 math."""
+    wte, wpe, w, b, colsum = _embedding_layer(V, P, C, N, dtype, device)
+    ids = torch.randint(0, V, (1,), device=device)
+    pos = torch.randint(0, P, (1,), device=device, dtype=torch.int32)
+    lens = torch.full((1,), -7, dtype=torch.int32, device=device)
+    x0 = kernels.embedding(ids, pos, wte, wpe)
+    y0 = kernels.linear(x0, w, b, ln_fold=colsum)
+    monkeypatch.setattr(LINEAR_MODULE, "embedding", None)  # a second launch would fail
+    x, y = kernels.embedding_linear(ids, pos, wte, wpe, w, b, ln_fold=colsum, lens_out=lens, early_launch=True)
+    assert torch.equal(x, x0) and torch.equal(y, y0)
+    assert torch.equal(lens, pos + 1)
+    assert_rel_close(y, _ref(x0, w, bias=b, ln_fold=colsum), dtype, f"embedding_linear C={C} N={N}")
+
+
+def test_embedding_linear_elsewhere_two_ops(device, monkeypatch):
+    """More rows (with their statistics), or the fold switched off: the embedding launch and
+    `linear`, the same results as calling them."""
+    wte, wpe, w, b, colsum = _embedding_layer(60, 20, 96, 100, torch.float32, device)
+    ids = torch.tensor([59, 3, 60], device=device)  # 60: outside the table, embeds wpe alone
+    pos = torch.tensor([19, 0, 7], device=device, dtype=torch.int32)
+    for rows, fold in ((3, True), (1, False)):
+        stats = kernels.decode_row_stats(rows, 96, device) if rows > 1 else None
+        monkeypatch.setattr(LINEAR_MODULE, "EMBED_FOLD", fold)
+        lens = torch.full((rows,), -7, dtype=torch.int32, device=device)
+        x, y = kernels.embedding_linear(ids[:rows], pos[:rows], wte, wpe, w, b, ln_fold=colsum, stats=stats,
+                                        lens_out=lens)
+        x0 = kernels.embedding(ids[:rows], pos[:rows], wte, wpe)
+        assert torch.equal(x, x0) and torch.equal(lens, pos[:rows] + 1)
+        assert_rel_close(y, _ref(x0, w, bias=b, ln_fold=colsum), torch.float32, f"embedding_linear rows={rows}")
+        rx, ry = ref.embedding_linear(ids[:rows], pos[:rows], wte, wpe, w, b, ln_fold=colsum)
+        assert torch.equal(rx, x0)
+        assert_rel_close(y, ry, torch.float32, "the reference backend")
+
+
+def test_embedding_linear_errors(device):
+    wte, wpe, w, b, colsum = _embedding_layer(10, 4, 8, 12, torch.float32, device)
+    ids = torch.zeros(1, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="pos: expected shape"):
+        kernels.embedding_linear(ids, ids[:0], wte, wpe, w, b, ln_fold=colsum)
+    with pytest.raises(ValueError, match=r"weight: expected \(8, N\)"):
+        kernels.embedding_linear(ids, ids, wte, wpe, w[:4], b, ln_fold=colsum)
+    with pytest.raises(ValueError, match="ln_fold: expected shape"):
+        kernels.embedding_linear(ids, ids, wte, wpe, w, b, ln_fold=colsum[:5])
