@@ -9,20 +9,15 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
 from .noise import check_noise
 
-L2_PIECE = 32 << 10  # bytes a request: one warp asks for megabytes in a few rounds
-
 
 @triton.jit
 def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, noise_ptr, B, eos,
-                          stride_ob, noise_increment, l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
-                          HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr, HAS_NOISE: tl.constexpr,
-                          BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr, L2_AHEAD: tl.constexpr,
-                          L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr):
+                          stride_ob, noise_increment, HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
+                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -43,12 +38,9 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     tl.store(step_ptr, step + 1)
     if HAS_NOISE:  # the sampler read the generator state: advance it as exponential_ would
         tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
-    if L2_AHEAD:  # the step's last work: the bus is idle until the next step's first kernel
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, 0, 1, L2_SLOTS, L2_PIECE)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None,
-                  l2_ahead=()):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
     """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
     finished[b] |= next_ids[b] == eos; then step += 1; with noise (the ExponentialNoise the
     step's sampler drew from), its offset += its increment. All on the device, no sync.
@@ -57,8 +49,6 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
     finished: (B,) bool (with eos, an int token id).
     from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
     and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
-    l2_ahead: up to two dense tensors (the next step's first weights) whose bytes the kernel asks
-    L2 for once its own work is done (_l2_ahead.py; Hopper only, results unchanged).
     """
     check_tensor("next_ids", next_ids, ndim=1, dtypes=(torch.int64,))
     check_device_usable("next_ids", next_ids)
@@ -78,14 +68,11 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
         check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
     if noise is not None:
         check_noise("noise", noise, dev)
-    ranges = l2_ranges("l2_ahead", l2_ahead, dev)
     if B:
         pdl = use_pdl(dev)
-        l2_args, l2_meta = l2_launch_args(ranges, pos, dev, 1)
-        l2_meta["L2_PIECE"] = L2_PIECE
         launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
                finished if finished is not None else pos, noise.state if noise is not None else step, B,
-               -1 if eos is None else int(eos), out.stride(0), noise.increment if noise is not None else 0, *l2_args,
+               -1 if eos is None else int(eos), out.stride(0), noise.increment if noise is not None else 0,
                HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
-               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl, **l2_meta)
+               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out

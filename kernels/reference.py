@@ -228,8 +228,7 @@ def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None,
-                  l2_ahead=()):
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
     if noise is not None:
         noise.state[1:].add_(noise.increment)
     if from_keys:

@@ -170,8 +170,7 @@ class Engine:
         # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
                                      st.finished if eos is not None else None, eos, from_keys=from_keys,
-                                     noise=st.noise.draw if st.noise is not None else None,
-                                     l2_ahead=self.model.step_start_weights(st.tokens.shape[0]))
+                                     noise=st.noise.draw if st.noise is not None else None)
 
     def _state(self, batch, params, eos, max_len=None):
         key = (batch, params.graph_key(), eos, max_len)

@@ -142,8 +142,6 @@ L2_LM_HEAD_BYTES = 4 << 20
 # (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
 # MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
 L2_SCREEN_BYTES = int(os.environ.get("MINILLM_L2_SCREEN_MB", "4")) << 20
-# the step's last kernel asks L2 for the next step's first weights (step_start_weights)
-APPEND_L2 = os.environ.get("MINILLM_APPEND_L2", "1") != "0"
 
 
 class Block:
@@ -173,7 +171,6 @@ class GPT:
         # greedy decoding's argmax at one row from an int8 copy of the head (None: the full head)
         self.lm_screen = self.ops.screen_head(*self.lm_head)
         self.blocks = [Block(weights, i) for i in range(config.n_layer)]
-        self._start_weights = {}  # batch -> step_start_weights
 
     @property
     def device(self):
@@ -306,15 +303,6 @@ class GPT:
             return (q[:rows],) if rows else ()
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
         return (w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))],)
-
-    def step_start_weights(self, batch):
-        """What a decode step's last kernel asks L2 for (append_tokens' l2_ahead): layer 0's qkv
-        weights, which the next step's first kernel reads with no kernel before it to overlap, at
-        one row of gpt2's size (the CUDA-core path). MINILLM_APPEND_L2=0: none (A/B timing)."""
-        if batch not in self._start_weights:
-            cuda_core = self.ops.decode_row_stats(batch, self.config.n_embd, self.device) is None
-            self._start_weights[batch] = (self.blocks[0].attn[0],) if APPEND_L2 and cuda_core else ()
-        return self._start_weights[batch]
 
     def _screened(self, B, argmax_keys):
         """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""

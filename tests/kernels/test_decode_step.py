@@ -32,20 +32,6 @@ def test_append_tokens_matches_reference(B, with_eos, device):
         assert ours[4][0]  # row 0 drew the end-of-sequence id
 
 
-def test_append_tokens_l2_ahead_changes_nothing(device):
-    """Asking L2 for the next step's weights (on a Hopper GPU; a no-op elsewhere) leaves every
-    result as it is, with a slice off 16 bytes and two ranges; a third range is refused."""
-    nxt = torch.randint(0, 1000, (1,), device=device)
-    w = torch.randn(300, 2304, device=device).to(torch.float16)
-    ours, expect = _state(1, 12, device), _state(1, 12, device)
-    kernels.append_tokens(nxt, *ours[:4], l2_ahead=(w.view(-1)[3:5000], w[:7]))
-    ref.append_tokens(nxt, *expect[:4])
-    for a, b in zip(ours, expect):
-        assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="l2_ahead: expected at most 2 tensors"):
-        kernels.append_tokens(nxt, *ours[:4], l2_ahead=(w, w, w))
-
-
 @pytest.mark.parametrize("B", [1, 5])
 def test_append_tokens_from_argmax_keys(B, device):
     """Keys from the lm_head: the ids are their indices, and the keys are left EMPTY."""
