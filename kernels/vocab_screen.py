@@ -162,8 +162,9 @@ def _vocab_screen_kernel(
         rn = n0 + cols
         n_mask = rn < N
         if LEAN:
-            rn_next = tl.minimum(rn + step, N - 1)  # requested now: two blocks in flight (past N: a copy)
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=w_mask[None, :], other=0)
+            rn_next = rn + step  # requested now: two blocks in flight
+            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
+                             other=0)
             # the column constants first, so their round trip overlaps the reduction
             s = tl.load(meta_ptr + rn)
             e_norm = tl.load(meta_ptr + N_PAD + rn)
