@@ -36,7 +36,6 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_log
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
-LEAN = os.environ.get("MINILLM_SCREEN_LEAN", "1") != "0"  # experiment switch (A/B timing)
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
 PROGRAMS_PER_SM = 24
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
@@ -46,9 +45,9 @@ FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_S
 # The screen's int8 copy: q (N, K // 4) int32 words of 4 int8 weights each (a column's K in order, the
 # first in the lowest byte), meta (5, N_PAD) fp32: per column its scale s (w ~ s * q), upper bounds
 # E of |w - s * q| and W of |w| (2-norms over K, of the weights the full head multiplies), |colsum|
-# and the bias (0 without one); N_PAD, N rounded up to PAD, lets a block's constants load as vectors
+# and the bias (0 without one); N_PAD, N rounded up to 16, lets a block's constants load as vectors
 ScreenedHead = namedtuple("ScreenedHead", "q meta")
-PAD = 256  # a multiple of every BLOCK_N (the interpreter's too): a block's constants need no mask
+PAD = 16
 BUILD_COLUMNS = 8192  # columns quantized at a time at load
 
 
@@ -113,7 +112,7 @@ def _vocab_screen_kernel(
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, LEAN: tl.constexpr,
+    ITERS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -143,10 +142,7 @@ def _vocab_screen_kernel(
     eta = (K + 16) * 1.1920928955078125e-07
     u = tl.where(k_mask, (xf - mean) * rstd, 0.0)
     su = tl.maximum(tl.max(tl.abs(u), axis=0), 1e-30) / 127.0
-    if LEAN:
-        xq = tl.minimum(tl.maximum(tl.floor(u * (1.0 / su) + 0.5), -127.0), 127.0)  # any rounding: d holds the rest
-    else:
-        xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0), 127.0)
+    xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0), 127.0)
     d = u - xq * su
     xq = xq.to(tl.int32)
     a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0).to(tl.float32))  # the int sum is exact below 2**24
@@ -161,36 +157,23 @@ def _vocab_screen_kernel(
     for n0 in range(pid * BLOCK_N, N, step):
         rn = n0 + cols
         n_mask = rn < N
-        if LEAN:
-            rn_next = rn + step  # requested now: two blocks in flight
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                             other=0)
-            # the column constants first, so their round trip overlaps the reduction
-            s = tl.load(meta_ptr + rn)
-            e_norm = tl.load(meta_ptr + N_PAD + rn)
-            w_norm = tl.load(meta_ptr + 2 * N_PAD + rn)
-            colsum = tl.load(meta_ptr + 3 * N_PAD + rn)
-            bias = tl.load(meta_ptr + 4 * N_PAD + rn)
-        else:
-            pad_mask = rn < N_PAD
-            rn_next = rn + step
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn,
-                             mask=(rn_next < N)[:, None] & w_mask[None, :], other=0)
-            s = tl.load(meta_ptr + rn, mask=pad_mask)
-            e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
-            w_norm = tl.load(meta_ptr + 2 * N_PAD + rn, mask=pad_mask)
-            colsum = tl.load(meta_ptr + 3 * N_PAD + rn, mask=pad_mask)
-            bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
+        pad_mask = rn < N_PAD  # as n_mask, but whole vectors (N_PAD is a multiple of 16)
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
+                         other=0)
+        # the column constants first, so their round trip overlaps the reduction
+        s = tl.load(meta_ptr + rn, mask=pad_mask)
+        e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
+        w_norm = tl.load(meta_ptr + 2 * N_PAD + rn, mask=pad_mask)
+        colsum = tl.load(meta_ptr + 3 * N_PAD + rn, mask=pad_mask)
+        bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
         dot = tl.sum(_dp4a(q, xw, DP4A), axis=1)  # (BLOCK_N,) exact: |dot| <= 127**2 * K < 2**24
         core = (su * s) * dot.to(tl.float32)
         screen = core + bias
         slack = eta * (row_w * w_norm + row_colsum * colsum + tl.abs(core) + 2.0 * tl.abs(bias))
         bound = (a_norm * e_norm + d_norm * w_norm + slack) * 1.0001  # the bound's own roundings
         upper = (screen + bound).to(up_ptr.dtype.element_ty)  # round to nearest: order kept
-        if LEAN:
-            tl.store(up_ptr + rn, upper)
-        else:
-            tl.store(up_ptr + rn, upper, mask=pad_mask)
+        tl.store(up_ptr + rn, upper, mask=pad_mask)
         lower = (screen - bound).to(up_ptr.dtype.element_ty).to(tl.float32)
         lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
         best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
@@ -245,8 +228,6 @@ def screen_config(N, K, *, sms):
     (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
     block_n, per_sm = FORCED_LAYOUT or (BLOCK_N, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
-    if block_n > PAD:  # a block would run past the padded constants
-        raise ValueError(f"MINILLM_SCREEN_LAYOUT: expected BLOCK_N at most {PAD}, got {block_n}")
     return dict(BLOCK_N=block_n, BLOCK_W=triton.next_power_of_2(K // 4), BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
@@ -266,8 +247,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     pdl = use_pdl(x2.device)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
-                LEAN=LEAN)
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
     # blocks a program takes, for the tile that reads its upper ends back (again once the
     # programs are fitted to the SMs)
     meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))

@@ -99,7 +99,7 @@ def test_screen_head_bounds(device):
     assert q.abs().max() <= 127
     w = wf.t().double().cpu()
     meta = screen.meta.double().cpu()
-    assert meta.shape == (5, -(-N_ODD // vocab_screen.PAD) * vocab_screen.PAD) and (meta[0, N_ODD:] == 1).all() and (meta[1:, N_ODD:] == 0).all()
+    assert meta.shape == (5, N_ODD + 5) and (meta[0, N_ODD:] == 1).all() and (meta[1:, N_ODD:] == 0).all()
     s = meta[0, :N_ODD]
     assert ((w - s[:, None] * q).norm(dim=1) <= meta[1, :N_ODD]).all()
     assert (w.norm(dim=1) <= meta[2, :N_ODD]).all() and torch.equal(meta[3, :N_ODD], colsum.double().abs().cpu())
