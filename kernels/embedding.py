@@ -1,4 +1,5 @@
-"""Token + position embedding gather: y[r] = wte[ids[r]] + wpe[pos[r]] in one pass."""
+"""Token + position embedding gather: y[r] = wte[ids[r]] + wpe[pos[r]] in one pass. The gather
+(_embedded_row) is also the prologue of gemv_fma.py's EMBED switch (linear.embedding_linear)."""
 import torch
 import triton
 import triton.language as tl

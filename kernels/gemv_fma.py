@@ -14,6 +14,9 @@ itself:
 - after the wait: the row of x, multiply-adds in fp32 and one reduction over K, beside them the
   row's statistics for a folded layernorm (every program holds the whole row anyway; no
   partial statistics in or out), the epilogue;
+- with EMBED (linear.embedding_linear: a decode step's first linear) x is not read but
+  gathered after the wait, wte[id] + wpe[pos] rounded as the embedding kernel rounds it; the
+  first column block's programs store it (and the lengths) for the kernels after;
 - products and sums are plain fp32 on CUDA cores: free at one row, which is where `linear`
   sends it (fma_config; tests and benchmarks may force more rows, one per program). A row's
   arithmetic depends on (N, K) only, not on M; it is not the tensor-core GEMV's arithmetic, so
@@ -185,8 +188,8 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch, l2_ahead: see `linear`
     (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead). An EARLY_F32 in `config`
     stands in for early_f32's choice (tests, benchmarks). embed: (ids, pos, wte, wpe, lens_out),
-    checked by linear.embedding_linear: x2's rows are gathered from the tables and written, not read, and
-    lens_out gets pos + 1."""
+    checked by linear.embedding_linear: x2's rows are gathered from the tables and written, not
+    read, and lens_out gets pos + 1."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)

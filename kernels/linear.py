@@ -36,6 +36,10 @@ from .gemv_fma import fma_config, gemv_fma
 from .gemv_config import SMALL_M
 from .layernorm import standardize
 
+# a decode step's embedding gathered by its first linear where that runs on the CUDA-core GEMV
+# (embedding_linear); MINILLM_EMBED_FOLD=0 keeps two launches (A/B timing)
+EMBED_FOLD = os.environ.get("MINILLM_EMBED_FOLD", "1") != "0"
+
 
 def _cfg(bm, bn, bk, warps, stages):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
@@ -93,10 +97,6 @@ def _linear_kernel(
     if STATS_OUT:
         _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, pid_n * BLOCK_N, N, stats_out_ptr, stride_so,
                          BLOCK_M, BLOCK_N)
-
-# a decode step's embedding gathered by its first linear where that runs on the CUDA-core GEMV
-# (embedding_linear); MINILLM_EMBED_FOLD=0 keeps two launches (A/B timing)
-EMBED_FOLD = os.environ.get("MINILLM_EMBED_FOLD", "1") != "0"
 
 
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
