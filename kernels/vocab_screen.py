@@ -248,10 +248,15 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
-    # blocks a program takes, for the tile that reads its upper ends back (again once the
-    # programs are fitted to the SMs)
-    meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
+    # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
+    # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
+    # programs take more blocks, which may take more registers, so the count only falls (a few rounds)
     key = (x2.dtype, weight.dtype, N % 16, x2.stride(1))
-    programs = fitted_programs(_vocab_screen_kernel, programs, per_sm, x2.device, key, args, meta)
-    meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
+    wanted = programs
+    while True:
+        meta["ITERS"] = triton.next_power_of_2(triton.cdiv(N, programs * meta["BLOCK_N"]))
+        fitted = fitted_programs(_vocab_screen_kernel, wanted, per_sm, x2.device, key, args, meta)
+        if fitted >= programs:
+            break
+        programs = fitted
     launch(_vocab_screen_kernel, (programs,), *args, **meta)
