@@ -3,9 +3,11 @@ head) pairs over a cache length, the splits, the tile (rows and warps), the tile
 dependent-launch wait, the loop's pipeline stages and the form the new row takes. The arithmetic
 of a split is the same in every layout; each rule cites the GPU timing it came from.
 """
+import os
+
 import triton
 
-from ._tuning import env_int, sm_count
+from ._tuning import env_int, layout_switch, sm_count
 
 # cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
 # MINILLM_ATTN_PREFETCH_TILES=N forces N there (A/B timing)
@@ -14,7 +16,10 @@ PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
 # software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
 PIPELINE_MIN_L = 512
 LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
-NARROW = (32, 2)  # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout)
+# (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout);
+# MINILLM_ATTN_NARROW=BLOCK_NxWARPS forces another (A/B timing)
+NARROW = layout_switch("MINILLM_ATTN_NARROW", os.environ.get("MINILLM_ATTN_NARROW"), "BLOCK_NxWARPS", "32x2",
+                       pow2=2) or (32, 2)
 # splits of the narrow tiles over long caches at fewer pairs than programs wanted (default_layout);
 # MINILLM_ATTN_LONG_SPLITS=0 turns that layout off (A/B timing)
 LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
