@@ -16,13 +16,20 @@ its own few requests in flight, not on the memory system. So here:
 It takes 144 KB of shared memory at K = 768, so one program an SM. The chunk tiles are named one
 by one (MAX_CHUNKS of them): a tile held across the wait cannot live in a loop.
 """
+import os
+
 import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._tuning import launch, use_pdl
+from ._l2_ahead import ON as L2_ON
+from ._tuning import env_int, is_hopper, launch, use_pdl
 
 MAX_CHUNKS = 6  # K <= 6 x 128
+# see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the slab's chunks through an N-stage loop
+PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 0)
+if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
+    raise ValueError(f"MINILLM_SLAB_PIPELINED: expected 0 (off) or pipeline stages >= 2, got {PIPELINED_ENV}")
 
 
 @triton.jit
@@ -51,6 +58,30 @@ def _x_chunk(x_rows, c: tl.constexpr, m_mask, stride_xk, K: tl.constexpr, CHUNKS
 
 
 @triton.jit
+def _ask_l2_slab(w_ptr, n0, N, stride_wk, stride_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, W_L2: tl.constexpr,
+                 SEG_BYTES: tl.constexpr, SEGS: tl.constexpr):
+    """Ask L2 for the column block's weight slab (Hopper's bulk prefetch: no registers, nothing
+    waits for it). W_L2 1: out-major weights (stride_wk 1), one request a column of K elements;
+    2: (K, N) rows, one request a K row's BLOCK_N columns (full blocks only). SEG_BYTES a
+    multiple of 16 and each start 16-byte aligned (the launcher checks)."""
+    seg = tl.arange(0, SEGS)
+    if W_L2 == 1:
+        live = (seg < BLOCK_N) & (n0 + seg < N)
+        ptrs = w_ptr + (n0 + seg).to(tl.int64) * stride_wn
+    else:
+        live = (seg < K) & (n0 + BLOCK_N <= N)
+        ptrs = w_ptr + seg.to(tl.int64) * stride_wk + n0 * stride_wn
+    size = tl.full((SEGS,), SEG_BYTES, dtype=tl.int32)
+    tl.inline_asm_elementwise(
+        """{ .reg .pred live;
+        setp.ne.s32 live, $3, 0;
+        @live cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.u32 $0, 0; }""",
+        "=r,l,r,r", [ptrs.to(tl.pointer_type(tl.int8)), size, live.to(tl.int32)], dtype=tl.int32, is_pure=False,
+        pack=1)
+
+
+@triton.jit
 def _add_chunk(acc, x, w, fresh, c: tl.constexpr, CHUNKS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc + chunk c's product in a fresh accumulator (gemv.py's order); acc past the last chunk."""
     if c < CHUNKS:
@@ -69,6 +100,7 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+    STAGES: tl.constexpr, W_L2: tl.constexpr, SEG_BYTES: tl.constexpr, SEGS: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -79,13 +111,16 @@ def _gemv_slab_kernel(
     n_mask = rn < N
     tile_mask = m_mask[:, None] & n_mask[None, :]
 
-    # the whole weight slab, before waiting on the kernel that writes x
-    w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    w2 = _w_chunk(w_ptr, 2, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    w3 = _w_chunk(w_ptr, 3, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    w4 = _w_chunk(w_ptr, 4, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    w5 = _w_chunk(w_ptr, 5, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+    if STAGES > 1:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
+        if W_L2 > 0:
+            _ask_l2_slab(w_ptr, n0, N, stride_wk, stride_wn, K, BLOCK_N, W_L2, SEG_BYTES, SEGS)
+    else:  # the whole weight slab, before waiting on the kernel that writes x
+        w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+        w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+        w2 = _w_chunk(w_ptr, 2, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+        w3 = _w_chunk(w_ptr, 3, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+        w4 = _w_chunk(w_ptr, 4, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
+        w5 = _w_chunk(w_ptr, 5, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
     # the epilogue's bias and column sums, and the residual where the caller vouches for it (gemv.py)
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
@@ -97,14 +132,14 @@ def _gemv_slab_kernel(
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
-    # all of x at once; the row statistics' loads after it overlap the products
     x_rows = x_ptr + rm[:, None] * stride_xm
-    x0 = _x_chunk(x_rows, 0, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
-    x1 = _x_chunk(x_rows, 1, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
-    x2 = _x_chunk(x_rows, 2, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
-    x3 = _x_chunk(x_rows, 3, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
-    x4 = _x_chunk(x_rows, 4, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
-    x5 = _x_chunk(x_rows, 5, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+    if STAGES == 1:  # all of x at once; the row statistics' loads after it overlap the products
+        x0 = _x_chunk(x_rows, 0, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+        x1 = _x_chunk(x_rows, 1, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+        x2 = _x_chunk(x_rows, 2, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+        x3 = _x_chunk(x_rows, 3, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+        x4 = _x_chunk(x_rows, 4, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
+        x5 = _x_chunk(x_rows, 5, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
         if LN_STATS:  # partial sums left by the kernel that wrote x
@@ -114,15 +149,51 @@ def _gemv_slab_kernel(
 
     # a fresh accumulator starts at a runtime zero (gemv.py: Triton would fold a constant one into the sum)
     fresh = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
-    acc = tl.dot(x0, w0, fresh, input_precision=INPUT_PRECISION)
-    acc = _add_chunk(acc, x1, w1, fresh, 1, CHUNKS, INPUT_PRECISION)
-    acc = _add_chunk(acc, x2, w2, fresh, 2, CHUNKS, INPUT_PRECISION)
-    acc = _add_chunk(acc, x3, w3, fresh, 3, CHUNKS, INPUT_PRECISION)
-    acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
-    acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
+    if STAGES > 1:
+        # every chunk's x and W tiles copied into shared memory ahead by the pipeliner (cp.async),
+        # all in flight at once where STAGES > CHUNKS; the chunk sums added in order from zero
+        acc = fresh
+        for c in tl.range(0, CHUNKS, num_stages=STAGES):
+            kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_mask = kk < K
+            w_c = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                          mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            x_c = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = acc + tl.dot(x_c, w_c, fresh, input_precision=INPUT_PRECISION)
+    else:
+        acc = tl.dot(x0, w0, fresh, input_precision=INPUT_PRECISION)
+        acc = _add_chunk(acc, x1, w1, fresh, 1, CHUNKS, INPUT_PRECISION)
+        acc = _add_chunk(acc, x2, w2, fresh, 2, CHUNKS, INPUT_PRECISION)
+        acc = _add_chunk(acc, x3, w3, fresh, 3, CHUNKS, INPUT_PRECISION)
+        acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
+        acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
     _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask, n0,
                  N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION, HAS_RESIDUAL, PREFETCH_RESIDUAL,
                  LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
+
+
+def pipelined_stages(chunks):
+    """Pipeline stages of the slab's chunk loop, or 1 for the named tiles (the default): with
+    MINILLM_SLAB_PIPELINED=N the weight slab is asked into L2 before the wait (not loaded), and
+    after it every chunk's x and W tiles go through an N-stage loop, which Triton copies into
+    shared memory by cp.async without registers (N > chunks: all of them in flight at once). The
+    same chunks added in the same order: the same bits."""
+    return min(PIPELINED_ENV, chunks + 1) if PIPELINED_ENV > 1 else 1
+
+
+def slab_l2_request(weight, block_n):
+    """(W_L2, SEG_BYTES, SEGS) for _ask_l2_slab: how a column block's weight slab is asked into
+    L2, one bulk request a contiguous segment (16-byte multiples from 16-byte aligned starts), or
+    (0, 16, 1) where it cannot be (or not on Hopper, or under the interpreter)."""
+    K, N = weight.shape
+    size = weight.element_size()
+    if not (L2_ON and is_hopper(weight.device)) or weight.data_ptr() % 16:
+        return 0, 16, 1
+    if weight.stride(0) == 1 and weight.stride(1) * size % 16 == 0 and K * size % 16 == 0:
+        return 1, K * size, triton.next_power_of_2(block_n)
+    if weight.stride(1) == 1 and weight.stride(0) * size % 16 == 0 and block_n * size % 16 == 0:
+        return 2, block_n * size, triton.next_power_of_2(K)
+    return 0, 16, 1
 
 
 def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats, stats_out,
@@ -137,6 +208,8 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                          f"most BLOCK_M rows; got K {K}, M {M} and {meta}")
     pdl = use_pdl(x2.device)
     dummy = y2
+    stages = pipelined_stages(chunks)
+    w_l2, seg_bytes, segs = slab_l2_request(weight, meta["BLOCK_N"]) if stages > 1 else (0, 16, 1)
     launch(
         _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]),),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
@@ -149,6 +222,6 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
-        num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
+        STAGES=stages, W_L2=w_l2, SEG_BYTES=seg_bytes, SEGS=segs, num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
     )
     return y2

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import gemv_config
+from kernels import gemv_config, gemv_slab
 from kernels import reference as ref
 from tests.kernels.helpers import assert_rel_close, ln_linear_ref, poisoned, randn
 
@@ -59,6 +59,25 @@ def test_gemv_slab_bits_of_the_loop(kind, K, N, M, device):
             torch.testing.assert_close(groups[:, 0], y.sum(2), rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(groups[:, 1], (y * y).sum(2), rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(ys["slab"], ys["loop"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("stages", [3, 7])
+@pytest.mark.parametrize("kind", ["qkv", "attn-out"])
+def test_gemv_slab_pipelined_same_bits(kind, stages, monkeypatch, device):
+    """MINILLM_SLAB_PIPELINED (the chunks through a pipelined loop, the slab asked into L2 on
+    Hopper) gives the named tiles' bits: the same chunks, added in the same order."""
+    M, K, N = 64, 768, 100
+    x, w, bias, kw, expect = _layer(kind, M, K, N, torch.float16, device)
+    ys = {}
+    for env in (0, stages):
+        monkeypatch.setattr(gemv_slab, "PIPELINED_ENV", env)
+        kw_run = dict(kw)
+        if "stats_out" in kw:
+            kw_run["stats_out"] = kernels.new_row_stats(M, N, device)
+        ys[env] = kernels.linear(x, w, bias, out=poisoned((M, N), torch.float16, device), _config=SLAB, **kw_run)
+        assert_rel_close(ys[env], expect, torch.float16, f"{kind} stages {env}")
+    assert gemv_slab.pipelined_stages(6) == min(stages, 7)
+    torch.testing.assert_close(ys[stages], ys[0], rtol=0, atol=0)
 
 
 def test_gemv_slab_prefetched_residual_in_place(device):
