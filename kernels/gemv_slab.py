@@ -7,14 +7,18 @@ its first weight tile before the dependent-launch wait, then x and the other til
 chunk. Timed per program on an H200 (bench/results/h200/slab-phases-23275e5.json), a chunk's x
 arrived 1.0-1.3 us after its request, the same with 24, 48 or 72 programs: each SM waited on
 its own few requests in flight, not on the memory system. So here:
-- every weight tile of the block (K x 32, 48 KB at K = 768) is requested before the wait (the
-  weights never change between launches), by pointer loads issued together;
-- right after the wait every x tile (64 x K, 96 KB) is requested at once;
+- the block's whole weight slab (K x 32, 48 KB at K = 768) is asked into L2 before the wait
+  (the weights never change between launches; Hopper's bulk prefetch, no registers);
+- right after the wait every chunk's x tile (64 x 128) and weight tile go through a loop of
+  seven pipeline stages, which Triton copies into shared memory by cp.async: all of them in
+  flight at once (pipelined_stages, with the timing);
 - the products run chunk by chunk, each chunk into a fresh accumulator and the chunk sums added
   in chunk order: gemv.py's arithmetic, so a row keeps its bits in either kernel
   (tests/kernels/test_gemv_slab.py).
-It takes 144 KB of shared memory at K = 768, so one program an SM. The chunk tiles are named one
-by one (MAX_CHUNKS of them): a tile held across the wait cannot live in a loop.
+It takes 168 KB of shared memory at K = 768, so one program an SM. MINILLM_SLAB_PIPELINED=0
+keeps the first form (A/B timing): the weight tiles loaded before the wait, named one by one
+(MAX_CHUNKS of them: a tile held across the wait cannot live in a loop), and x by pointer loads
+through registers after it.
 """
 import os
 
@@ -26,8 +30,8 @@ from ._l2_ahead import ON as L2_ON
 from ._tuning import env_int, is_hopper, launch, use_pdl
 
 MAX_CHUNKS = 6  # K <= 6 x 128
-# see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the slab's chunks through an N-stage loop
-PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 0)
+# see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the chunks through an N-stage loop, 0 the named tiles
+PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 7)
 if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
     raise ValueError(f"MINILLM_SLAB_PIPELINED: expected 0 (off) or pipeline stages >= 2, got {PIPELINED_ENV}")
 
@@ -173,11 +177,15 @@ def _gemv_slab_kernel(
 
 
 def pipelined_stages(chunks):
-    """Pipeline stages of the slab's chunk loop, or 1 for the named tiles (the default): with
-    MINILLM_SLAB_PIPELINED=N the weight slab is asked into L2 before the wait (not loaded), and
-    after it every chunk's x and W tiles go through an N-stage loop, which Triton copies into
-    shared memory by cp.async without registers (N > chunks: all of them in flight at once). The
-    same chunks added in the same order: the same bits."""
+    """Pipeline stages of the slab's chunk loop (1: the named tiles). The weight slab is asked
+    into L2 before the wait (not loaded), and after it every chunk's x and W tiles go through
+    the loop, which Triton copies into shared memory by cp.async, without registers: at 7 stages
+    all six chunks are in flight at once. The named tiles held x in registers on its way to
+    shared memory: Triton 3.6 loaded it in two bursts, two L2 round trips. The same chunks added
+    in the same order: the same bits. H200, gpt2 batch 64 alternated twice in one call, the same
+    ids (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806
+    tok/s (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
+    MINILLM_SLAB_PIPELINED=N forces N stages, 0 the named tiles (A/B timing)."""
     return min(PIPELINED_ENV, chunks + 1) if PIPELINED_ENV > 1 else 1
 
 
