@@ -59,6 +59,18 @@ def launch_args(ranges, fallback, device, num_warps):
 
 
 @triton.jit
+def _ask_l2_at(ptrs, sizes, live):
+    """One bulk L2 request an element where live: sizes bytes (int32, a multiple of 16) from
+    ptrs (int8 pointers, 16-byte aligned)."""
+    tl.inline_asm_elementwise(
+        """{ .reg .pred live;
+        setp.ne.s32 live, $3, 0;
+        @live cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.u32 $0, 0; }""",
+        "=r,l,r,r", [ptrs, sizes, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
     """This program's share of an L2 prefetch of nbytes (a multiple of 16) from ptr: each of its
     SLOTS threads asks for one piece at a time, the programs' slots interleaved."""
@@ -69,13 +81,7 @@ def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES
         piece = first + slot
         off = piece.to(tl.int64) * PIECE_BYTES
         size = tl.minimum(nbytes - off, PIECE_BYTES).to(tl.int32)
-        tl.inline_asm_elementwise(
-            """{ .reg .pred live;
-            setp.ne.s32 live, $3, 0;
-            @live cp.async.bulk.prefetch.L2.global [$1], $2;
-            mov.u32 $0, 0; }""",
-            "=r,l,r,r", [base + off, size, (piece < n_pieces).to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
+        _ask_l2_at(base + off, size, piece < n_pieces)
 
 
 @triton.jit

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._l2_ahead import ON as L2_ON
+from ._l2_ahead import ON as L2_ON, _ask_l2_at
 from ._tuning import env_int, is_hopper, launch, use_pdl
 
 MAX_CHUNKS = 6  # K <= 6 x 128
@@ -75,14 +75,7 @@ def _ask_l2_slab(w_ptr, n0, N, stride_wk, stride_wn, K: tl.constexpr, BLOCK_N: t
     else:
         live = (seg < K) & (n0 + BLOCK_N <= N)
         ptrs = w_ptr + seg.to(tl.int64) * stride_wk + n0 * stride_wn
-    size = tl.full((SEGS,), SEG_BYTES, dtype=tl.int32)
-    tl.inline_asm_elementwise(
-        """{ .reg .pred live;
-        setp.ne.s32 live, $3, 0;
-        @live cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.u32 $0, 0; }""",
-        "=r,l,r,r", [ptrs.to(tl.pointer_type(tl.int8)), size, live.to(tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
+    _ask_l2_at(ptrs.to(tl.pointer_type(tl.int8)), tl.full((SEGS,), SEG_BYTES, dtype=tl.int32), live)
 
 
 @triton.jit
