@@ -34,6 +34,11 @@ TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 # see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
+# pipeline stages of the chunk-group programs (gpt2's mlp-out past 16 rows; decode_config);
+# MINILLM_GROUP_STAGES=N forces N (A/B timing: at 4 three of a group's six chunks are in flight)
+GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
+if GROUP_STAGES < 1:
+    raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
@@ -118,7 +123,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         # alone 7.89 -> 7.38 us; gpt2 batch 64 138.8k -> 145.6k tok/s, batch 32 80.7k -> 84.1k,
         # batch 8 -0.5% (alternated in one call; bench/results/h100/twenty-first-session.md)
         return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True, CHUNK_GROUPS=groups,
-                    num_warps=4, num_stages=4)
+                    num_warps=4, num_stages=GROUP_STAGES)
     if N < NARROW_N and not ln:  # (a layernorm's row sums over 2 warps would round another way)
         # gpt2's mlp-out (3072 -> 768) ran 48 programs of 64 columns at 64 rows; 32-column blocks in
         # two warps: 9.85 -> 7.03 us alone, gpt2 batch 64 135.5k -> 141.3k tok/s, batch 32 81.0k ->

@@ -23,7 +23,8 @@ def test_decode_config_programs_per_sm():
 def test_decode_config_chunk_groups(monkeypatch):
     """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in two groups
     at every row count (the arithmetic), and past 16 rows runs a program per group and 64-column
-    block; every other layer keeps one group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
+    block, in 4 pipeline stages (MINILLM_GROUP_STAGES forces others); every other layer keeps one
+    group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
     def cfg(M, N, K, ln=False):
         return gemv_config.decode_config(M, N, K, 2, ln, sms=132)
     for M in (2, 16):
@@ -31,7 +32,9 @@ def test_decode_config_chunk_groups(monkeypatch):
     for M in (17, 64):
         c = cfg(M, 768, 3072)
         assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 2, 64, 12)
-        assert gemv_config.partial_count(c) == 2
+        assert gemv_config.partial_count(c) == 2 and c["num_stages"] == 4
+    monkeypatch.setattr(gemv_config, "GROUP_STAGES", 6)
+    assert cfg(64, 768, 3072)["num_stages"] == 6
     assert gemv_config.chunk_groups(768, 3072, ln=True) == 1 and gemv_config.chunk_groups(1024, 4096, False) == 1
     assert gemv_config.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
     assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
