@@ -20,8 +20,6 @@ keeps the first form (A/B timing): the weight tiles loaded before the wait, name
 (MAX_CHUNKS of them: a tile held across the wait cannot live in a loop), and x by pointer loads
 through registers after it.
 """
-import os
-
 import triton
 import triton.language as tl
 
@@ -62,20 +60,13 @@ def _x_chunk(x_rows, c: tl.constexpr, m_mask, stride_xk, K: tl.constexpr, CHUNKS
 
 
 @triton.jit
-def _ask_l2_slab(w_ptr, n0, N, stride_wk, stride_wn, K: tl.constexpr, BLOCK_N: tl.constexpr, W_L2: tl.constexpr,
-                 SEG_BYTES: tl.constexpr, SEGS: tl.constexpr):
-    """Ask L2 for the column block's weight slab (Hopper's bulk prefetch: no registers, nothing
-    waits for it). W_L2 1: out-major weights (stride_wk 1), one request a column of K elements;
-    2: (K, N) rows, one request a K row's BLOCK_N columns (full blocks only). SEG_BYTES a
-    multiple of 16 and each start 16-byte aligned (the launcher checks)."""
-    seg = tl.arange(0, SEGS)
-    if W_L2 == 1:
-        live = (seg < BLOCK_N) & (n0 + seg < N)
-        ptrs = w_ptr + (n0 + seg).to(tl.int64) * stride_wn
-    else:
-        live = (seg < K) & (n0 + BLOCK_N <= N)
-        ptrs = w_ptr + seg.to(tl.int64) * stride_wk + n0 * stride_wn
-    _ask_l2_at(ptrs.to(tl.pointer_type(tl.int8)), tl.full((SEGS,), SEG_BYTES, dtype=tl.int32), live)
+def _ask_l2_slab(w_ptr, n0, N, stride_wn, BLOCK_N: tl.constexpr, COLUMN_BYTES: tl.constexpr):
+    """Ask L2 for the column block's slab of out-major weights (stride_wk 1: a column's K values
+    are one run of COLUMN_BYTES), one request a column (Hopper's bulk prefetch: no registers,
+    nothing waits for it). The launcher checks the 16-byte alignment the requests need."""
+    col = n0 + tl.arange(0, BLOCK_N)
+    ptrs = (w_ptr + col.to(tl.int64) * stride_wn).to(tl.pointer_type(tl.int8))
+    _ask_l2_at(ptrs, tl.full((BLOCK_N,), COLUMN_BYTES, dtype=tl.int32), col < N)
 
 
 @triton.jit
@@ -97,7 +88,7 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, W_L2: tl.constexpr, SEG_BYTES: tl.constexpr, SEGS: tl.constexpr,
+    STAGES: tl.constexpr, COLUMN_BYTES: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -109,8 +100,8 @@ def _gemv_slab_kernel(
     tile_mask = m_mask[:, None] & n_mask[None, :]
 
     if STAGES > 1:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
-        if W_L2 > 0:
-            _ask_l2_slab(w_ptr, n0, N, stride_wk, stride_wn, K, BLOCK_N, W_L2, SEG_BYTES, SEGS)
+        if COLUMN_BYTES > 0:
+            _ask_l2_slab(w_ptr, n0, N, stride_wn, BLOCK_N, COLUMN_BYTES)
     else:  # the whole weight slab, before waiting on the kernel that writes x
         w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
         w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
@@ -182,19 +173,16 @@ def pipelined_stages(chunks):
     return min(PIPELINED_ENV, chunks + 1) if PIPELINED_ENV > 1 else 1
 
 
-def slab_l2_request(weight, block_n):
-    """(W_L2, SEG_BYTES, SEGS) for _ask_l2_slab: how a column block's weight slab is asked into
-    L2, one bulk request a contiguous segment (16-byte multiples from 16-byte aligned starts), or
-    (0, 16, 1) where it cannot be (or not on Hopper, or under the interpreter)."""
+def slab_l2_column_bytes(weight):
+    """The bytes of one column of out-major weights (stride_wk 1), which _ask_l2_slab asks L2
+    for a column at a time; 0 (no requests) for other layouts, where a request would not be
+    16-byte aligned, off Hopper and under the interpreter. The model stores its weights
+    out-major."""
     K, N = weight.shape
     size = weight.element_size()
-    if not (L2_ON and is_hopper(weight.device)) or weight.data_ptr() % 16:
-        return 0, 16, 1
-    if weight.stride(0) == 1 and weight.stride(1) * size % 16 == 0 and K * size % 16 == 0:
-        return 1, K * size, triton.next_power_of_2(block_n)
-    if weight.stride(1) == 1 and weight.stride(0) * size % 16 == 0 and block_n * size % 16 == 0:
-        return 2, block_n * size, triton.next_power_of_2(K)
-    return 0, 16, 1
+    if not (L2_ON and is_hopper(weight.device)) or weight.data_ptr() % 16 or weight.stride(0) != 1:
+        return 0
+    return K * size if weight.stride(1) * size % 16 == 0 and K * size % 16 == 0 else 0
 
 
 def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats, stats_out,
@@ -210,7 +198,7 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
     pdl = use_pdl(x2.device)
     dummy = y2
     stages = pipelined_stages(chunks)
-    w_l2, seg_bytes, segs = slab_l2_request(weight, meta["BLOCK_N"]) if stages > 1 else (0, 16, 1)
+    column_bytes = slab_l2_column_bytes(weight) if stages > 1 else 0
     launch(
         _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]),),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
@@ -223,6 +211,6 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
-        STAGES=stages, W_L2=w_l2, SEG_BYTES=seg_bytes, SEGS=segs, num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
+        STAGES=stages, COLUMN_BYTES=column_bytes, num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
     )
     return y2

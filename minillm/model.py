@@ -141,7 +141,16 @@ L2_LM_HEAD_BYTES = 4 << 20
 # (bench/results/h200/session-79/). Against none, H200, gpt2 batch 1, alternated twice, the same ids
 # (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
 # MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
-L2_SCREEN_BYTES = int(os.environ.get("MINILLM_L2_SCREEN_MB", "4")) << 20
+def screen_bytes_from_env(value):
+    """MINILLM_L2_SCREEN_MB's value (None or empty: unset) -> bytes; one error naming it otherwise."""
+    if not value:
+        return 4 << 20
+    if not value.isdigit():
+        raise ValueError(f"MINILLM_L2_SCREEN_MB: expected a whole number of MB (0: none), got {value!r}")
+    return int(value) << 20
+
+
+L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 
 
 class Block:
