@@ -71,6 +71,16 @@ def _ask_l2_at(ptrs, sizes, live):
 
 
 @triton.jit
+def _ask_l2_columns(w_ptr, n0, N, stride_wn, k0, nbytes, live, BLOCK_N: tl.constexpr):
+    """Ask L2 for nbytes of each out-major column n0 .. n0 + BLOCK_N - 1 of w (stride_wk 1: a
+    column's K values are one run), from K index k0, one request a column where live and below
+    N. The launcher checks the 16-byte alignment of the runs and of nbytes."""
+    col = n0 + tl.arange(0, BLOCK_N)
+    ptrs = (w_ptr + col.to(tl.int64) * stride_wn + k0).to(tl.pointer_type(tl.int8))
+    _ask_l2_at(ptrs, tl.full((BLOCK_N,), nbytes, dtype=tl.int32), live & (col < N))
+
+
+@triton.jit
 def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
     """This program's share of an L2 prefetch of nbytes (a multiple of 16) from ptr: each of its
     SLOTS threads asks for one piece at a time, the programs' slots interleaved."""

@@ -39,6 +39,8 @@ CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
 if GROUP_STAGES < 1:
     raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
+# see loop_l2: MINILLM_LOOP_L2=1 has the looping programs ask L2 for their later weight chunks (A/B timing)
+LOOP_L2 = os.environ.get("MINILLM_LOOP_L2", "0") != "0"
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
@@ -149,6 +151,16 @@ def slab_layout(M, K, itemsize):
     if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2 or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
         return None
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
+
+
+def loop_l2(meta):
+    """Whether a looping program (past 16 rows, several chunks: gpt2's mlp-out at batch 33-64 in
+    two chunk groups) asks L2 for its later chunks' weights before its wait, as the slab asks
+    for its whole slab (gemv_slab.pipelined_stages: +3.0% of its +3.9% at gpt2 batch 64), so
+    that its pipelined loop meets them in L2 after the wait. The row-block programs of a column
+    block share its tiles and take its columns in turn. Not timed yet: off unless
+    MINILLM_LOOP_L2=1 (A/B timing); the launcher asks only for out-major weights on Hopper."""
+    return LOOP_L2 and not meta["SPLIT"] and meta["CHUNKS"] > 1
 
 
 def chunk_groups(N, K, ln):

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._l2_ahead import ON as L2_ON, _ask_l2_at
+from ._l2_ahead import ON as L2_ON, _ask_l2_columns
 from ._tuning import env_int, is_hopper, launch, use_pdl
 
 MAX_CHUNKS = 6  # K <= 6 x 128
@@ -60,16 +60,6 @@ def _x_chunk(x_rows, c: tl.constexpr, m_mask, stride_xk, K: tl.constexpr, CHUNKS
 
 
 @triton.jit
-def _ask_l2_slab(w_ptr, n0, N, stride_wn, BLOCK_N: tl.constexpr, COLUMN_BYTES: tl.constexpr):
-    """Ask L2 for the column block's slab of out-major weights (stride_wk 1: a column's K values
-    are one run of COLUMN_BYTES), one request a column (Hopper's bulk prefetch: no registers,
-    nothing waits for it). The launcher checks the 16-byte alignment the requests need."""
-    col = n0 + tl.arange(0, BLOCK_N)
-    ptrs = (w_ptr + col.to(tl.int64) * stride_wn).to(tl.pointer_type(tl.int8))
-    _ask_l2_at(ptrs, tl.full((BLOCK_N,), COLUMN_BYTES, dtype=tl.int32), col < N)
-
-
-@triton.jit
 def _add_chunk(acc, x, w, fresh, c: tl.constexpr, CHUNKS: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc + chunk c's product in a fresh accumulator (gemv.py's order); acc past the last chunk."""
     if c < CHUNKS:
@@ -100,8 +90,8 @@ def _gemv_slab_kernel(
     tile_mask = m_mask[:, None] & n_mask[None, :]
 
     if STAGES > 1:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
-        if COLUMN_BYTES > 0:
-            _ask_l2_slab(w_ptr, n0, N, stride_wn, BLOCK_N, COLUMN_BYTES)
+        if COLUMN_BYTES > 0:  # one request a column (_l2_ahead: no registers, nothing waits for it)
+            _ask_l2_columns(w_ptr, n0, N, stride_wn, 0, COLUMN_BYTES, tl.full((BLOCK_N,), True, tl.int1), BLOCK_N)
     else:  # the whole weight slab, before waiting on the kernel that writes x
         w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
         w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
@@ -174,8 +164,8 @@ def pipelined_stages(chunks):
 
 
 def slab_l2_column_bytes(weight):
-    """The bytes of one column of out-major weights (stride_wk 1), which _ask_l2_slab asks L2
-    for a column at a time; 0 (no requests) for other layouts, where a request would not be
+    """The bytes of one column of out-major weights (stride_wk 1), which _l2_ahead._ask_l2_columns
+    asks L2 for a column at a time; 0 (no requests) for other layouts, where a request would not be
     16-byte aligned, off Hopper and under the interpreter. The model stores its weights
     out-major."""
     K, N = weight.shape
