@@ -1,6 +1,10 @@
-"""The one-atomic merge of split partial sums, shared by the kernels whose programs split a dot
-product and meet on the output (decode_attention_proj's heads, the decode GEMV's K chunks).
+"""The merges of split partial sums, shared by the kernels whose programs split a dot product
+and meet on the output (decode_attention_proj's heads, the decode GEMV's K chunks and groups).
 
+_add_stored: each program stores its fp32 partial and counts its arrival; the last to arrive
+reads the partials back and adds them in a fixed order (the same bits in every launch).
+
+_add_fixed, the one-atomic merge:
 Each program adds its fp32 partial to one int64 word per output element, in fixed point (units
 of 2**-24), with an arrival count in the same word, by one atomic that returns the word. Integer
 sums do not depend on the order. The program that brings an element's count to the number of
@@ -44,3 +48,33 @@ def _add_fixed(part, words, mask, PARTS: tl.constexpr):
     field = (total & SUMS_MASK) - PARTS * FIXED_OFFSET
     sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
     return tl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
+
+
+@triton.jit
+def _add_stored(acc, part, count_ptr, part_id, tile_mask, part_stride, PARTS: tl.constexpr, PER: tl.constexpr):
+    """Stores this program's partial acc as part part_id (at part + part_id * part_stride, fp32)
+    and counts its arrival at count_ptr. Returns (the sum, True) to the last of the PARTS to
+    arrive, which adds the parts in order, PER at a time into group sums (in order from zero),
+    the group sums in order from zero, and leaves the counter at zero for the next launch;
+    (acc, False) to the others."""
+    tl.store(part + part_id * part_stride, acc, mask=tile_mask)
+    # acq_rel: our partial is visible before the count moves; the last arriver sees all
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    finish = arrived == PARTS - 1
+    if finish:
+        acc = tl.zeros_like(acc)
+        if PER >= PARTS:  # one group (0 + x is x): the partials in order
+            for s in tl.static_range(PARTS):
+                acc += tl.load(part + s * part_stride, mask=tile_mask, other=0.0, cache_modifier=".cg")
+        else:
+            for g in tl.static_range((PARTS + PER - 1) // PER):
+                group = tl.zeros_like(acc)
+                for j in tl.static_range(PER):
+                    if g * PER + j < PARTS:
+                        group += tl.load(part + (g * PER + j) * part_stride, mask=tile_mask, other=0.0,
+                                         cache_modifier=".cg")
+                acc += group
+        # ready for the next launch (and graph replay), which the kernel boundary orders after
+        # this one: relaxed, so the epilogue's stores need not wait for its round trip
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed")
+    return acc, finish

@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._fixed_merge import _add_fixed
+from ._fixed_merge import _add_fixed, _add_stored
 from ._l2_ahead import _ask_l2_columns
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
@@ -50,7 +50,7 @@ from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, fixed_split, loop_l2, partial_count,
                           split_maxnreg, stage_first, tma_weights)
 from .gemv_fma import fma_config, gemv_fma
-from .gemv_slab import gemv_slab, slab_l2_column_bytes
+from .gemv_slab import gemv_slab, l2_element_bytes
 from .vocab_fma import vocab_config, vocab_fma
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
@@ -183,31 +183,9 @@ def _gemv_kernel(
     if FIXED:  # (PARTS > 1) the one-atomic merge: each element finished by the part completing it
         acc, done = _add_fixed(acc, words_ptr + rm[:, None] * N + rn[None, :], tile_mask, PARTS)
         tile_mask = tile_mask & done
-    elif (SPLIT or GROUP_SPLIT) and PARTS > 1:
-        part = part_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(part + pid_k * M * N, acc, mask=tile_mask)
-        # acq_rel: our partial is visible before the count moves; the last arriver sees all
-        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        finish = arrived == PARTS - 1
-        if finish:
-            # chunk order within each group, then group order, as the loops above; a group sum
-            # (GROUP_SPLIT) is a group of one partial here
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            PER_PART: tl.constexpr = 1 if GROUP_SPLIT else PER
-            if PER_PART >= PARTS:  # one group (0 + x is x): the partials in order
-                for s in tl.static_range(PARTS):
-                    acc += tl.load(part + s * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            else:
-                for g in tl.static_range((PARTS + PER_PART - 1) // PER_PART):
-                    group = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for j in tl.static_range(PER_PART):
-                        if g * PER_PART + j < PARTS:
-                            group += tl.load(part + (g * PER_PART + j) * M * N, mask=tile_mask, other=0.0,
-                                             cache_modifier=".cg")
-                    acc += group
-            # ready for the next launch (and graph replay), which the kernel boundary orders after
-            # this one: relaxed, so the epilogue's stores need not wait for its round trip
-            tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")
+    elif (SPLIT or GROUP_SPLIT) and PARTS > 1:  # chunk sums (SPLIT) or group sums, in order
+        acc, finish = _add_stored(acc, part_ptr + rm[:, None] * N + rn[None, :], count_ptr + pid, pid_k, tile_mask,
+                                  M * N, PARTS, 1 if GROUP_SPLIT else PER)
     if finish:
         y = _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask,
                          pid_n * BLOCK_N, N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION,
@@ -299,7 +277,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
-        FIXED=fixed, L2_REST=weight.element_size() if loop_l2(meta) and slab_l2_column_bytes(weight) else 0,
+        FIXED=fixed, L2_REST=l2_element_bytes(weight) if loop_l2(meta) else 0,
         W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

@@ -10,6 +10,7 @@ import triton
 from ._fixed_merge import MAX_FIXED_PARTS
 from ._tuning import env_int
 from .gemv_fma import VOCAB_N
+from . import gemv_slab
 from .gemv_slab import MAX_CHUNKS as SLAB_CHUNKS
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
@@ -34,6 +35,12 @@ TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 # see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
+# see chunk_groups: MINILLM_CHUNK_GROUPS=N adds gpt2's mlp-out chunk sums in N groups (A/B timing)
+CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 2)
+if CHUNK_GROUPS < 1:
+    raise ValueError(f"MINILLM_CHUNK_GROUPS: expected groups >= 1, got {CHUNK_GROUPS}")
+# see slab_layout: MINILLM_GROUP_SLAB=1 runs chunk groups past 32 rows as slabs (A/B timing)
+GROUP_SLAB = os.environ.get("MINILLM_GROUP_SLAB", "0") != "0"
 # pipeline stages of the chunk-group programs (gpt2's mlp-out past 16 rows; decode_config);
 # MINILLM_GROUP_STAGES=N forces N (A/B timing: at 4 three of a group's six chunks are in flight)
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
@@ -96,7 +103,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
             block_n //= 2
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
-    slab = slab_layout(M, K, itemsize)
+    slab = slab_layout(M, K, itemsize, groups, block_k, chunks)
     if slab is not None:
         return slab
     if K < 1024 and N >= 2 * K:
@@ -137,7 +144,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
 
 
-def slab_layout(M, K, itemsize):
+def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
     """The SLAB layout (gemv_slab.py) for M rows of a layer of K inputs, or None: half precision,
     K from ROWS32_MIN_K to 768 (six 128-wide chunks; gpt2's qkv, attn-out and fc), past 32
     rows: one 64-row tile a 32-column block, the chunks of gemv.py's layouts (the same bits).
@@ -148,7 +155,14 @@ def slab_layout(M, K, itemsize):
     0.7%. The ids of those batches changed, as attn-out's row statistics (fc's layernorm) add up
     in the 64-row tile's order. mlp-out's two chunk groups as slabs of 32 rows lost 8.7%
     (h200/slab-groups-ab-32c5898.log)."""
-    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2 or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
+    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2:
+        return None
+    if groups > 1:  # gpt2's mlp-out: a program a chunk group (not timed yet: off unless MINILLM_GROUP_SLAB=1)
+        if not GROUP_SLAB or gemv_slab.PIPELINED_ENV <= 1:
+            return None
+        return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False, SLAB=True,
+                    num_warps=4, BLOCK_M=64)
+    if not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
         return None
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 
@@ -168,8 +182,9 @@ def chunk_groups(N, K, ln):
     arithmetic, so a function of the layer alone. Two for wide-K layers with a narrow output and
     no layernorm (gpt2's mlp-out), whose 64-row layout then splits K over two programs a column
     block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
-    the looping program on 32-column blocks (A/B timing)."""
-    return 2 if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
+    the looping program on 32-column blocks; MINILLM_CHUNK_GROUPS=N makes it N groups (A/B
+    timing: the bits of such a layer change with it, at every row count alike)."""
+    return CHUNK_GROUPS if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
 
 
 def stage_first(meta, M, K, ln):

@@ -20,14 +20,18 @@ keeps the first form (A/B timing): the weight tiles loaded before the wait, name
 (MAX_CHUNKS of them: a tile held across the wait cannot live in a loop), and x by pointer loads
 through registers after it.
 """
+import torch
 import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
+from ._fixed_merge import _add_stored
 from ._l2_ahead import ON as L2_ON, _ask_l2_columns
 from ._tuning import env_int, is_hopper, launch, use_pdl
+from ._workspace import arrival_counters
 
-MAX_CHUNKS = 6  # K <= 6 x 128
+MAX_CHUNKS = 6  # K <= 6 x 128 for the named tiles
+SMEM_BUDGET = 200 * 1024  # shared memory the pipelined loop's stages may take (an H100 or H200 has 227 KB)
 # see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the chunks through an N-stage loop, 0 the named tiles
 PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 7)
 if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
@@ -70,7 +74,7 @@ def _add_chunk(acc, x, w, fresh, c: tl.constexpr, CHUNKS: tl.constexpr, INPUT_PR
 
 @triton.jit
 def _gemv_slab_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, stats_in_ptr, stats_out_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, stats_in_ptr, stats_out_ptr, part_ptr, count_ptr,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -78,11 +82,16 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, COLUMN_BYTES: tl.constexpr,
+    STAGES: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
     n0 = tl.program_id(0) * BLOCK_N
+    group = 0  # (one group: the loop's bounds stay constants)
+    if PARTS > 1:  # this program's group of PER chunks (gemv.py's GROUP_SPLIT)
+        group = tl.program_id(1)
+    k0 = group * PER * BLOCK_K
+    k_end = tl.minimum(K, k0 + PER * BLOCK_K)
     rm = tl.arange(0, BLOCK_M)
     rn = n0 + tl.arange(0, BLOCK_N)
     m_mask = rm < M
@@ -90,8 +99,9 @@ def _gemv_slab_kernel(
     tile_mask = m_mask[:, None] & n_mask[None, :]
 
     if STAGES > 1:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
-        if COLUMN_BYTES > 0:  # one request a column (_l2_ahead: no registers, nothing waits for it)
-            _ask_l2_columns(w_ptr, n0, N, stride_wn, 0, COLUMN_BYTES, tl.full((BLOCK_N,), True, tl.int1), BLOCK_N)
+        if L2_BYTES > 0:  # (W's element bytes) one request a column (_l2_ahead: no registers, nothing waits)
+            _ask_l2_columns(w_ptr, n0, N, stride_wn, k0, (k_end - k0) * L2_BYTES,
+                            tl.full((BLOCK_N,), True, tl.int1), BLOCK_N)
     else:  # the whole weight slab, before waiting on the kernel that writes x
         w0 = _w_chunk(w_ptr, 0, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
         w1 = _w_chunk(w_ptr, 1, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
@@ -131,7 +141,7 @@ def _gemv_slab_kernel(
         # every chunk's x and W tiles copied into shared memory ahead by the pipeliner (cp.async),
         # all in flight at once where STAGES > CHUNKS; the chunk sums added in order from zero
         acc = fresh
-        for c in tl.range(0, CHUNKS, num_stages=STAGES):
+        for c in tl.range(group * PER, tl.minimum(CHUNKS, group * PER + PER), num_stages=STAGES):
             kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
             k_mask = kk < K
             w_c = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
@@ -145,55 +155,70 @@ def _gemv_slab_kernel(
         acc = _add_chunk(acc, x3, w3, fresh, 3, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
-    _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask, n0,
-                 N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION, HAS_RESIDUAL, PREFETCH_RESIDUAL,
-                 LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
+    finish = True
+    if PARTS > 1:  # the group sums added in order by the last group to arrive
+        acc, finish = _add_stored(acc, part_ptr + rm[:, None] * N + rn[None, :], count_ptr + tl.program_id(0), group,
+                                  tile_mask, M * N, PARTS, 1)
+    if finish:
+        _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask,
+                     n0, N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION, HAS_RESIDUAL,
+                     PREFETCH_RESIDUAL, LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
 
 
-def pipelined_stages(chunks):
-    """Pipeline stages of the slab's chunk loop (1: the named tiles). The weight slab is asked
-    into L2 before the wait (not loaded), and after it every chunk's x and W tiles go through
-    the loop, which Triton copies into shared memory by cp.async, without registers: at 7 stages
-    all six chunks are in flight at once. The named tiles held x in registers on its way to
-    shared memory: Triton 3.6 loaded it in two bursts, two L2 round trips. The same chunks added
-    in the same order: the same bits. H200, gpt2 batch 64 alternated twice in one call, the same
-    ids (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806
-    tok/s (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
-    MINILLM_SLAB_PIPELINED=N forces N stages, 0 the named tiles (A/B timing)."""
-    return min(PIPELINED_ENV, chunks + 1) if PIPELINED_ENV > 1 else 1
+def pipelined_stages(chunks, stage_bytes=0):
+    """Pipeline stages of the slab's chunk loop over a program's chunks (1: the named tiles), as
+    many as fit SMEM_BUDGET at stage_bytes a stage. The weight slab is asked into L2 before the
+    wait (not loaded), and after it every chunk's x and W tiles go through the loop, which Triton
+    copies into shared memory by cp.async, without registers: at 7 stages all six chunks are in
+    flight at once. The named tiles held x in registers on its way to shared memory: Triton 3.6
+    loaded it in two bursts, two L2 round trips. The same chunks added in the same order: the
+    same bits. H200, gpt2 batch 64 alternated twice in one call, the same ids
+    (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806 tok/s
+    (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
+    MINILLM_SLAB_PIPELINED=N forces N stages (at most), 0 the named tiles (A/B timing)."""
+    if PIPELINED_ENV <= 1:
+        return 1
+    return max(2, min(PIPELINED_ENV, chunks + 1, SMEM_BUDGET // stage_bytes if stage_bytes else chunks + 1))
 
 
-def slab_l2_column_bytes(weight):
-    """The bytes of one column of out-major weights (stride_wk 1), which _l2_ahead._ask_l2_columns
-    asks L2 for a column at a time; 0 (no requests) for other layouts, where a request would not be
-    16-byte aligned, off Hopper and under the interpreter. The model stores its weights
-    out-major."""
+def l2_element_bytes(weight):
+    """W's element bytes where the decode GEMVs may ask L2 for runs of its columns
+    (_l2_ahead._ask_l2_columns: out-major weights, stride_wk 1, whose runs start at a multiple
+    of 8 elements and end at one or at K); 0 (no requests) for other layouts, where a request
+    would not be 16-byte aligned, off Hopper and under the interpreter. The model stores its
+    weights out-major."""
     K, N = weight.shape
     size = weight.element_size()
     if not (L2_ON and is_hopper(weight.device)) or weight.data_ptr() % 16 or weight.stride(0) != 1:
         return 0
-    return K * size if weight.stride(1) * size % 16 == 0 and K * size % 16 == 0 else 0
+    return size if weight.stride(1) * size % 16 == 0 and K * size % 16 == 0 else 0
 
 
 def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats, stats_out,
               prefetch_residual, meta, early_launch):
     """Launch for rows x2 (M <= BLOCK_M, K) already checked by `linear`, with a SLAB layout of
-    gemv_config.decode_config (or a test's); writes y2 (M, N)."""
+    gemv_config.decode_config (or a test's); writes y2 (M, N). With CHUNK_GROUPS > 1 a program
+    takes one group of chunks and the last of a column block to arrive adds the group sums
+    (gemv.py's GROUP_SPLIT arithmetic)."""
     M, K = x2.shape
     N = weight.shape[1]
     chunks = triton.cdiv(K, meta["BLOCK_K"])
-    if chunks > MAX_CHUNKS or meta["CHUNKS"] != chunks or M > meta["BLOCK_M"]:
-        raise ValueError(f"_config: a SLAB layout takes K in chunks of one BLOCK_K, at most {MAX_CHUNKS}, and at "
-                         f"most BLOCK_M rows; got K {K}, M {M} and {meta}")
+    per = triton.cdiv(chunks, meta.get("CHUNK_GROUPS", 1))  # chunks a program
+    parts = triton.cdiv(chunks, per)
+    stages = pipelined_stages(per, (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * x2.element_size())
+    if meta["CHUNKS"] != chunks or M > meta["BLOCK_M"] or (chunks > MAX_CHUNKS and stages == 1) or \
+            (parts > 1 and stages == 1):
+        raise ValueError(f"_config: a SLAB layout takes K in chunks of one BLOCK_K (at most {MAX_CHUNKS} in one "
+                         f"group without the pipelined loop) and at most BLOCK_M rows; got K {K}, M {M} and {meta}")
     pdl = use_pdl(x2.device)
     dummy = y2
-    stages = pipelined_stages(chunks)
-    column_bytes = slab_l2_column_bytes(weight) if stages > 1 else 0
+    part = x2.new_empty((parts * M * N,) if parts > 1 else (1,), dtype=torch.float32)
+    counts = arrival_counters(x2.device, triton.cdiv(N, meta["BLOCK_N"])) if parts > 1 else part
     launch(
-        _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]),),
+        _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]), parts),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else dummy, ln_stats if ln_stats is not None else dummy,
-        stats_out if stats_out is not None else dummy,
+        stats_out if stats_out is not None else dummy, part, counts,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
@@ -201,6 +226,7 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
-        STAGES=stages, COLUMN_BYTES=column_bytes, num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
+        STAGES=stages, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
+        num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
     )
     return y2

@@ -79,12 +79,13 @@ PATCHES = {
     "gemv_slab": [  # (the pipelined loop loads its weights after the wait: "weights in" is the wait there)
         ("from ._tuning import env_int, is_hopper, launch, use_pdl\n",
          "from ._tuning import env_int, is_hopper, launch, use_pdl\n" + HELPERS),
-        ("COLUMN_BYTES: tl.constexpr,\n):", "COLUMN_BYTES: tl.constexpr, trace_ptr,\n):"),
+        ("L2_BYTES: tl.constexpr,\n):", "L2_BYTES: tl.constexpr, trace_ptr,\n):"),
         ("    n0 = tl.program_id(0) * BLOCK_N\n", "    n0 = tl.program_id(0) * BLOCK_N\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n",
          "    t2 = _now()\n    t1 = t2\n    if STAGES == 1:\n    " + SUM_W.replace("w.to", "w0.to")
          + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
-        ("\n\ndef pipelined_stages(", "    _record(trace_ptr, tl.program_id(0), t0, t1, t2)\n\n\ndef pipelined_stages("),
+        ("\n\ndef pipelined_stages(",
+         "    _record(trace_ptr, tl.program_id(0) + group * tl.num_programs(0), t0, t1, t2)\n\n\ndef pipelined_stages("),
     ],
     "gemv_fma": [
         ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),

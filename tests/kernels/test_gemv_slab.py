@@ -7,6 +7,7 @@ import torch
 import kernels
 from kernels import gemv_config, gemv_slab
 from kernels import reference as ref
+from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, ln_linear_ref, poisoned, randn
 
 SLAB = {"BLOCK_N": 32, "BLOCK_K": 128, "CHUNKS": 6, "SPLIT": False, "SLAB": True, "num_warps": 4, "BLOCK_M": 64}
@@ -113,12 +114,47 @@ def test_slab_layout_rule(monkeypatch):
     assert not slab(64, 2304, 768)
 
 
-def test_gemv_slab_refusals(device):
-    """A slab layout over more than six chunks, with chunks of several BLOCK_Ks, over more rows
-    than its tile, or asked for argmax keys: one error naming _config."""
+# gpt2's mlp-out as the model calls it (a residual, row statistics out) in chunk groups: 10 chunks
+# in 3 groups (4 + 4 + 2) and in 2 (5 + 5); 40 and 64 rows, N off the 32-column blocks
+@pytest.mark.parametrize("groups,M", [(3, 40), (2, 64)])
+def test_gemv_slab_chunk_groups(groups, M, device):
+    """A slab program a chunk group, the last of a column block to arrive adding the group sums
+    (twice over: the arrival counters are back at zero), gives the bits of gemv.py's group
+    programs (GROUP_SPLIT) on the same tiles, on the GPU also on the model's 16-row tiles, and
+    the float64 reference's values. (The interpreter's products are numpy's, whose order of
+    addition may follow the tile's shape.)"""
+    K, N = 600, 70
+    x, w, bias, kw, expect = _layer("attn-out", M, K, N, torch.float16, device)
+    slab = SLAB | {"BLOCK_K": 64, "CHUNKS": 10, "CHUNK_GROUPS": groups}
+    loop = {"BLOCK_N": 32, "BLOCK_K": 64, "CHUNKS": 10, "SPLIT": False, "GROUP_SPLIT": True, "CHUNK_GROUPS": groups,
+            "BLOCK_M": 64}
+    cfgs = [("slab", slab), ("loop", loop), ("slab again", slab)]
+    if ON_GPU:
+        cfgs.append(("16-row loop", loop | {"BLOCK_N": 64, "BLOCK_M": 16}))
+    ys, stats = {}, {}
+    for name, cfg in cfgs:
+        stats[name] = kernels.new_row_stats(M, N, device)
+        ys[name] = kernels.linear(x, w, bias, out=poisoned((M, N), torch.float16, device), _config=cfg,
+                                  residual=kw["residual"], stats_out=stats[name])
+        assert_rel_close(ys[name], expect, torch.float16, f"{name} groups {groups}")
+    for name, _ in cfgs[1:]:
+        torch.testing.assert_close(ys[name], ys["slab"], rtol=0, atol=0)
+        # (the statistics of the same values, summed over another tile's layout on the 16-row tiles)
+        exact = name != "16-row loop"
+        torch.testing.assert_close(stats[name], stats["slab"], rtol=0 if exact else 1e-6, atol=0 if exact else 1e-4)
+
+
+def test_gemv_slab_refusals(monkeypatch, device):
+    """A slab layout over more than six chunks or in chunk groups without the pipelined loop,
+    with chunks of several BLOCK_Ks, over more rows than its tile, or asked for argmax keys:
+    one error naming _config."""
     x, w = randn(8, 900, device=device).half(), randn(900, 40, device=device).half()
+    monkeypatch.setattr(gemv_slab, "PIPELINED_ENV", 0)
     with pytest.raises(ValueError, match="_config: a SLAB layout"):
         kernels.linear(x, w, _config=SLAB | {"CHUNKS": 8})  # K = 900: 8 chunks
+    with pytest.raises(ValueError, match="_config: a SLAB layout"):
+        kernels.linear(x[:, :256], w[:256], _config=SLAB | {"CHUNKS": 2, "CHUNK_GROUPS": 2})
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="_config: a SLAB layout"):
         kernels.linear(x[:, :256], w[:256], _config=SLAB | {"CHUNKS": 1})  # one 256-wide chunk
     with pytest.raises(ValueError, match="_config: a SLAB layout"):
