@@ -39,8 +39,8 @@ CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk
 CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 2)
 if CHUNK_GROUPS < 1:
     raise ValueError(f"MINILLM_CHUNK_GROUPS: expected groups >= 1, got {CHUNK_GROUPS}")
-# see slab_layout: MINILLM_GROUP_SLAB=1 runs chunk groups past 32 rows as slabs (A/B timing)
-GROUP_SLAB = os.environ.get("MINILLM_GROUP_SLAB", "0") != "0"
+# see slab_layout: MINILLM_GROUP_SLAB=N runs chunk groups from N rows (17-64) as slabs, 0 never (A/B timing)
+GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 0)
 # pipeline stages of the chunk-group programs (gpt2's mlp-out past 16 rows; decode_config);
 # MINILLM_GROUP_STAGES=N forces N (A/B timing: at 4 three of a group's six chunks are in flight)
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
@@ -155,14 +155,14 @@ def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
     0.7%. The ids of those batches changed, as attn-out's row statistics (fc's layernorm) add up
     in the 64-row tile's order. mlp-out's two chunk groups as slabs of 32 rows lost 8.7%
     (h200/slab-groups-ab-32c5898.log)."""
-    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or itemsize != 2:
+    if itemsize != 2:
         return None
-    if groups > 1:  # gpt2's mlp-out: a program a chunk group (not timed yet: off unless MINILLM_GROUP_SLAB=1)
-        if not GROUP_SLAB or gemv_slab.PIPELINED_ENV <= 1:
+    if groups > 1:  # gpt2's mlp-out: a program a chunk group (not timed yet: off unless MINILLM_GROUP_SLAB=N)
+        if not GROUP_SLAB_MIN_ROWS or M < max(GROUP_SLAB_MIN_ROWS, BLOCK_M + 1) or gemv_slab.PIPELINED_ENV <= 1:
             return None
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False, SLAB=True,
                     num_warps=4, BLOCK_M=64)
-    if not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
+    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
         return None
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 
