@@ -43,14 +43,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
 from ._fixed_merge import _add_fixed, _add_stored
-from ._l2_ahead import _ask_l2_columns
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .argmax_key import _argmax_key, _no_token_if_nan
-from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, fixed_split, loop_l2, partial_count,
-                          split_maxnreg, stage_first, tma_weights)
+from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, fixed_split, partial_count, split_maxnreg,
+                          stage_first, tma_weights)
 from .gemv_fma import fma_config, gemv_fma
-from .gemv_slab import gemv_slab, l2_element_bytes
+from .gemv_slab import gemv_slab
 from .vocab_fma import vocab_config, vocab_fma
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
@@ -106,7 +105,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_GROUPS: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
     LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
-    FIXED: tl.constexpr, L2_REST: tl.constexpr,
+    FIXED: tl.constexpr,
     W_DESC: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -146,13 +145,6 @@ def _gemv_kernel(
     colsum = 0.0
     if LN_FOLD:
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
-    if L2_REST > 0:  # (gemv_config.loop_l2; L2_REST: W's element bytes) the later chunks asked into L2,
-        # each column's run by one of the row-block programs sharing it
-        k_end = tl.minimum(K, (first_chunk + PER) * K_CHUNK) if GROUP_SPLIT else K
-        rest = (k_end - k0 - K_CHUNK) * L2_REST
-        lane = tl.arange(0, BLOCK_N)
-        _ask_l2_columns(w_ptr, pid_n * BLOCK_N, N, stride_wn, k0 + K_CHUNK, rest,
-                        (lane % num_pid_m == pid_m) & (rest > 0), BLOCK_N)
     # a fresh accumulator starts at a runtime zero: Triton rewrites `acc + dot(a, b, 0)` into
     # `dot(a, b, acc)`, which would make the looping layout round differently from the split one
     acc0 = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
@@ -220,7 +212,8 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
     or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
-    a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768) to gemv_slab.py.
+    a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768, 17-64 of a layer in chunk
+    groups) to gemv_slab.py.
     early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
@@ -277,7 +270,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
-        FIXED=fixed, L2_REST=l2_element_bytes(weight) if loop_l2(meta) else 0,
-        W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
+        FIXED=fixed, W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

@@ -36,18 +36,17 @@ TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 # see chunk_groups: MINILLM_CHUNK_GROUPS=N adds gpt2's mlp-out chunk sums in N groups (A/B timing)
-CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 2)
+CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 4)
 if CHUNK_GROUPS < 1:
     raise ValueError(f"MINILLM_CHUNK_GROUPS: expected groups >= 1, got {CHUNK_GROUPS}")
 # see slab_layout: MINILLM_GROUP_SLAB=N runs chunk groups from N rows (17-64) as slabs, 0 never (A/B timing)
-GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 0)
-# pipeline stages of the chunk-group programs (gpt2's mlp-out past 16 rows; decode_config);
-# MINILLM_GROUP_STAGES=N forces N (A/B timing: at 4 three of a group's six chunks are in flight)
+GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 17)
+# pipeline stages of the looping chunk-group programs (gpt2's mlp-out past 16 rows where the group
+# slabs are off; decode_config); MINILLM_GROUP_STAGES=N forces N (A/B timing: with two groups, 5
+# and 6 stages were even at gpt2 batch 64, bench/results/h200/session-83/call1-ab.log)
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
 if GROUP_STAGES < 1:
     raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
-# see loop_l2: MINILLM_LOOP_L2=1 has the looping programs ask L2 for their later weight chunks (A/B timing)
-LOOP_L2 = os.environ.get("MINILLM_LOOP_L2", "0") != "0"
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
@@ -126,9 +125,10 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
     if ln and M * K >= TALL_MIN:  # one 64-row tile, two K steps a chunk (the same arithmetic)
         return dict(BLOCK_N=64, BLOCK_K=block_k // 2, CHUNKS=chunks, SPLIT=False, num_warps=4, BLOCK_M=64)
-    if groups > 1:
-        # gpt2's mlp-out (3072 -> 768): two programs a 64-column block, each over its half of K:
-        # x is read half as often as by 32-column loops over all of K (below). H100, 64 rows
+    if groups > 1:  # (where slab_layout does not take them: MINILLM_GROUP_SLAB)
+        # gpt2's mlp-out (3072 -> 768), timed in its former two groups: two programs a 64-column
+        # block, each over its half of K: x is read half as often as by 32-column loops over all
+        # of K (below). H100, 64 rows
         # alone 7.89 -> 7.38 us; gpt2 batch 64 138.8k -> 145.6k tok/s, batch 32 80.7k -> 84.1k,
         # batch 8 -0.5% (alternated in one call; bench/results/h100/twenty-first-session.md)
         return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, GROUP_SPLIT=True, CHUNK_GROUPS=groups,
@@ -157,7 +157,7 @@ def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
     (h200/slab-groups-ab-32c5898.log)."""
     if itemsize != 2:
         return None
-    if groups > 1:  # gpt2's mlp-out: a program a chunk group (not timed yet: off unless MINILLM_GROUP_SLAB=N)
+    if groups > 1:  # gpt2's mlp-out: a program a chunk group (see chunk_groups)
         if not GROUP_SLAB_MIN_ROWS or M < max(GROUP_SLAB_MIN_ROWS, BLOCK_M + 1) or gemv_slab.PIPELINED_ENV <= 1:
             return None
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False, SLAB=True,
@@ -167,23 +167,21 @@ def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 
 
-def loop_l2(meta):
-    """Whether a looping program (past 16 rows, several chunks: gpt2's mlp-out at batch 33-64 in
-    two chunk groups) asks L2 for its later chunks' weights before its wait, as the slab asks
-    for its whole slab (gemv_slab.pipelined_stages: +3.0% of its +3.9% at gpt2 batch 64), so
-    that its pipelined loop meets them in L2 after the wait. The row-block programs of a column
-    block share its tiles and take its columns in turn. Not timed yet: off unless
-    MINILLM_LOOP_L2=1 (A/B timing); the launcher asks only for out-major weights on Hopper."""
-    return LOOP_L2 and not meta["SPLIT"] and meta["CHUNKS"] > 1
-
-
 def chunk_groups(N, K, ln):
     """Groups the chunk sums of an (K -> N) layer are added in (see _gemv_kernel): part of the
-    arithmetic, so a function of the layer alone. Two for wide-K layers with a narrow output and
-    no layernorm (gpt2's mlp-out), whose 64-row layout then splits K over two programs a column
-    block (GROUP_SPLIT); one elsewhere. MINILLM_GROUP_SPLIT=0 keeps one group there too, and
-    the looping program on 32-column blocks; MINILLM_CHUNK_GROUPS=N makes it N groups (A/B
-    timing: the bits of such a layer change with it, at every row count alike)."""
+    arithmetic, so a function of the layer alone. Four for wide-K layers with a narrow output
+    and no layernorm (gpt2's mlp-out: 12 chunks of 256), one elsewhere. Past 16 rows such a
+    layer runs a program a group: from 17 rows a 64-row slab a 32-column block (slab_layout,
+    gemv_slab.py: the group's weights asked into L2 before the wait, all its chunks in flight
+    after it), else a 16-row program a 64-column block (GROUP_SPLIT). H200, alternated twice in
+    one call (bench/results/h200/session-83/call3-ab.log, call2-ab.log): against two groups in
+    16-row programs, gpt2 batch 64 171.6k -> 175.9k / 176.8k tok/s (+2.7%; +2.5% in call 2),
+    batch 48 +2.5%, batch 32 +4.0%, batches 2-16 even (-0.1% to +0.6%). Four groups in 16-row
+    programs lost 8.9% at batch 64 (gained 2.9% at 32), two groups as slabs (6 chunks, 4 in
+    flight, 48 programs) 1.6%. The ids of gpt2 batch 16-64 changed (a row's bits, now the same
+    at 2-64 rows in the new order).
+    MINILLM_CHUNK_GROUPS=N makes it N groups (2: the former arithmetic), MINILLM_GROUP_SPLIT=0
+    one group and the looping program on 32-column blocks (A/B timing)."""
     return CHUNK_GROUPS if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
 
 

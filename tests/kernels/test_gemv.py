@@ -169,30 +169,6 @@ def test_gemv_stage_first_same_bits(K, N, dtype, monkeypatch, device):
     torch.testing.assert_close(kernels.linear(x, w, bias, residual=res), staged, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("groups", [1, 3])
-def test_gemv_loop_l2_same_bits(groups, monkeypatch, device):
-    """MINILLM_LOOP_L2 (a looping program asks L2 for its later chunks before its wait, on
-    Hopper, out-major weights) leaves every bit as it was: one program over every chunk, and
-    chunk groups over programs of their own (the last group short), 3 row blocks taking a
-    column block's columns in turn, N off the block."""
-    from kernels import gemv
-    M, K, N = 40, 232, 75
-    x, bias, res = randn(M, K, device=device).half(), randn(N, device=device).half(), randn(M, N, device=device).half()
-    w = randn(N, K, device=device, scale=K ** -0.5).half().t()  # out-major, as the model stores it
-    cfg = {**_cfg(block_n=64, block_k=32, chunks=8, split=False), "CHUNK_GROUPS": groups, "GROUP_SPLIT": groups > 1}
-    ys = {}
-    for on in (False, True):
-        monkeypatch.setattr(gemv_config, "LOOP_L2", on)
-        assert gemv_config.loop_l2(cfg) == on
-        ys[on] = kernels.linear(x, w, bias, residual=res, activation="gelu", out=poisoned((M, N), torch.float16, device),
-                                _config=cfg)
-    if ON_GPU and torch.cuda.get_device_capability()[0] >= 9:
-        assert gemv.l2_element_bytes(w) == 2  # the requests were made
-    torch.testing.assert_close(ys[True], ys[False], rtol=0, atol=0)
-    expect = _ref(x, w, bias=bias, residual=res, activation="gelu")
-    assert_rel_close(ys[True], expect, torch.float16, f"groups {groups}")
-
-
 # (K, N) with each dimension contiguous; 232 and 80 keep TMA's 16-byte strides, 230 and 75 do not
 # (pointer loads then); K off the tiles (the last one zero-filled), N off the column blocks
 @pytest.mark.parametrize("K,N,out_major,mode", [(232, 75, True, 2), (230, 80, False, 1), (230, 75, True, 0),

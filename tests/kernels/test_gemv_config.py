@@ -21,20 +21,30 @@ def test_decode_config_programs_per_sm():
 
 
 def test_decode_config_chunk_groups(monkeypatch):
-    """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in two groups
-    at every row count (the arithmetic), and past 16 rows runs a program per group and 64-column
-    block, in 4 pipeline stages (MINILLM_GROUP_STAGES forces others); every other layer keeps one
-    group. MINILLM_GROUP_SPLIT=0: the 32-column loop."""
+    """gpt2's mlp-out (K >= 1024, narrow output, no layernorm) adds its chunk sums in four groups
+    at every row count (the arithmetic), and past 16 rows runs a program a group: a 64-row slab a
+    32-column block (MINILLM_GROUP_SLAB: from 17 rows), else a 16-row program a 64-column block
+    in 4 pipeline stages (MINILLM_GROUP_STAGES forces others); every other layer keeps one group.
+    MINILLM_GROUP_SPLIT=0: the 32-column loop."""
     def cfg(M, N, K, ln=False):
         return gemv_config.decode_config(M, N, K, 2, ln, sms=132)
     for M in (2, 16):
-        assert cfg(M, 768, 3072)["SPLIT"] and cfg(M, 768, 3072)["CHUNK_GROUPS"] == 2
+        assert cfg(M, 768, 3072)["SPLIT"] and cfg(M, 768, 3072)["CHUNK_GROUPS"] == 4
     for M in (17, 64):
         c = cfg(M, 768, 3072)
-        assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 2, 64, 12)
-        assert gemv_config.partial_count(c) == 2 and c["num_stages"] == 4
+        assert (c.get("SLAB"), c["CHUNK_GROUPS"], c["BLOCK_N"], c["BLOCK_M"], c["BLOCK_K"], c["CHUNKS"]) == \
+            (True, 4, 32, 64, 256, 12)
+    monkeypatch.setattr(gemv_config, "GROUP_SLAB_MIN_ROWS", 33)
+    assert cfg(33, 768, 3072).get("SLAB") and not cfg(32, 768, 3072).get("SLAB")
+    monkeypatch.setattr(gemv_config, "GROUP_SLAB_MIN_ROWS", 0)
+    for M in (17, 64):
+        c = cfg(M, 768, 3072)
+        assert (c["GROUP_SPLIT"], c["CHUNK_GROUPS"], c["BLOCK_N"], c["CHUNKS"]) == (True, 4, 64, 12)
+        assert gemv_config.partial_count(c) == 4 and c["num_stages"] == 4
     monkeypatch.setattr(gemv_config, "GROUP_STAGES", 6)
     assert cfg(64, 768, 3072)["num_stages"] == 6
+    monkeypatch.setattr(gemv_config, "CHUNK_GROUPS", 2)
+    assert cfg(64, 768, 3072)["CHUNK_GROUPS"] == 2
     assert gemv_config.chunk_groups(768, 3072, ln=True) == 1 and gemv_config.chunk_groups(1024, 4096, False) == 1
     assert gemv_config.chunk_groups(768, 768, False) == 1  # K below 1024 (gpt2's attn-out)
     assert cfg(8, 2304, 768, ln=True).get("CHUNK_GROUPS", 1) == 1
@@ -46,7 +56,8 @@ def test_decode_config_chunk_groups(monkeypatch):
 
 def test_decode_config_32_row_tiles():
     """gpt2's qkv and fc (K below 1024, N >= 2K) take one 32-row tile a 64-column block at 17-32
-    rows, and one 64-row tile a 32-column block past 32; other layers keep 16-row tiles."""
+    rows, and one 64-row tile a 32-column block past 32; attn-out keeps 16-row tiles there (and
+    mlp-out's chunk groups their slabs: test_decode_config_chunk_groups)."""
     def cfg(M, N, K, ln=True):
         c = gemv_config.decode_config(M, N, K, 2, ln, sms=132)
         return c.get("BLOCK_M", gemv_config.BLOCK_M), c["BLOCK_N"], c["CHUNKS"]
@@ -54,7 +65,7 @@ def test_decode_config_32_row_tiles():
         assert cfg(17, N, 768) == cfg(32, N, 768) == (32, 64, 6)
         assert cfg(33, N, 768) == cfg(64, N, 768) == (64, 32, 6)
         assert cfg(16, N, 768)[0] == 16  # split programs up to 16 rows
-    assert cfg(32, 768, 768, ln=False)[0] == 16 and cfg(32, 768, 3072, ln=False)[0] == 16
+    assert cfg(32, 768, 768, ln=False)[0] == 16
     for M in (32, 64):  # fp32 keeps 16-row tiles
         assert gemv_config.decode_config(M, 2304, 768, 4, True, sms=132).get("BLOCK_M", 16) == 16
     assert cfg(32, 200, 96)[0] == 16  # below ROWS32_MIN_K
