@@ -82,7 +82,7 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
+    PIPELINED: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -98,7 +98,7 @@ def _gemv_slab_kernel(
     n_mask = rn < N
     tile_mask = m_mask[:, None] & n_mask[None, :]
 
-    if STAGES > 1:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
+    if PIPELINED:  # (pipelined_stages) the slab asked into L2; its tiles are loaded in the loop
         if L2_BYTES > 0:  # (W's element bytes) one request a column (_l2_ahead: no registers, nothing waits)
             _ask_l2_columns(w_ptr, n0, N, stride_wn, k0, (k_end - k0) * L2_BYTES,
                             tl.full((BLOCK_N,), True, tl.int1), BLOCK_N)
@@ -121,7 +121,7 @@ def _gemv_slab_kernel(
             tl.extra.cuda.gdc_launch_dependents()
 
     x_rows = x_ptr + rm[:, None] * stride_xm
-    if STAGES == 1:  # all of x at once; the row statistics' loads after it overlap the products
+    if not PIPELINED:  # all of x at once; the row statistics' loads after it overlap the products
         x0 = _x_chunk(x_rows, 0, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
         x1 = _x_chunk(x_rows, 1, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
         x2 = _x_chunk(x_rows, 2, m_mask, stride_xk, K, CHUNKS, BLOCK_M, BLOCK_K)
@@ -137,11 +137,12 @@ def _gemv_slab_kernel(
 
     # a fresh accumulator starts at a runtime zero (gemv.py: Triton would fold a constant one into the sum)
     fresh = tl.full((BLOCK_M, BLOCK_N), zero, dtype=tl.float32)
-    if STAGES > 1:
+    if PIPELINED:
         # every chunk's x and W tiles copied into shared memory ahead by the pipeliner (cp.async),
-        # all in flight at once where STAGES > CHUNKS; the chunk sums added in order from zero
+        # all in flight at once where the launch's num_stages exceed PER (fewer where a GPU has
+        # less shared memory: _tuning.launch); the chunk sums added in order from zero
         acc = fresh
-        for c in tl.range(group * PER, tl.minimum(CHUNKS, group * PER + PER), num_stages=STAGES):
+        for c in range(group * PER, tl.minimum(CHUNKS, group * PER + PER)):
             kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
             k_mask = kk < K
             w_c = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
@@ -226,7 +227,7 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
-        STAGES=stages, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
-        num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
+        PIPELINED=stages > 1, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
+        num_warps=meta.get("num_warps", 4), launch_pdl=pdl, **({"num_stages": stages} if stages > 1 else {}),
     )
     return y2

@@ -82,7 +82,7 @@ PATCHES = {
         ("L2_BYTES: tl.constexpr,\n):", "L2_BYTES: tl.constexpr, trace_ptr,\n):"),
         ("    n0 = tl.program_id(0) * BLOCK_N\n", "    n0 = tl.program_id(0) * BLOCK_N\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n",
-         "    t2 = _now()\n    t1 = t2\n    if STAGES == 1:\n    " + SUM_W.replace("w.to", "w0.to")
+         "    t2 = _now()\n    t1 = t2\n    if not PIPELINED:\n    " + SUM_W.replace("w.to", "w0.to")
          + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
         ("\n\ndef pipelined_stages(",
          "    _record(trace_ptr, tl.program_id(0) + group * tl.num_programs(0), t0, t1, t2)\n\n\ndef pipelined_stages("),

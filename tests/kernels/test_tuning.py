@@ -85,8 +85,8 @@ dev, outs = "cuda", []
 for dtype in (torch.float16, torch.float32):
     def r(*s):
         return torch.randn(*s, device=dev, dtype=dtype)
-    for M, K, N, ln in ((64, 3072, 768, False), (40, 1024, 4096, False), (64, 1600, 4800, True),
-                        (64, 1024, 16384, True), (48, 1024, 16384, True), (200, 1024, 512, True)):
+    for M, K, N, ln in ((64, 3072, 768, False), (24, 3072, 768, False), (64, 768, 2304, True), (40, 1024, 4096, False),
+                        (64, 1600, 4800, True), (64, 1024, 16384, True), (48, 1024, 16384, True), (200, 1024, 512, True)):
         x, w, b = r(M, K), r(K, N) / K ** 0.5, r(N)
         if ln:  # a folded layernorm (the decode layouts follow it)
             w, b, colsum = kernels.fold_layernorm(w, b, r(K), r(K))
@@ -109,7 +109,8 @@ def _run(limit, path):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: the interpreter has no shared-memory limit")
 def test_small_shared_memory_gives_the_same_bits(tmp_path):
     """With a 99 KB limit (consumer cards: RTX 4090, L4) the decode GEMV's 4-stage and 64-row
-    layouts and the first prefill configs fall back to fewer stages and give the same bits."""
+    layouts (the slabs of gpt2's qkv and mlp-out's chunk groups among them) and the first prefill
+    configs fall back to fewer stages and give the same bits."""
     hopper = _run(0, tmp_path / "hopper.pt")
     small = _run(99 * 1024, tmp_path / "small.pt")
     assert hopper["fallbacks"] == 0
