@@ -1,6 +1,7 @@
 """Decode-time linear for 33 to 64 rows of a layer of K <= 768 (gpt2's qkv, attn-out and fc at
-batch 33-64): one program a 32-column block over every row, with the block's whole weight slab
-and all of x requested at once.
+batch 33-64), and for 17 to 64 rows of a layer in chunk groups (gpt2's mlp-out,
+gemv_config.chunk_groups): one program a 32-column block over every row (and a group of K
+chunks), with the block's whole weight slab (its group's) and all of x requested at once.
 
 The looping GEMV (gemv.py) takes a 64-row program's K chunks through a four-stage pipeline:
 its first weight tile before the dependent-launch wait, then x and the other tiles chunk by
@@ -15,7 +16,10 @@ its own few requests in flight, not on the memory system. So here:
 - the products run chunk by chunk, each chunk into a fresh accumulator and the chunk sums added
   in chunk order: gemv.py's arithmetic, so a row keeps its bits in either kernel
   (tests/kernels/test_gemv_slab.py).
-It takes 168 KB of shared memory at K = 768, so one program an SM. MINILLM_SLAB_PIPELINED=0
+In chunk groups (CHUNK_GROUPS > 1) the last of a column block's group programs to arrive adds
+the group sums in order (gemv.py's GROUP_SPLIT arithmetic, the same bits). It takes 168 KB of
+shared memory at K = 768 (gpt2's mlp-out: 192 KB a group), so one program an SM; a GPU with
+less gets fewer pipeline stages (_tuning.launch), the same bits. MINILLM_SLAB_PIPELINED=0
 keeps the first form (A/B timing): the weight tiles loaded before the wait, named one by one
 (MAX_CHUNKS of them: a tile held across the wait cannot live in a loop), and x by pointer loads
 through registers after it.
@@ -183,11 +187,11 @@ def pipelined_stages(chunks, stage_bytes=0):
 
 
 def l2_element_bytes(weight):
-    """W's element bytes where the decode GEMVs may ask L2 for runs of its columns
+    """W's element bytes where the slab may ask L2 for runs of its columns
     (_l2_ahead._ask_l2_columns: out-major weights, stride_wk 1, whose runs start at a multiple
-    of 8 elements and end at one or at K); 0 (no requests) for other layouts, where a request
-    would not be 16-byte aligned, off Hopper and under the interpreter. The model stores its
-    weights out-major."""
+    of BLOCK_K elements and end at one or at K); 0 (no requests) for other layouts, where a
+    request would not be 16-byte aligned, off Hopper and under the interpreter. The model stores
+    its weights out-major."""
     K, N = weight.shape
     size = weight.element_size()
     if not (L2_ON and is_hopper(weight.device)) or weight.data_ptr() % 16 or weight.stride(0) != 1:
