@@ -116,8 +116,9 @@ def test_slab_layout_rule(monkeypatch):
 
 
 # gpt2's mlp-out as the model calls it (a residual, row statistics out) in chunk groups: 10 chunks
-# in 3 groups (4 + 4 + 2) and in 2 (5 + 5); 40 and 64 rows, N off the 32-column blocks
-@pytest.mark.parametrize("groups,M", [(3, 40), (2, 64)])
+# in 3 groups (4 + 4 + 2) and in 2 (5 + 5); 17-32 rows (which take the group slabs too), 40 and
+# 64, N off the 32-column blocks
+@pytest.mark.parametrize("groups,M", [(3, 40), (2, 64), (3, 24)])
 def test_gemv_slab_chunk_groups(groups, M, device):
     """A slab program a chunk group, the last of a column block to arrive adding the group sums
     (twice over: the arrival counters are back at zero), gives the bits of gemv.py's group
