@@ -11,7 +11,6 @@ from ._fixed_merge import MAX_FIXED_PARTS
 from ._tuning import env_int
 from .gemv_fma import VOCAB_N
 from . import gemv_slab
-from .gemv_slab import MAX_CHUNKS as SLAB_CHUNKS
 
 BLOCK_M = 16  # rows per tl.dot (a config may take 64): the minimum MMA height
 SMALL_M = 64  # the most rows of the decode GEMV: linear sends M <= SMALL_M here
@@ -162,7 +161,7 @@ def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
             return None
         return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False, SLAB=True,
                     num_warps=4, BLOCK_M=64)
-    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or not ROWS32_MIN_K <= K <= 128 * SLAB_CHUNKS:
+    if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or not ROWS32_MIN_K <= K <= 128 * gemv_slab.MAX_CHUNKS:
         return None
     return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 

@@ -35,7 +35,6 @@ from ._tuning import env_int, is_hopper, launch, use_pdl
 from ._workspace import arrival_counters
 
 MAX_CHUNKS = 6  # K <= 6 x 128 for the named tiles
-SMEM_BUDGET = 200 * 1024  # shared memory the pipelined loop's stages may take (an H100 or H200 has 227 KB)
 # see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the chunks through an N-stage loop, 0 the named tiles
 PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 7)
 if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
@@ -170,20 +169,19 @@ def _gemv_slab_kernel(
                      PREFETCH_RESIDUAL, LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
 
 
-def pipelined_stages(chunks, stage_bytes=0):
-    """Pipeline stages of the slab's chunk loop over a program's chunks (1: the named tiles), as
-    many as fit SMEM_BUDGET at stage_bytes a stage. The weight slab is asked into L2 before the
-    wait (not loaded), and after it every chunk's x and W tiles go through the loop, which Triton
-    copies into shared memory by cp.async, without registers: at 7 stages all six chunks are in
-    flight at once. The named tiles held x in registers on its way to shared memory: Triton 3.6
+def pipelined_stages(chunks):
+    """Pipeline stages of the slab's chunk loop over a program's chunks (1: the named tiles); a
+    GPU whose shared memory holds fewer gets fewer (_tuning.launch's fallback, the same bits:
+    gpt2's K = 768 slab takes 168 KB at 7 stages, mlp-out's group slab 192 KB at 4). The
+    weight slab is asked into L2 before the wait (not loaded), and after it every chunk's x and
+    W tiles go through the loop, which Triton copies into shared memory by cp.async, without
+    registers: at 7 stages all six chunks are in flight at once. The named tiles held x in registers on its way to shared memory: Triton 3.6
     loaded it in two bursts, two L2 round trips. The same chunks added in the same order: the
     same bits. H200, gpt2 batch 64 alternated twice in one call, the same ids
     (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806 tok/s
     (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
     MINILLM_SLAB_PIPELINED=N forces N stages (at most), 0 the named tiles (A/B timing)."""
-    if PIPELINED_ENV <= 1:
-        return 1
-    return max(2, min(PIPELINED_ENV, chunks + 1, SMEM_BUDGET // stage_bytes if stage_bytes else chunks + 1))
+    return min(PIPELINED_ENV, chunks + 1) if PIPELINED_ENV > 1 else 1
 
 
 def l2_element_bytes(weight):
@@ -210,7 +208,7 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
     chunks = triton.cdiv(K, meta["BLOCK_K"])
     per = triton.cdiv(chunks, meta.get("CHUNK_GROUPS", 1))  # chunks a program
     parts = triton.cdiv(chunks, per)
-    stages = pipelined_stages(per, (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] * x2.element_size())
+    stages = pipelined_stages(per)
     if meta["CHUNKS"] != chunks or M > meta["BLOCK_M"] or (chunks > MAX_CHUNKS and stages == 1) or \
             (parts > 1 and stages == 1):
         raise ValueError(f"_config: a SLAB layout takes K in chunks of one BLOCK_K (at most {MAX_CHUNKS} in one "
