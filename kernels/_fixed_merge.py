@@ -4,6 +4,16 @@ and meet on the output (decode_attention_proj's heads, the decode GEMV's K chunk
 _add_stored: each program stores its fp32 partial and counts its arrival; the last to arrive
 reads the partials back and adds them in a fixed order (the same bits in every launch).
 
+_take_ticket and _add_tagged, the tagged merge (the stored merge's order and bits, one round
+trip after the products where it took three): each program takes a ticket from its block's
+int64 counter, which only counts up, as soon as its inputs are ready, before its products. The
+ticket says which launch this is (ticket // PARTS + 1, the tag) and whether the program came
+last. The others store their fp32 partials each beside the tag, in one 64-bit word (a single
+store: the value and its tag arrive together), and are done. The last adds the parts in order,
+reading each word until it bears this launch's tag: it waits only for programs that took their
+tickets before it, and so are running, never for one not yet scheduled. No fence, no second
+atomic, nothing to reset: a word of an earlier launch bears a smaller tag.
+
 _add_fixed, the one-atomic merge:
 Each program adds its fp32 partial to one int64 word per output element, in fixed point (units
 of 2**-24), with an arrival count in the same word, by one atomic that returns the word. Integer
@@ -31,6 +41,7 @@ UNFIT = tl.constexpr(1 << UNFIT_SHIFT.value)
 SUMS_MASK = tl.constexpr(ARRIVAL.value - 1)
 ARRIVE_MASK = tl.constexpr((1 << (UNFIT_SHIFT.value - ARRIVE_SHIFT.value)) - 1)  # the count's 6 bits
 MAX_FIXED_PARTS = ARRIVE_MASK.value
+MAX_TAGGED_PARTS = 4  # _gather_tagged's named loads
 
 
 @triton.jit
@@ -48,6 +59,70 @@ def _add_fixed(part, words, mask, PARTS: tl.constexpr):
     field = (total & SUMS_MASK) - PARTS * FIXED_OFFSET
     sums = field.to(tl.float32) * FIXED_UNIT  # one rounding; the scaling is exact
     return tl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
+
+
+@triton.jit
+def _take_ticket(tickets, PARTS: tl.constexpr):
+    """This program's ticket at its block's counter (int64, counting up): (the launch's tag,
+    whether it came last of the PARTS). Take it after the inputs' wait, so that every program of
+    the previous launch on these counters has taken its own."""
+    ticket = tl.atomic_add(tickets, 1, sem="relaxed")  # relaxed: the tags order the data
+    return ticket // PARTS + 1, ticket % PARTS == PARTS - 1
+
+
+@triton.jit
+def _add_tagged(acc, words, part_id, tag, last, tile_mask, part_stride, PARTS: tl.constexpr):
+    """With _take_ticket's (tag, last): stores this program's partial acc as part part_id (at
+    words + part_id * part_stride, tagged) and returns (acc, False); or, to the last, the parts'
+    sum in order from zero (_add_stored's bits) and True."""
+    if last:
+        total, missing = _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS)
+        while missing > 0:  # a part not stored yet (its program still at its products): read again
+            total, missing = _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS)
+        acc = total
+    else:
+        bits = acc.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended: the tag's half stays clear
+        tl.store(words + part_id * part_stride, (tag.to(tl.int64) << 32) | bits, mask=tile_mask)
+    return acc, last
+
+
+@triton.jit
+def _tagged_word(words, s: tl.constexpr, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
+    """Part s's words; where masked or part_id's own, the tag alone (a ready +0.0), and past the
+    last part a placeholder."""
+    if s < PARTS:
+        other = tile_mask & (tl.full(tile_mask.shape, s, tl.int32) != part_id)  # (the interpreter wants a tile)
+        return tl.load(words + s * part_stride, mask=other, other=tag.to(tl.int64) << 32, volatile=True)  # not L1
+    else:
+        return tl.zeros(tile_mask.shape, tl.int64)
+
+
+@triton.jit
+def _add_word(total, stale, acc, word, s: tl.constexpr, part_id, tag, PARTS: tl.constexpr):
+    """total + part s (acc where it is part_id's own), and stale + where its words lack the tag."""
+    if s < PARTS:
+        total += tl.where(part_id == s, acc, word.to(tl.int32).to(tl.float32, bitcast=True))
+        stale += ((word >> 32) != tag).to(tl.int32)
+    return total, stale
+
+
+@triton.jit
+def _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
+    """The parts in order from zero (acc as part part_id), and how many of the others' words
+    do not bear tag yet. Every part's words are loaded before any is used (named, at most
+    MAX_TAGGED_PARTS): each part's layout conversion before the next part's load put a
+    barrier, and with it a round trip, between them."""
+    w0 = _tagged_word(words, 0, part_id, tag, tile_mask, part_stride, PARTS)
+    w1 = _tagged_word(words, 1, part_id, tag, tile_mask, part_stride, PARTS)
+    w2 = _tagged_word(words, 2, part_id, tag, tile_mask, part_stride, PARTS)
+    w3 = _tagged_word(words, 3, part_id, tag, tile_mask, part_stride, PARTS)
+    total = tl.zeros_like(acc)
+    stale = tl.zeros(acc.shape, tl.int32)
+    total, stale = _add_word(total, stale, acc, w0, 0, part_id, tag, PARTS)
+    total, stale = _add_word(total, stale, acc, w1, 1, part_id, tag, PARTS)
+    total, stale = _add_word(total, stale, acc, w2, 2, part_id, tag, PARTS)
+    total, stale = _add_word(total, stale, acc, w3, 3, part_id, tag, PARTS)
+    return total, tl.sum(stale)
 
 
 @triton.jit

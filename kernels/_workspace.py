@@ -1,5 +1,6 @@
 """Arrival counters for the one-launch split reductions (linear's split-K, decode attention),
-and the fixed-point words of the fused attention launch's head merge.
+and the fixed-point words of the fused attention launch's head merge; and the ticket counters
+and tagged words of the tagged merge (_fixed_merge._add_tagged), which never go back to zero.
 
 A program of a split tile bumps its tile's counter after writing its partial; the last one to
 arrive reduces and resets the counter to zero (the last head to add into a word zeroes it). So
@@ -24,10 +25,31 @@ def fixed_point_sums(device, n):
     return _zeroed(device, n, torch.int64)
 
 
-def _zeroed(device, n, dtype):
+def tagged_parts(device, blocks, parts, tile):
+    """(tickets, words) for the tagged merge of `blocks` column blocks in `parts` parts of `tile`
+    elements each: int64 ticket counters, one a block, and each block's own region of parts x
+    tile tagged words (_fixed_merge._add_tagged). Both only count up or are overwritten with a
+    newer tag, so stale words never pass for a later launch's; each (parts, tile) has its own
+    pair, since a block's tags are its counter's launches, and a region is always the same
+    block's. Grown as arrival_counters, the pair together."""
+    device = _resolve(device)
+    bufs = _buffers.setdefault((device, "tagged", parts, tile), [])
+    if not bufs or bufs[-1][0].numel() < blocks:
+        n = max(blocks, 64)
+        bufs.append((torch.zeros(n, dtype=torch.int64, device=device),
+                     torch.zeros(n * parts * tile, dtype=torch.int64, device=device)))
+    return bufs[-1]
+
+
+def _resolve(device):
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" is the current one, as for tensors
         device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _zeroed(device, n, dtype):
+    device = _resolve(device)
     bufs = _buffers.setdefault((device, dtype), [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 1 << 16), dtype=dtype, device=device))
