@@ -4,15 +4,15 @@ and meet on the output (decode_attention_proj's heads, the decode GEMV's K chunk
 _add_stored: each program stores its fp32 partial and counts its arrival; the last to arrive
 reads the partials back and adds them in a fixed order (the same bits in every launch).
 
-_take_ticket and _add_tagged, the tagged merge (the stored merge's order and bits, one round
-trip after the products where it took three): each program takes a ticket from its block's
-int64 counter, which only counts up, as soon as its inputs are ready, before its products. The
-ticket says which launch this is (ticket // PARTS + 1, the tag) and whether the program came
-last. The others store their fp32 partials each beside the tag, in one 64-bit word (a single
-store: the value and its tag arrive together), and are done. The last adds the parts in order,
-reading each word until it bears this launch's tag: it waits only for programs that took their
-tickets before it, and so are running, never for one not yet scheduled. No fence, no second
-atomic, nothing to reset: a word of an earlier launch bears a smaller tag.
+_launch_tag and _add_tagged, the tagged merge (the stored merge's order and bits, two round
+trips after the products where it took three): a block's programs meet at an int64 counter that
+only counts up, PARTS a launch. Before its products a program reads it: which launch this is
+(the tag: count // PARTS + 1, the same whether or not others of the launch have counted yet).
+After them it stores its fp32 partial beside the tag, in one 64-bit word (a single store: the
+value and its tag arrive together), and counts itself in without a fence (a relaxed atomic, one
+round trip). The last to count reads the parts' words back, again until each bears the tag
+(a store not yet seen: rare, and its program has counted, so it is running), and adds them in
+order. Nothing is reset: a word of an earlier launch bears a smaller tag.
 
 _add_fixed, the one-atomic merge:
 Each program adds its fp32 partial to one int64 word per output element, in fixed point (units
@@ -62,66 +62,63 @@ def _add_fixed(part, words, mask, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _take_ticket(tickets, PARTS: tl.constexpr):
-    """This program's ticket at its block's counter (int64, counting up): (the launch's tag,
-    whether it came last of the PARTS). Take it after the inputs' wait, so that every program of
-    the previous launch on these counters has taken its own."""
-    ticket = tl.atomic_add(tickets, 1, sem="relaxed")  # relaxed: the tags order the data
-    return ticket // PARTS + 1, ticket % PARTS == PARTS - 1
+def _launch_tag(tickets, PARTS: tl.constexpr):
+    """This launch's tag at its block's counter (int64, PARTS a launch). Read it after the
+    inputs' wait: every program of the previous launch on these counters has counted by then."""
+    return tl.load(tickets, volatile=True) // PARTS + 1
 
 
 @triton.jit
-def _add_tagged(acc, words, part_id, tag, last, tile_mask, part_stride, PARTS: tl.constexpr):
-    """With _take_ticket's (tag, last): stores this program's partial acc as part part_id (at
-    words + part_id * part_stride, tagged) and returns (acc, False); or, to the last, the parts'
-    sum in order from zero (_add_stored's bits) and True."""
+def _add_tagged(acc, words, tickets, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
+    """Stores this program's partial acc as part part_id (at words + part_id * part_stride, in
+    words that bear tag) and counts it in at tickets. Returns (the parts' sum in order from zero,
+    True) to the last of the PARTS to count (_add_stored's arithmetic and bits), (acc, False) to
+    the others."""
+    bits = acc.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended: the tag's half stays clear
+    tl.store(words + part_id * part_stride, (tag.to(tl.int64) << 32) | bits, mask=tile_mask)
+    last = tl.atomic_add(tickets, 1, sem="relaxed") % PARTS == PARTS - 1  # relaxed: the tags order the data
     if last:
-        total, missing = _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS)
-        while missing > 0:  # a part not stored yet (its program still at its products): read again
-            total, missing = _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS)
+        total, missing = _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS)
+        while missing > 0:  # a part not seen yet (rare): read them again
+            total, missing = _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS)
         acc = total
-    else:
-        bits = acc.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended: the tag's half stays clear
-        tl.store(words + part_id * part_stride, (tag.to(tl.int64) << 32) | bits, mask=tile_mask)
     return acc, last
 
 
 @triton.jit
-def _tagged_word(words, s: tl.constexpr, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
-    """Part s's words; where masked or part_id's own, the tag alone (a ready +0.0), and past the
-    last part a placeholder."""
+def _tagged_word(words, s: tl.constexpr, tag, tile_mask, part_stride, PARTS: tl.constexpr):
+    """Part s's words (masked: the tag alone, a ready +0.0), a placeholder past the last part."""
     if s < PARTS:
-        other = tile_mask & (tl.full(tile_mask.shape, s, tl.int32) != part_id)  # (the interpreter wants a tile)
-        return tl.load(words + s * part_stride, mask=other, other=tag.to(tl.int64) << 32, volatile=True)  # not L1
+        return tl.load(words + s * part_stride, mask=tile_mask, other=tag.to(tl.int64) << 32, volatile=True)
     else:
         return tl.zeros(tile_mask.shape, tl.int64)
 
 
 @triton.jit
-def _add_word(total, stale, acc, word, s: tl.constexpr, part_id, tag, PARTS: tl.constexpr):
-    """total + part s (acc where it is part_id's own), and stale + where its words lack the tag."""
+def _add_word(total, stale, word, s: tl.constexpr, tag, PARTS: tl.constexpr):
+    """total + part s's values, and stale + where its words lack the tag."""
     if s < PARTS:
-        total += tl.where(part_id == s, acc, word.to(tl.int32).to(tl.float32, bitcast=True))
+        total += word.to(tl.int32).to(tl.float32, bitcast=True)
         stale += ((word >> 32) != tag).to(tl.int32)
     return total, stale
 
 
 @triton.jit
-def _gather_tagged(acc, words, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
-    """The parts in order from zero (acc as part part_id), and how many of the others' words
-    do not bear tag yet. Every part's words are loaded before any is used (named, at most
-    MAX_TAGGED_PARTS): each part's layout conversion before the next part's load put a
-    barrier, and with it a round trip, between them."""
-    w0 = _tagged_word(words, 0, part_id, tag, tile_mask, part_stride, PARTS)
-    w1 = _tagged_word(words, 1, part_id, tag, tile_mask, part_stride, PARTS)
-    w2 = _tagged_word(words, 2, part_id, tag, tile_mask, part_stride, PARTS)
-    w3 = _tagged_word(words, 3, part_id, tag, tile_mask, part_stride, PARTS)
+def _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS: tl.constexpr):
+    """The parts' sum in order from zero, and how many of their words do not bear tag yet.
+    Every part is loaded before any is used (named, at most MAX_TAGGED_PARTS): a part's use
+    (its reduction, its layout's conversion) before the next part's load put a barrier, and
+    with it a round trip, between them."""
+    w0 = _tagged_word(words, 0, tag, tile_mask, part_stride, PARTS)
+    w1 = _tagged_word(words, 1, tag, tile_mask, part_stride, PARTS)
+    w2 = _tagged_word(words, 2, tag, tile_mask, part_stride, PARTS)
+    w3 = _tagged_word(words, 3, tag, tile_mask, part_stride, PARTS)
     total = tl.zeros_like(acc)
     stale = tl.zeros(acc.shape, tl.int32)
-    total, stale = _add_word(total, stale, acc, w0, 0, part_id, tag, PARTS)
-    total, stale = _add_word(total, stale, acc, w1, 1, part_id, tag, PARTS)
-    total, stale = _add_word(total, stale, acc, w2, 2, part_id, tag, PARTS)
-    total, stale = _add_word(total, stale, acc, w3, 3, part_id, tag, PARTS)
+    total, stale = _add_word(total, stale, w0, 0, tag, PARTS)
+    total, stale = _add_word(total, stale, w1, 1, tag, PARTS)
+    total, stale = _add_word(total, stale, w2, 2, tag, PARTS)
+    total, stale = _add_word(total, stale, w3, 3, tag, PARTS)
     return total, tl.sum(stale)
 
 

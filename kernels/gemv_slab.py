@@ -18,8 +18,8 @@ its own few requests in flight, not on the memory system. So here:
   (tests/kernels/test_gemv_slab.py).
 In chunk groups (CHUNK_GROUPS > 1) the last of a column block's group programs to arrive adds
 the group sums in order (gemv.py's GROUP_SPLIT arithmetic, the same bits), by the tagged merge
-(_fixed_merge._add_tagged: tickets taken before the products, one round trip after them;
-MINILLM_TAGGED_MERGE=0 the stored merge's three, for A/B timing). It takes 168 KB of
+(_fixed_merge._add_tagged: two round trips after the products; MINILLM_TAGGED_MERGE=0 the
+stored merge's three, for A/B timing). It takes 168 KB of
 shared memory at K = 768 (gpt2's mlp-out: 192 KB a group), so one program an SM; a GPU with
 less gets fewer pipeline stages (_tuning.launch), the same bits. MINILLM_SLAB_PIPELINED=0
 keeps the first form (A/B timing): the weight tiles loaded before the wait, named one by one
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._fixed_merge import MAX_TAGGED_PARTS, _add_stored, _add_tagged, _take_ticket
+from ._fixed_merge import MAX_TAGGED_PARTS, _add_stored, _add_tagged, _launch_tag
 from ._l2_ahead import ON as L2_ON, _ask_l2_columns
 from ._tuning import env_int, is_hopper, launch, use_pdl
 from ._workspace import arrival_counters, tagged_parts
@@ -127,9 +127,9 @@ def _gemv_slab_kernel(
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    tag, last = 0, False
-    if PARTS > 1 and TAGGED:  # the ticket's round trip overlaps the products
-        tag, last = _take_ticket(count_ptr + tl.program_id(0), PARTS)
+    tag = 0
+    if PARTS > 1 and TAGGED:  # (its round trip overlaps the products)
+        tag = _launch_tag(count_ptr + tl.program_id(0), PARTS)
 
     x_rows = x_ptr + rm[:, None] * stride_xm
     if not PIPELINED:  # all of x at once; the row statistics' loads after it overlap the products
@@ -168,10 +168,10 @@ def _gemv_slab_kernel(
         acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
     finish = True
-    if PARTS > 1 and TAGGED:  # the group sums added in order by the last to take a ticket
+    if PARTS > 1 and TAGGED:  # the group sums added in order by the last group to count in
         tile = rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # the block's own region
-        acc, finish = _add_tagged(acc, part_ptr + tl.program_id(0) * PARTS * BLOCK_M * BLOCK_N + tile, group, tag,
-                                  last, tile_mask, BLOCK_M * BLOCK_N, PARTS)
+        acc, finish = _add_tagged(acc, part_ptr + tl.program_id(0) * PARTS * BLOCK_M * BLOCK_N + tile,
+                                  count_ptr + tl.program_id(0), group, tag, tile_mask, BLOCK_M * BLOCK_N, PARTS)
     elif PARTS > 1:  # the group sums added in order by the last group to arrive
         acc, finish = _add_stored(acc, part_ptr + rm[:, None] * N + rn[None, :], count_ptr + tl.program_id(0), group,
                                   tile_mask, M * N, PARTS, 1)

@@ -1,5 +1,5 @@
-"""The tagged merge (kernels/_fixed_merge.py's _take_ticket and _add_tagged) on its own: the
-tickets' tags and who comes last, the words' layout (a partial's bits beside its tag), the
+"""The tagged merge (kernels/_fixed_merge.py's _launch_tag and _add_tagged) on its own: the
+launches' tags and who comes last, the words' layout (a partial's bits beside its tag), the
 order of the sum, and, on the GPU, programs that really run at once. (Its users' tests check
 it against the stored merge's bits: tests/kernels/test_gemv_slab.py.)"""
 import pytest
@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._fixed_merge import _add_tagged, _take_ticket
+from kernels._fixed_merge import _add_tagged, _launch_tag
 from kernels._workspace import tagged_parts
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import randn
@@ -24,10 +24,11 @@ def _merge_kernel(x_ptr, y_ptr, last_ptr, tickets, words, M, PARTS: tl.constexpr
     rm, rn = tl.arange(0, ROWS), tl.arange(0, COLS)
     mask = (rm < M)[:, None] & (rn < COLS)[None, :]
     tile = rm[:, None] * COLS + rn[None, :]
-    tag, last = _take_ticket(tickets + b, PARTS)
+    tag = _launch_tag(tickets + b, PARTS)
     blocks = tl.num_programs(0)
     acc = tl.load(x_ptr + (p * blocks + b) * ROWS * COLS + tile, mask=mask, other=0.0)
-    acc, finish = _add_tagged(acc, words + b * PARTS * ROWS * COLS + tile, p, tag, last, mask, ROWS * COLS, PARTS)
+    acc, finish = _add_tagged(acc, words + b * PARTS * ROWS * COLS + tile, tickets + b, p, tag, mask, ROWS * COLS,
+                              PARTS)
     tl.store(last_ptr + b * PARTS + p, finish.to(tl.int32))
     if finish:
         tl.store(y_ptr + b * ROWS * COLS + tile, acc, mask=mask)
@@ -53,10 +54,10 @@ def _in_order(x):
 
 @pytest.mark.parametrize("parts", [2, 3])
 def test_tagged_merge_sums_in_order_and_tags_each_launch(parts, device):
-    """Each block's last ticket holder writes the parts' sum in order (exactly: a different order
-    would round differently on these magnitudes); every block's counter moves by the parts, one
-    program a block comes last, and the others' words bear the launch's tag beside their bits.
-    A second launch with fewer rows reads none of the first's words."""
+    """Each block's last program to count in writes the parts' sum in order (exactly: a
+    different order would round differently on these magnitudes); every block's counter moves
+    by the parts, one program a block comes last, and every part's words bear the launch's tag
+    beside its bits. A second launch with fewer rows reads none of the first's words."""
     blocks = 3
     scales = torch.tensor([1e4, 1.0, 1e-4][:parts], device=device).view(parts, 1, 1, 1)
     x = (randn(parts, blocks, ROWS, COLS, device=device) * scales).contiguous()
@@ -70,8 +71,6 @@ def test_tagged_merge_sums_in_order_and_tags_each_launch(parts, device):
     region = words[:blocks * parts * ROWS * COLS].view(blocks, parts, ROWS, COLS)
     for b in range(blocks):
         for p in range(parts):
-            if last[b, p]:
-                continue  # the last stores nothing
             assert torch.equal(region[b, p] >> 32, torch.full_like(region[b, p], int(tag[b])))
             bits = (region[b, p] & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
             assert torch.equal(bits, x[p, b])
