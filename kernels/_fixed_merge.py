@@ -4,15 +4,15 @@ and meet on the output (decode_attention_proj's heads, the decode GEMV's K chunk
 _add_stored: each program stores its fp32 partial and counts its arrival; the last to arrive
 reads the partials back and adds them in a fixed order (the same bits in every launch).
 
-_launch_tag and _add_tagged, the tagged merge (the stored merge's order and bits, two round
-trips after the products where it took three): a block's programs meet at an int64 counter that
-only counts up, PARTS a launch. Before its products a program reads it: which launch this is
-(the tag: count // PARTS + 1, the same whether or not others of the launch have counted yet).
-After them it stores its fp32 partial beside the tag, in one 64-bit word (a single store: the
-value and its tag arrive together), and counts itself in without a fence (a relaxed atomic, one
-round trip). The last to count reads the parts' words back, again until each bears the tag
-(a store not yet seen: rare, and its program has counted, so it is running), and adds them in
-order. Nothing is reset: a word of an earlier launch bears a smaller tag.
+_launch_number and _add_unfenced, the unfenced merge (the stored merge's order and bits, two
+round trips after the products where it takes three: no fence). A block's programs meet at an
+int64 counter that only counts up, PARTS a launch; before its products a program reads it
+(which launch this is: count // PARTS, the same whether or not others of the launch have counted
+yet). Its partial goes to the buffer of the launch's parity, and EMPTY (a signalling NaN's bits,
+which no arithmetic result has) to its part of the other buffer, for the next launch; then it
+counts itself in by a relaxed atomic, and the last to count reads the parts back (again, while
+one still reads EMPTY: a store not yet seen, rare, from a program that has counted, and so is
+running) and adds them in order. Nothing waits for a store to land but the reader.
 
 _add_fixed, the one-atomic merge:
 Each program adds its fp32 partial to one int64 word per output element, in fixed point (units
@@ -41,7 +41,7 @@ UNFIT = tl.constexpr(1 << UNFIT_SHIFT.value)
 SUMS_MASK = tl.constexpr(ARRIVAL.value - 1)
 ARRIVE_MASK = tl.constexpr((1 << (UNFIT_SHIFT.value - ARRIVE_SHIFT.value)) - 1)  # the count's 6 bits
 MAX_FIXED_PARTS = ARRIVE_MASK.value
-MAX_TAGGED_PARTS = 4  # _gather_tagged's named loads
+EMPTY = tl.constexpr(0x7FBADBAD)  # the unfenced merge's empty element: a signalling NaN's bits
 
 
 @triton.jit
@@ -62,64 +62,47 @@ def _add_fixed(part, words, mask, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _launch_tag(tickets, PARTS: tl.constexpr):
-    """This launch's tag at its block's counter (int64, PARTS a launch). Read it after the
-    inputs' wait: every program of the previous launch on these counters has counted by then."""
-    return tl.load(tickets, volatile=True) // PARTS + 1
+def _launch_number(count_ptr, PARTS: tl.constexpr):
+    """This launch's number at its block's counter (int64, counting up, PARTS a launch). Read it
+    after the inputs' wait: every program of the previous launch on the counter has counted."""
+    return tl.load(count_ptr, volatile=True) // PARTS
 
 
 @triton.jit
-def _add_tagged(acc, words, tickets, part_id, tag, tile_mask, part_stride, PARTS: tl.constexpr):
-    """Stores this program's partial acc as part part_id (at words + part_id * part_stride, in
-    words that bear tag) and counts it in at tickets. Returns (the parts' sum in order from zero,
-    True) to the last of the PARTS to count (_add_stored's arithmetic and bits), (acc, False) to
-    the others."""
-    bits = acc.to(tl.uint32, bitcast=True).to(tl.int64)  # zero-extended: the tag's half stays clear
-    tl.store(words + part_id * part_stride, (tag.to(tl.int64) << 32) | bits, mask=tile_mask)
-    last = tl.atomic_add(tickets, 1, sem="relaxed") % PARTS == PARTS - 1  # relaxed: the tags order the data
+def _add_unfenced(acc, part, count_ptr, launch, part_id, tile_mask, part_stride, PARTS: tl.constexpr):
+    """Stores this program's partial acc as part part_id of launch `launch` (part: the block's
+    two buffers of PARTS parts, part_stride apart), empties its part of the next launch's buffer
+    and counts it in at count_ptr. Returns (the parts' sum in order from zero, True) to the last
+    of the PARTS to count (_add_stored's arithmetic and bits), (acc, False) to the others."""
+    here = part + (launch % 2) * PARTS * part_stride + part_id * part_stride
+    ahead = part + ((launch + 1) % 2) * PARTS * part_stride + part_id * part_stride
+    tl.store(here, acc, mask=tile_mask)
+    tl.store(ahead.to(tl.pointer_type(tl.int32)), tl.full(acc.shape, EMPTY, tl.int32), mask=tile_mask)
+    last = tl.atomic_add(count_ptr, 1, sem="relaxed") % PARTS == PARTS - 1  # no fence: EMPTY marks the unseen
     if last:
-        total, missing = _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS)
-        while missing > 0:  # a part not seen yet (rare): read them again
-            total, missing = _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS)
+        parts = part + (launch % 2) * PARTS * part_stride
+        total, unseen = _gather_parts(acc, parts, tile_mask, part_stride, PARTS, False)
+        while unseen > 0:
+            total, unseen = _gather_parts(acc, parts, tile_mask, part_stride, PARTS, True)
         acc = total
     return acc, last
 
 
 @triton.jit
-def _tagged_word(words, s: tl.constexpr, tag, tile_mask, part_stride, PARTS: tl.constexpr):
-    """Part s's words (masked: the tag alone, a ready +0.0), a placeholder past the last part."""
-    if s < PARTS:
-        return tl.load(words + s * part_stride, mask=tile_mask, other=tag.to(tl.int64) << 32, volatile=True)
-    else:
-        return tl.zeros(tile_mask.shape, tl.int64)
-
-
-@triton.jit
-def _add_word(total, stale, word, s: tl.constexpr, tag, PARTS: tl.constexpr):
-    """total + part s's values, and stale + where its words lack the tag."""
-    if s < PARTS:
-        total += word.to(tl.int32).to(tl.float32, bitcast=True)
-        stale += ((word >> 32) != tag).to(tl.int32)
-    return total, stale
-
-
-@triton.jit
-def _gather_tagged(acc, words, tag, tile_mask, part_stride, PARTS: tl.constexpr):
-    """The parts' sum in order from zero, and how many of their words do not bear tag yet.
-    Every part is loaded before any is used (named, at most MAX_TAGGED_PARTS): a part's use
-    (its reduction, its layout's conversion) before the next part's load put a barrier, and
-    with it a round trip, between them."""
-    w0 = _tagged_word(words, 0, tag, tile_mask, part_stride, PARTS)
-    w1 = _tagged_word(words, 1, tag, tile_mask, part_stride, PARTS)
-    w2 = _tagged_word(words, 2, tag, tile_mask, part_stride, PARTS)
-    w3 = _tagged_word(words, 3, tag, tile_mask, part_stride, PARTS)
+def _gather_parts(acc, parts, tile_mask, part_stride, PARTS: tl.constexpr, AGAIN: tl.constexpr):
+    """The parts in order from zero (as _add_stored), and how many of their elements read EMPTY.
+    One count at the end: a reduction a part would put a barrier, and with it a round trip,
+    between their loads. AGAIN: volatile loads, which a loop cannot hoist."""
     total = tl.zeros_like(acc)
-    stale = tl.zeros(acc.shape, tl.int32)
-    total, stale = _add_word(total, stale, w0, 0, tag, PARTS)
-    total, stale = _add_word(total, stale, w1, 1, tag, PARTS)
-    total, stale = _add_word(total, stale, w2, 2, tag, PARTS)
-    total, stale = _add_word(total, stale, w3, 3, tag, PARTS)
-    return total, tl.sum(stale)
+    unseen = tl.zeros(acc.shape, tl.int32)
+    for s in tl.static_range(PARTS):
+        if AGAIN:
+            value = tl.load(parts + s * part_stride, mask=tile_mask, other=0.0, volatile=True)
+        else:
+            value = tl.load(parts + s * part_stride, mask=tile_mask, other=0.0, cache_modifier=".cg")
+        unseen += (value.to(tl.int32, bitcast=True) == EMPTY).to(tl.int32)
+        total += value
+    return total, tl.sum(unseen)
 
 
 @triton.jit

@@ -4,7 +4,8 @@ import weakref
 import pytest
 import torch
 
-from kernels._workspace import arrival_counters, fixed_point_sums, tagged_parts
+from kernels._fixed_merge import EMPTY
+from kernels._workspace import arrival_counters, double_buffered_parts, fixed_point_sums
 
 
 def test_counters_are_zeroed_shared_and_grow_without_freeing():
@@ -31,19 +32,21 @@ def test_fixed_point_sums_are_their_own_zeroed_int64_buffer():
     assert words.data_ptr() != arrival_counters(dev, 10).data_ptr()
 
 
-def test_tagged_parts_pair_per_layout_and_grow_together():
-    """The tagged merge's tickets and words: zeroed int64, one pair per (parts, tile) (a block's
-    tags count its own launches of one layout), shared by launches of that layout, and grown as
-    a pair (the words of a block must be the region its counter tags)."""
+def test_double_buffered_parts_pair_per_layout_and_grow_together():
+    """The unfenced merge's counters and double buffers: zeroed int64 counters and fp32 parts
+    all EMPTY, one pair per (parts, tile) (a block's launch numbers count its own launches of
+    one layout), shared by launches of that layout, and grown as a pair (a block's region must
+    be the one its counter numbers)."""
     dev = torch.device("cpu")
-    tickets, words = tagged_parts(dev, 10, 4, 2048)
-    assert tickets.dtype == words.dtype == torch.int64 and not tickets.any() and not words.any()
-    assert tickets.numel() >= 10 and words.numel() == tickets.numel() * 4 * 2048
-    assert tagged_parts(dev, 3, 4, 2048)[0] is tickets
-    assert tagged_parts(dev, 3, 2, 2048)[0] is not tickets
-    assert tagged_parts(dev, 3, 4, 1024)[0] is not tickets
-    grown_tickets, grown_words = tagged_parts(dev, tickets.numel() + 1, 4, 2048)
-    assert grown_tickets.numel() > tickets.numel() and grown_words.numel() == grown_tickets.numel() * 4 * 2048
+    counts, parts = double_buffered_parts(dev, 10, 4, 2048)
+    assert counts.dtype == torch.int64 and not counts.any() and parts.dtype == torch.float32
+    assert (parts.view(torch.int32) == EMPTY.value).all()
+    assert counts.numel() >= 10 and parts.numel() == counts.numel() * 2 * 4 * 2048
+    assert double_buffered_parts(dev, 3, 4, 2048)[0] is counts
+    assert double_buffered_parts(dev, 3, 2, 2048)[0] is not counts
+    assert double_buffered_parts(dev, 3, 4, 1024)[0] is not counts
+    grown_counts, grown_parts = double_buffered_parts(dev, counts.numel() + 1, 4, 2048)
+    assert grown_counts.numel() > counts.numel() and grown_parts.numel() == grown_counts.numel() * 2 * 4 * 2048
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="an index-less CUDA device needs a GPU")
