@@ -17,9 +17,7 @@ its own few requests in flight, not on the memory system. So here:
   in chunk order: gemv.py's arithmetic, so a row keeps its bits in either kernel
   (tests/kernels/test_gemv_slab.py).
 In chunk groups (CHUNK_GROUPS > 1) the last of a column block's group programs to arrive adds
-the group sums in order (gemv.py's GROUP_SPLIT arithmetic, the same bits), by the unfenced
-merge (_fixed_merge._add_unfenced: two round trips after the products; MINILLM_UNFENCED_MERGE=0
-the stored merge's three, for A/B timing). It takes 168 KB of
+the group sums in order (gemv.py's GROUP_SPLIT arithmetic, the same bits). It takes 168 KB of
 shared memory at K = 768 (gpt2's mlp-out: 192 KB a group), so one program an SM; a GPU with
 less gets fewer pipeline stages (_tuning.launch), the same bits. MINILLM_SLAB_PIPELINED=0
 keeps the first form (A/B timing): the weight tiles loaded before the wait, named one by one
@@ -31,19 +29,16 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
-from ._fixed_merge import _add_stored, _add_unfenced, _launch_number
+from ._fixed_merge import _add_stored
 from ._l2_ahead import ON as L2_ON, _ask_l2_columns
 from ._tuning import env_int, is_hopper, launch, use_pdl
-from ._workspace import arrival_counters, double_buffered_parts
+from ._workspace import arrival_counters
 
 MAX_CHUNKS = 6  # K <= 6 x 128 for the named tiles
 # see pipelined_stages: MINILLM_SLAB_PIPELINED=N runs the chunks through an N-stage loop, 0 the named tiles
 PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 7)
 if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
     raise ValueError(f"MINILLM_SLAB_PIPELINED: expected 0 (off) or pipeline stages >= 2, got {PIPELINED_ENV}")
-UNFENCED_ENV = env_int("MINILLM_UNFENCED_MERGE", 1)  # chunk groups meet by the unfenced merge; 0: the stored one
-if UNFENCED_ENV not in (0, 1):
-    raise ValueError(f"MINILLM_UNFENCED_MERGE: expected 0 or 1, got {UNFENCED_ENV}")
 
 
 @triton.jit
@@ -90,7 +85,7 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    PIPELINED: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, UNFENCED: tl.constexpr, L2_BYTES: tl.constexpr,
+    PIPELINED: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -127,9 +122,6 @@ def _gemv_slab_kernel(
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
-    launch = 0
-    if PARTS > 1 and UNFENCED:  # (its round trip overlaps the products)
-        launch = _launch_number(count_ptr + tl.program_id(0), PARTS)
 
     x_rows = x_ptr + rm[:, None] * stride_xm
     if not PIPELINED:  # all of x at once; the row statistics' loads after it overlap the products
@@ -168,11 +160,7 @@ def _gemv_slab_kernel(
         acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
     finish = True
-    if PARTS > 1 and UNFENCED:  # the group sums added in order by the last group to count in
-        tile = rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # in the block's own region
-        acc, finish = _add_unfenced(acc, part_ptr + tl.program_id(0) * 2 * PARTS * BLOCK_M * BLOCK_N + tile,
-                                    count_ptr + tl.program_id(0), launch, group, tile_mask, BLOCK_M * BLOCK_N, PARTS)
-    elif PARTS > 1:  # the group sums added in order by the last group to arrive
+    if PARTS > 1:  # the group sums added in order by the last group to arrive
         acc, finish = _add_stored(acc, part_ptr + rm[:, None] * N + rn[None, :], count_ptr + tl.program_id(0), group,
                                   tile_mask, M * N, PARTS, 1)
     if finish:
@@ -227,15 +215,10 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                          f"group without the pipelined loop) and at most BLOCK_M rows; got K {K}, M {M} and {meta}")
     pdl = use_pdl(x2.device)
     dummy = y2
-    blocks = triton.cdiv(N, meta["BLOCK_N"])
-    unfenced = parts > 1 and UNFENCED_ENV
-    if unfenced:
-        counts, part = double_buffered_parts(x2.device, blocks, parts, meta["BLOCK_M"] * meta["BLOCK_N"])
-    else:
-        part = x2.new_empty((parts * M * N,) if parts > 1 else (1,), dtype=torch.float32)
-        counts = arrival_counters(x2.device, blocks) if parts > 1 else part
+    part = x2.new_empty((parts * M * N,) if parts > 1 else (1,), dtype=torch.float32)
+    counts = arrival_counters(x2.device, triton.cdiv(N, meta["BLOCK_N"])) if parts > 1 else part
     launch(
-        _gemv_slab_kernel, (blocks, parts),
+        _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]), parts),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else dummy, ln_stats if ln_stats is not None else dummy,
         stats_out if stats_out is not None else dummy, part, counts,
@@ -247,7 +230,6 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
         PIPELINED=stages > 1, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
-        UNFENCED=bool(unfenced), num_warps=meta.get("num_warps", 4), launch_pdl=pdl,
-        **({"num_stages": stages} if stages > 1 else {}),
+        num_warps=meta.get("num_warps", 4), launch_pdl=pdl, **({"num_stages": stages} if stages > 1 else {}),
     )
     return y2

@@ -4,8 +4,7 @@ import weakref
 import pytest
 import torch
 
-from kernels._fixed_merge import EMPTY
-from kernels._workspace import arrival_counters, double_buffered_parts, fixed_point_sums
+from kernels._workspace import arrival_counters, fixed_point_sums
 
 
 def test_counters_are_zeroed_shared_and_grow_without_freeing():
@@ -30,23 +29,6 @@ def test_fixed_point_sums_are_their_own_zeroed_int64_buffer():
     assert words.dtype == torch.int64 and words.numel() >= 100 and not words.any()
     assert fixed_point_sums(dev, 10) is words
     assert words.data_ptr() != arrival_counters(dev, 10).data_ptr()
-
-
-def test_double_buffered_parts_pair_per_layout_and_grow_together():
-    """The unfenced merge's counters and double buffers: zeroed int64 counters and fp32 parts
-    all EMPTY, one pair per (parts, tile) (a block's launch numbers count its own launches of
-    one layout), shared by launches of that layout, and grown as a pair (a block's region must
-    be the one its counter numbers)."""
-    dev = torch.device("cpu")
-    counts, parts = double_buffered_parts(dev, 10, 4, 2048)
-    assert counts.dtype == torch.int64 and not counts.any() and parts.dtype == torch.float32
-    assert (parts.view(torch.int32) == EMPTY.value).all()
-    assert counts.numel() >= 10 and parts.numel() == counts.numel() * 2 * 4 * 2048
-    assert double_buffered_parts(dev, 3, 4, 2048)[0] is counts
-    assert double_buffered_parts(dev, 3, 2, 2048)[0] is not counts
-    assert double_buffered_parts(dev, 3, 4, 1024)[0] is not counts
-    grown_counts, grown_parts = double_buffered_parts(dev, counts.numel() + 1, 4, 2048)
-    assert grown_counts.numel() > counts.numel() and grown_parts.numel() == grown_counts.numel() * 2 * 4 * 2048
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="an index-less CUDA device needs a GPU")
