@@ -214,8 +214,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
     a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768, 17-64 of a layer in chunk
     groups) to gemv_slab.py.
-    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma and
-    gemv_slab only).
+    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -240,7 +239,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         if argmax_keys is not None:
             raise ValueError("_config: the SLAB layout writes no argmax_keys")
         return gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats,
-                         stats_out, prefetch_residual, meta, early_launch, l2_ahead_ranges)
+                         stats_out, prefetch_residual, meta, early_launch)
     meta.setdefault("CHUNK_GROUPS", 1)
     meta.setdefault("GROUP_SPLIT", False)
     parts = meta["PARTS"] = partial_count(meta)

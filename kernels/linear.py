@@ -144,8 +144,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
     l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
-    launch (gemv_fma.py) or a whole-slab one (gemv_slab.py, 17-64 rows) asks L2 for before its
-    wait (_l2_ahead.py; Hopper only, results unchanged); other layouts ignore them.
+    launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
+    unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).

@@ -151,11 +151,6 @@ def screen_bytes_from_env(value):
 
 
 L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
-# at batch (the tensor-core layouts), fc asks L2 for mlp-out's weights and mlp-out for the next
-# layer's qkv weights (l2_ahead; the whole-slab launches take them): a program that cannot start
-# early, its SM still held by the previous kernel, then reads them from L2.
-# MINILLM_BATCH_L2_AHEAD=0 turns it off (A/B timing)
-BATCH_L2_AHEAD = os.environ.get("MINILLM_BATCH_L2_AHEAD", "1") != "0"
 
 
 class Block:
@@ -212,12 +207,11 @@ class GPT:
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=(), fc_l2_ahead=()):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early,
-                            l2_ahead=fc_l2_ahead)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
                                early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
@@ -302,10 +296,8 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            batch_ahead = BATCH_L2_AHEAD and not cuda_core
             x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=self._next_weight(i, screened) if cuda_core or batch_ahead else (),
-                          fc_l2_ahead=(blk.mlp_proj[0],) if batch_ahead else ())
+                          l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _next_weight(self, i, screened):

@@ -95,24 +95,6 @@ def test_gemv_slab_prefetched_residual_in_place(device):
     torch.testing.assert_close(y, late, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("groups", [1, 3])
-def test_gemv_slab_l2_ahead_changes_no_bit(groups, device):
-    """Asking L2 for later kernels' weights (l2_ahead: an out-major weight, a tensor whose size
-    is not a multiple of 16 bytes), as the model's fc and mlp-out do at batch, leaves the result
-    and those tensors as they are, in one group and in chunk groups. On the GPU the requests
-    run (unless MINILLM_L2_AHEAD=0); the interpreter has none."""
-    M, K, N = 40, 600, 70
-    x, w, bias, kw, _ = _layer("attn-out", M, K, N, torch.float16, device)
-    later = randn(N, K, dtype=torch.float16, device=device).t()
-    odd = randn(1001, dtype=torch.float16, device=device)
-    keep = later.clone(), odd.clone()
-    cfg = SLAB | {"BLOCK_K": 64, "CHUNKS": 10, "CHUNK_GROUPS": groups}
-    ys = [kernels.linear(x, w, bias, out=poisoned((M, N), torch.float16, device), _config=cfg, l2_ahead=ahead,
-                         residual=kw["residual"]) for ahead in ((), (later, odd))]
-    torch.testing.assert_close(ys[1], ys[0], rtol=0, atol=0)
-    assert all(torch.equal(t, k) for t, k in zip((later, odd), keep))
-
-
 def test_slab_layout_rule(monkeypatch):
     """gpt2's qkv, fc and attn-out (K = 768) take the slab past 32 rows in half precision; fp32,
     K past 768 or below ROWS32_MIN_K, and 32 rows or fewer keep gemv.py's layouts;
