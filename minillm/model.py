@@ -98,7 +98,8 @@ def early_roles(rows, cuda_core, width):
       -5.0%, with qkv -3.7% in one round); gpt2-xl attn-out (+1.6%; mlp-out -0.5%, both -1.3%);
       gpt2-medium none (mlp-out -0.1%, attn-out -5.1%, both -5.8%);
     - other rows (looping layouts): none (every kernel early lost 9% at b64 on the H100; on the
-      H200 at b64 each role alone moved -1.0% to +0.6%).
+      H200 at b64 each role alone moved -1.0% to +0.6%, and with the whole-slab layouts -0.6% to
+      -1.8%: bench/results/h200/session-84/call6-ab.log).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
     twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
     attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""
