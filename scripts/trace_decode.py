@@ -16,6 +16,7 @@ step with --untraced.
 
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
+    python3 scripts/trace_decode.py --model gpt2 --batch 64 --stamp products --out /tmp/t  # slabs' merges
 
 Records are filled with -1 before the replays; a row no program wrote is dropped and counted
 in the report. From the tensor-core GEMV's weight descriptors (96b4762) to the fifty-third
@@ -145,6 +146,14 @@ STAMPS = {
                                                            "    part = tl.sum(o[:, None]")],
     "merge": [WAIT_STAMP, ("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
 }
+# --stamp products: the whole-slab GEMV's second stamp goes where its products are done, before a
+# group program's merge (from there to its end: the merge and, for the last of a column block,
+# the epilogue); the other kernels keep their weights' stamp
+SLAB_WAIT = "    t2 = _now()\n    t1 = t2\n    if not PIPELINED:\n    " + SUM_W.replace("w.to", "w0.to")
+SLAB_STAMPS = {
+    "products": [("    finish = True\n", "    t1 = _now_after(tl.sum(tl.sum(acc, axis=1), axis=0))\n"
+                                          "    finish = True\n")],
+}
 
 
 def patched_source(name, stamp="weights"):
@@ -152,6 +161,8 @@ def patched_source(name, stamp="weights"):
     patches = PATCHES[name]
     if stamp in STAMPS and name == "decode_attention_proj":
         patches = [p for p in patches if p[0] != WAIT_STAMP[0]] + STAMPS[stamp]
+    if stamp in SLAB_STAMPS and name == "gemv_slab":  # the wait's stamp alone there, t1 later
+        patches = [(a, n.replace(SLAB_WAIT, "    t2 = _now()\n")) for a, n in patches] + SLAB_STAMPS[stamp]
     for anchor, new in patches:
         if src.count(anchor) != 1:
             raise RuntimeError(f"trace_decode: kernels/{name}.py has {src.count(anchor)} copies of the anchor "
@@ -220,7 +231,7 @@ def install(tmp, stamp="weights"):
         "decode_attention", "decode_attention_proj", "gemv", "gemv_slab", "gemv_fma", "vocab_fma", "vocab_screen"))
     traced_gemv = _Traced(load_traced("gemv", tmp)._gemv_kernel, "gemv", ("N", "K"))
     gv.launch = lambda kernel, grid, *a, **kw: launch(traced_gemv, grid, *a, **kw)
-    traced_slab = _Traced(load_traced("gemv_slab", tmp)._gemv_slab_kernel, "gemv", ("N", "K"))
+    traced_slab = _Traced(load_traced("gemv_slab", tmp, stamp)._gemv_slab_kernel, "gemv", ("N", "K"))
     gs.launch = lambda kernel, grid, *a, **kw: launch(traced_slab, grid, *a, **kw)
     proj = load_traced("decode_attention_proj", tmp, stamp)._decode_attention_proj_kernel
     traced_proj = _Traced(proj, "attn-proj", ("H", "D"))
@@ -291,10 +302,11 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
     ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
-    ap.add_argument("--stamp", choices=("weights", *STAMPS), default="weights",
+    ap.add_argument("--stamp", choices=("weights", *STAMPS, *SLAB_STAMPS), default="weights",
                     help="the fused attention launch's second stamp: its weights' arrival (default), its "
                          "attention output computed (attend), or its projection's partial, before the heads' "
-                         "merge (merge)")
+                         "merge (merge); or the whole-slab GEMV's: its products done, before a group "
+                         "program's merge (products)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
     args = ap.parse_args()
     from minillm.benchutil import require_cuda

@@ -109,6 +109,18 @@ def test_stamps_move_the_second_stamp(stamp, tmp_path):
     assert "trace_ptr" in mod._decode_attention_proj_kernel.arg_names
 
 
+def test_products_stamp_moves_the_slabs_second_stamp(tmp_path):
+    """--stamp products: the whole-slab GEMV's second stamp moves from its wait to its products'
+    end, before a group program's merge (one of each stamp still), and the copy imports; the
+    other kernels keep their stamps."""
+    src = trace_decode.patched_source("gemv_slab", "products")
+    assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1 and "t1 = t2" not in src
+    assert src.index("t1 = _now_after(tl.sum(tl.sum(acc") < src.index("    finish = True\n")
+    assert trace_decode.patched_source("gemv", "products") == trace_decode.patched_source("gemv")
+    mod = trace_decode.load_traced("gemv_slab", tmp_path, "products")
+    assert "trace_ptr" in mod._gemv_slab_kernel.arg_names
+
+
 def test_the_stand_in_compiles_for_the_register_fit(tmp_path, monkeypatch):
     """vocab_fma.fitted_programs sizes a persistent head by its compiled registers: the stand-in
     hands it the traced copy's kernel, compiled with an int64 record buffer."""
