@@ -175,9 +175,9 @@ def pipelined_stages(chunks):
     gpt2's K = 768 slab takes 168 KB at 7 stages, mlp-out's group slab 192 KB at 4). The
     weight slab is asked into L2 before the wait (not loaded), and after it every chunk's x and
     W tiles go through the loop, which Triton copies into shared memory by cp.async, without
-    registers: at 7 stages all six chunks are in flight at once. The named tiles held x in registers on its way to shared memory: Triton 3.6
-    loaded it in two bursts, two L2 round trips. The same chunks added in the same order: the
-    same bits. H200, gpt2 batch 64 alternated twice in one call, the same ids
+    registers: at 7 stages all six chunks are in flight at once. The named tiles held x in
+    registers on its way to shared memory: Triton 3.6 loaded it in two bursts, two L2 round
+    trips. The same chunks added in the same order: the same bits. H200, gpt2 batch 64 alternated twice in one call, the same ids
     (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806 tok/s
     (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
     MINILLM_SLAB_PIPELINED=N forces N stages (at most), 0 the named tiles (A/B timing)."""
@@ -215,8 +215,9 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                          f"group without the pipelined loop) and at most BLOCK_M rows; got K {K}, M {M} and {meta}")
     pdl = use_pdl(x2.device)
     dummy = y2
-    part = x2.new_empty((parts * M * N,) if parts > 1 else (1,), dtype=torch.float32)
-    counts = arrival_counters(x2.device, triton.cdiv(N, meta["BLOCK_N"])) if parts > 1 else part
+    # the group sums' partials and counters; one group uses neither (no allocation a launch)
+    part = x2.new_empty((parts * M * N,), dtype=torch.float32) if parts > 1 else dummy
+    counts = arrival_counters(x2.device, triton.cdiv(N, meta["BLOCK_N"])) if parts > 1 else dummy
     launch(
         _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]), parts),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,

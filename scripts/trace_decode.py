@@ -86,7 +86,8 @@ PATCHES = {
          "    t2 = _now()\n    t1 = t2\n    if not PIPELINED:\n    " + SUM_W.replace("w.to", "w0.to")
          + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
         ("\n\ndef pipelined_stages(",
-         "    _record(trace_ptr, tl.program_id(0) + group * tl.num_programs(0), t0, t1, t2)\n\n\ndef pipelined_stages("),
+         "    _record(trace_ptr, tl.program_id(0) + group * tl.num_programs(0), t0, t1, t2)\n"
+         "\n\ndef pipelined_stages("),
     ],
     "gemv_fma": [
         ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),

@@ -85,8 +85,9 @@ dev, outs = "cuda", []
 for dtype in (torch.float16, torch.float32):
     def r(*s):
         return torch.randn(*s, device=dev, dtype=dtype)
-    for M, K, N, ln in ((64, 3072, 768, False), (24, 3072, 768, False), (64, 768, 2304, True), (40, 1024, 4096, False),
-                        (64, 1600, 4800, True), (64, 1024, 16384, True), (48, 1024, 16384, True), (200, 1024, 512, True)):
+    for M, K, N, ln in ((64, 3072, 768, False), (24, 3072, 768, False), (64, 768, 2304, True),
+                        (40, 1024, 4096, False), (64, 1600, 4800, True), (64, 1024, 16384, True),
+                        (48, 1024, 16384, True), (200, 1024, 512, True)):
         x, w, b = r(M, K), r(K, N) / K ** 0.5, r(N)
         if ln:  # a folded layernorm (the decode layouts follow it)
             w, b, colsum = kernels.fold_layernorm(w, b, r(K), r(K))
