@@ -17,6 +17,7 @@ step with --untraced.
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
     python3 scripts/trace_decode.py --model gpt2 --batch 64 --stamp products --out /tmp/t  # slabs' merges
+    python3 scripts/trace_decode.py --model gpt2 --batch 64 --stamp attn-loop --out /tmp/t  # attention's phases
 
 Records are filled with -1 before the replays; a row no program wrote is dropped and counted
 in the report. From the tensor-core GEMV's weight descriptors (96b4762) to the fifty-third
@@ -155,6 +156,17 @@ SLAB_STAMPS = {
     "products": [("    finish = True\n", "    t1 = _now_after(tl.sum(tl.sum(acc, axis=1), axis=0))\n"
                                           "    finish = True\n")],
 }
+# --stamp attn-q / attn-first / attn-loop: the separate decode attention's second stamp (at its
+# wait by default) goes where q, k_new and v_new are in (the new row stored), where the tiles read
+# before the wait are attended, or where the loop over the later tiles is done (before the output's
+# store, or a split's merge)
+ATTN_WAIT = "    t2 = _now()\n    t1 = t2\n"
+ATTN_STAMPS = {
+    "attn-q": [("    first = start\n", "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), "
+                                      "axis=0))\n    first = start\n")],
+    "attn-first": [("    # LOOP_STAGES > 1: Triton", "    t1 = _now_after(l_i)\n    # LOOP_STAGES > 1: Triton")],
+    "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob", "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
+}
 
 
 def patched_source(name, stamp="weights"):
@@ -164,6 +176,8 @@ def patched_source(name, stamp="weights"):
         patches = [p for p in patches if p[0] != WAIT_STAMP[0]] + STAMPS[stamp]
     if stamp in SLAB_STAMPS and name == "gemv_slab":  # the wait's stamp alone there, t1 later
         patches = [(a, n.replace(SLAB_WAIT, "    t2 = _now()\n")) for a, n in patches] + SLAB_STAMPS[stamp]
+    if stamp in ATTN_STAMPS and name == "decode_attention":
+        patches = [(a, n.replace(ATTN_WAIT, "    t2 = _now()\n")) for a, n in patches] + ATTN_STAMPS[stamp]
     for anchor, new in patches:
         if src.count(anchor) != 1:
             raise RuntimeError(f"trace_decode: kernels/{name}.py has {src.count(anchor)} copies of the anchor "
@@ -240,8 +254,8 @@ def install(tmp, stamp="weights"):
     gf._gemv_fma_kernel = _Traced(load_traced("gemv_fma", tmp)._gemv_fma_kernel, "fma", ("N", "K"))
     vf._vocab_fma_kernel = _Traced(load_traced("vocab_fma", tmp)._vocab_fma_kernel, "vocab", ("N", "K"))
     vs._vocab_screen_kernel = _Traced(load_traced("vocab_screen", tmp)._vocab_screen_kernel, "screen", ("N", "K"))
-    da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp)._decode_attention_kernel, "attn",
-                                          ("H", "D"))
+    da._decode_attention_kernel = _Traced(load_traced("decode_attention", tmp, stamp)._decode_attention_kernel,
+                                          "attn", ("H", "D"))
 
 
 def summarize(launches, n_embd):
@@ -303,11 +317,13 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
     ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
-    ap.add_argument("--stamp", choices=("weights", *STAMPS, *SLAB_STAMPS), default="weights",
+    ap.add_argument("--stamp", choices=("weights", *STAMPS, *SLAB_STAMPS, *ATTN_STAMPS), default="weights",
                     help="the fused attention launch's second stamp: its weights' arrival (default), its "
                          "attention output computed (attend), or its projection's partial, before the heads' "
                          "merge (merge); or the whole-slab GEMV's: its products done, before a group "
-                         "program's merge (products)")
+                         "program's merge (products); or the separate decode attention's: q and the new "
+                         "row in (attn-q), the tiles read before the wait attended (attn-first), the "
+                         "loop over the later tiles done (attn-loop)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
     args = ap.parse_args()
     from minillm.benchutil import require_cuda

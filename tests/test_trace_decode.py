@@ -121,6 +121,20 @@ def test_products_stamp_moves_the_slabs_second_stamp(tmp_path):
     assert "trace_ptr" in mod._gemv_slab_kernel.arg_names
 
 
+@pytest.mark.parametrize("stamp", sorted(trace_decode.ATTN_STAMPS))
+def test_attention_stamps_move_its_second_stamp(stamp, tmp_path):
+    """--stamp attn-q / attn-first / attn-loop: the separate decode attention's second stamp moves
+    from its wait to the phase named (one of each stamp still, in order after the wait and before
+    the output's store), and the copy imports; the fused launch keeps its own."""
+    src = trace_decode.patched_source("decode_attention", stamp)
+    assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1 and "t1 = t2" not in src
+    assert src.index("t2 = _now()") < src.index("t1 = _now_after(") < src.index("    o_ptrs = o_ptr + b")
+    assert trace_decode.patched_source("decode_attention_proj", stamp) == \
+        trace_decode.patched_source("decode_attention_proj")
+    mod = trace_decode.load_traced("decode_attention", tmp_path, stamp)
+    assert "trace_ptr" in mod._decode_attention_kernel.arg_names
+
+
 def test_the_stand_in_compiles_for_the_register_fit(tmp_path, monkeypatch):
     """vocab_fma.fitted_programs sizes a persistent head by its compiled registers: the stand-in
     hands it the traced copy's kernel, compiled with an int64 record buffer."""
