@@ -18,8 +18,17 @@ PIPELINE_MIN_L = 512
 LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
 # (BLOCK_N, num_warps) of the narrow unsplit layout of many rows (default_layout);
 # MINILLM_ATTN_NARROW=BLOCK_NxWARPS forces another (A/B timing)
-NARROW = layout_switch("MINILLM_ATTN_NARROW", os.environ.get("MINILLM_ATTN_NARROW"), "BLOCK_NxWARPS", "32x2",
-                       pow2=2) or (32, 2)
+NARROW_ENV = layout_switch("MINILLM_ATTN_NARROW", os.environ.get("MINILLM_ATTN_NARROW"), "BLOCK_NxWARPS", "32x2",
+                           pow2=2)
+NARROW = NARROW_ENV or (32, 2)
+# the narrow tiles in one-warp programs, where the pairs fill the GPU over a short cache
+# (default_layout); MINILLM_ATTN_ONE_WARP=0 turns that off (A/B timing), and MINILLM_ATTN_NARROW
+# (set) replaces it too
+ONE_WARP = (NARROW[0], 1)
+ONE_WARP_ENV = env_int("MINILLM_ATTN_ONE_WARP", 1)
+if ONE_WARP_ENV not in (0, 1):
+    raise ValueError(f"MINILLM_ATTN_ONE_WARP: expected 0 or 1, got {ONE_WARP_ENV}")
+ONE_WARP_ON = ONE_WARP_ENV == 1
 # splits of the narrow tiles over long caches at fewer pairs than programs wanted (default_layout);
 # MINILLM_ATTN_LONG_SPLITS=0 turns that layout off (A/B timing)
 LONG_SPLITS = env_int("MINILLM_ATTN_LONG_SPLITS", 8)
@@ -46,6 +55,11 @@ def _num_splits(wanted, bh, L, block_n):
     return splits
 
 
+def _narrow(block_n, warps):
+    """Whether (BLOCK_N, num_warps) is the narrow unsplit layout, in two warps or in one."""
+    return (block_n, warps) in (NARROW, ONE_WARP)
+
+
 def _base_layout(block_d):
     """(BLOCK_N, num_warps) of a tile: 64 or 32 cache rows, 8 or 16 KB of fp16 keys."""
     return (64, 4) if block_d <= 64 else (32, 8)
@@ -62,7 +76,17 @@ def default_layout(device, bh, L, block_d):
         # the GPU alone (batch 64, L = 256: 13.0 against 15.4 us on an H200), or a short cache and
         # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
-        # 27.7k): the one-tile programs below held the SMs the next linear starts on
+        # 27.7k): the one-tile programs below held the SMs the next linear starts on.
+        # Where the pairs fill the GPU over a short cache (the unpipelined loop: loop_stages), one
+        # warp a program: every reduction of the online softmax stays in the warp, with no
+        # shared-memory round trip or barrier in its chain. Traced at gpt2 batch 64 (H200,
+        # scripts/trace_decode.py --stamp attn-*), two warps spent ~0.9 us attending the tile
+        # already in registers and ~2.7 us on each later tile, though its bytes arrive sooner
+        # (an L2 request for them did not help: fifty-seventh session); one warp: the launch
+        # 9.6 -> 8.6 us, gpt2 batch 64 174.5k / 175.8k -> 181.2k / 180.8k tok/s (+3.4%,
+        # alternated twice; bench/results/h200/session-85/call4-ab.log)
+        if ONE_WARP_ON and NARROW_ENV is None and bh >= wanted and L < PIPELINE_MIN_L:
+            return 1, *ONE_WARP
         return 1, *NARROW
     if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 3 // 4 <= bh < wanted:
         # a long cache and three quarters of the programs wanted: many narrow programs of a
@@ -93,7 +117,7 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
     batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on)."""
     tiles = 1
-    if (block_n, warps) == NARROW:
+    if _narrow(block_n, warps):
         tiles = PREFETCH_TILES_ENV if PREFETCH_TILES_ENV is not None else 4 if 2 * bh < _programs_wanted(device) else 1
     while tiles > 1 and tiles * block_n > chunk:
         tiles //= 2
@@ -121,7 +145,7 @@ def loop_stages(L, block_n, warps, splits=1):
     1,024 and 1,600 gained)."""
     if LOOP_STAGES_ENV is not None:
         return LOOP_STAGES_ENV
-    return 3 if (block_n, warps) == NARROW and L >= PIPELINE_MIN_L and splits == 1 else 1
+    return 3 if _narrow(block_n, warps) and L >= PIPELINE_MIN_L and splits == 1 else 1
 
 
 def new_row_apart(block_n, warps, stages):
@@ -137,7 +161,7 @@ def new_row_apart(block_n, warps, stages):
     as much (-5.8%, -11.5%): more of its programs fit an SM, and the step gets slower."""
     if NEW_APART_ENV is not None:
         return bool(NEW_APART_ENV)
-    return (block_n, warps) == NARROW and stages == 1
+    return _narrow(block_n, warps) and stages == 1
 
 
 def launch_layout(device, bh, L, block_d, num_splits=None, config=None):

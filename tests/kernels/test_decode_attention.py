@@ -11,7 +11,7 @@ from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn, wit
 SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80), (1, 2, 200, 64)]  # 200: one 256-row tile
 if ON_GPU:
     SHAPES += [(1, 12, 1024, 64), (64, 12, 1024, 64), (8, 25, 1024, 64), (4, 16, 777, 128), (1, 12, 256, 64),
-               (8, 12, 256, 64)]
+               (8, 12, 256, 64), (64, 12, 256, 64)]  # the last: one-warp programs (default_layout)
 
 
 def _lens(B, L, device):
@@ -32,7 +32,8 @@ def test_decode_attention(B, H, L, D, dtype, device):
     assert_rel_close(o, expect, dtype, f"decode {B, H, L, D}")
 
 
-@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 128, "num_warps": 4},
+@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 32, "num_warps": 1},
+                                    {"BLOCK_N": 128, "num_warps": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3},
                                     {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False},
@@ -43,7 +44,7 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
     """Every split count, with the new key/value written into the cache by the same launch, and
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
     front (empty splits, 1-token rows included). Both forms of the new row (new_row_apart: by
-    default in the narrow unpipelined layout, 32 rows and 2 warps, and forced on and off), with
+    default in the narrow unpipelined layout, 32 rows in 2 warps or 1, and forced on and off), with
     it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1).
     Cache rows past a sequence's length, the new row's own included, are NaN: they may be read
     (prefetched tiles), never used."""

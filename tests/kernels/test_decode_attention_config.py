@@ -21,12 +21,34 @@ def test_default_layout_by_rows(device, monkeypatch):
     many = _programs_wanted(dev) // 3
     assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
     assert default_layout(dev, many, 256, 64) == (1, 32, 2)
-    assert default_layout(dev, 8 * many, 256, 64) == (1, 32, 2)
+    assert default_layout(dev, 3 * many - 1, 256, 64) == (1, 32, 2)
     # tiles read before the wait: four in that layout below half the programs wanted, at most the chunk
     half = _programs_wanted(dev) // 2
     assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
     assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
+
+
+def test_one_warp_where_pairs_fill_the_gpu(device, monkeypatch):
+    """Pairs that fill the GPU over a cache shorter than PIPELINE_MIN_L: the narrow tiles in
+    one-warp programs, with the narrow layout's tiles before the wait, unpipelined loop and new
+    row apart; over longer caches the two-warp layout and its pipelined loop.
+    MINILLM_ATTN_ONE_WARP=0 (ONE_WARP_ON) or a forced MINILLM_ATTN_NARROW (NARROW_ENV) turn it off."""
+    without_env_switches(monkeypatch)
+    dev = torch.device(device)
+    wanted = _programs_wanted(dev)
+    for bh, L in ((wanted, 256), (8 * wanted, 256), (wanted, PIPELINE_MIN_L - 1)):
+        assert default_layout(dev, bh, L, 64) == (1, 32, 1)
+    assert default_layout(dev, wanted, PIPELINE_MIN_L, 64) == (1, 32, 2)
+    assert default_layout(dev, wanted, 256, 128)[1:] == (32, 8)  # wide heads keep their tiles
+    _, _, meta = launch_layout(dev, wanted, 256, 64)
+    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
+    monkeypatch.setattr(decode_attention_config, "ONE_WARP_ON", False)
+    assert default_layout(dev, wanted, 256, 64) == (1, 32, 2)
+    monkeypatch.setattr(decode_attention_config, "ONE_WARP_ON", True)
+    monkeypatch.setattr(decode_attention_config, "NARROW_ENV", (64, 2))
+    monkeypatch.setattr(decode_attention_config, "NARROW", (64, 2))
+    assert default_layout(dev, wanted, 256, 64) == (1, 64, 2)
 
 
 def test_default_layout_long_cache_splits(device, monkeypatch):
@@ -53,7 +75,8 @@ def test_env_switches_checked_at_import():
     (MINILLM_ATTN_LONG_SPLITS=6, a split count) or be read as another (MINILLM_ATTN_NEW_APART=2):
     the import says which variable is wrong."""
     for name, value, message in (("MINILLM_ATTN_LONG_SPLITS", "6", "expected 0 or a power of two, got 6"),
-                                 ("MINILLM_ATTN_NEW_APART", "2", "expected 0 or 1, got 2")):
+                                 ("MINILLM_ATTN_NEW_APART", "2", "expected 0 or 1, got 2"),
+                                 ("MINILLM_ATTN_ONE_WARP", "2", "expected 0 or 1, got 2")):
         env = {**os.environ, name: value}
         run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
         assert run.returncode != 0
@@ -89,7 +112,7 @@ def test_launch_layout_resolves_config_and_rules(monkeypatch):
     many = _programs_wanted(dev)
     splits, chunk, meta = launch_layout(dev, many, 256, 64)
     assert (splits, chunk) == (1, 256)
-    assert meta == {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
+    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
     _, _, meta = launch_layout(dev, many, 1024, 64)  # pipelined: the new row stays in the tiles
     assert (meta["LOOP_STAGES"], meta["NEW_APART"]) == (3, False)
     _, _, meta = launch_layout(dev, many, 256, 64, config={"LOOP_STAGES": 2, "NEW_APART": True, "num_warps": 4})
