@@ -77,15 +77,17 @@ def default_layout(device, bh, L, block_d):
         # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to
         # 27.7k): the one-tile programs below held the SMs the next linear starts on.
-        # Where the pairs fill the GPU over a short cache (the unpipelined loop: loop_stages), one
-        # warp a program: every reduction of the online softmax stays in the warp, with no
-        # shared-memory round trip or barrier in its chain. Traced at gpt2 batch 64 (H200,
-        # scripts/trace_decode.py --stamp attn-*), two warps spent ~0.9 us attending the tile
-        # already in registers and ~2.7 us on each later tile, though its bytes arrive sooner
-        # (an L2 request for them did not help: fifty-seventh session); one warp: the launch
-        # 9.6 -> 8.6 us, gpt2 batch 64 174.5k / 175.8k -> 181.2k / 180.8k tok/s (+3.4%,
-        # alternated twice; bench/results/h200/session-85/call4-ab.log)
-        if ONE_WARP_ON and NARROW_ENV is None and bh >= wanted and L < PIPELINE_MIN_L:
+        # From half the programs wanted (one tile read before the wait: prefetch_tiles) over a
+        # cache under PIPELINE_MIN_L (the unpipelined loop: loop_stages), one warp a program:
+        # every reduction of the online softmax stays in the warp, with no shared-memory round
+        # trip or barrier in its chain. Traced at gpt2 batch 64 (H200, scripts/trace_decode.py
+        # --stamp attn-*), two warps spent ~0.9 us attending the tile already in registers and
+        # ~2.7 us on each later tile, though its bytes arrive sooner (an L2 request for them did
+        # not help: fifty-seventh session); one warp: the launch 9.6 -> 8.6 us. H200, alternated
+        # twice (bench/results/h200/session-85/call4-ab.log, call5-ab.log, call6-ab.log): gpt2
+        # batch 64 +3.4% / +3.9%, 48 +3.8%, 32 +3.3%; at batch 16 (four tiles before the wait)
+        # one warp lost 6.9%
+        if ONE_WARP_ON and NARROW_ENV is None and 2 * bh >= wanted and L < PIPELINE_MIN_L:
             return 1, *ONE_WARP
         return 1, *NARROW
     if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 3 // 4 <= bh < wanted:

@@ -21,7 +21,7 @@ def test_default_layout_by_rows(device, monkeypatch):
     many = _programs_wanted(dev) // 3
     assert default_layout(dev, many - 1, 256, 64)[:2] == (1, 256)
     assert default_layout(dev, many, 256, 64) == (1, 32, 2)
-    assert default_layout(dev, 3 * many - 1, 256, 64) == (1, 32, 2)
+    assert default_layout(dev, _programs_wanted(dev) // 2 - 1, 256, 64) == (1, 32, 2)
     # tiles read before the wait: four in that layout below half the programs wanted, at most the chunk
     half = _programs_wanted(dev) // 2
     assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
@@ -30,15 +30,17 @@ def test_default_layout_by_rows(device, monkeypatch):
 
 
 def test_one_warp_where_pairs_fill_the_gpu(device, monkeypatch):
-    """Pairs that fill the GPU over a cache shorter than PIPELINE_MIN_L: the narrow tiles in
-    one-warp programs, with the narrow layout's tiles before the wait, unpipelined loop and new
-    row apart; over longer caches the two-warp layout and its pipelined loop.
-    MINILLM_ATTN_ONE_WARP=0 (ONE_WARP_ON) or a forced MINILLM_ATTN_NARROW (NARROW_ENV) turn it off."""
+    """From half the programs wanted (one tile before the wait) over a cache shorter than
+    PIPELINE_MIN_L: the narrow tiles in one-warp programs, with the narrow layout's tile before
+    the wait, unpipelined loop and new row apart; over longer caches the two-warp layout and its
+    pipelined loop. MINILLM_ATTN_ONE_WARP=0 (ONE_WARP_ON) or a forced MINILLM_ATTN_NARROW
+    (NARROW_ENV) turn it off."""
     without_env_switches(monkeypatch)
     dev = torch.device(device)
     wanted = _programs_wanted(dev)
-    for bh, L in ((wanted, 256), (8 * wanted, 256), (wanted, PIPELINE_MIN_L - 1)):
+    for bh, L in ((wanted, 256), (8 * wanted, 256), (wanted, PIPELINE_MIN_L - 1), (wanted // 2, 256)):
         assert default_layout(dev, bh, L, 64) == (1, 32, 1)
+    assert prefetch_tiles(dev, wanted // 2, 32, 1, 256) == 1
     assert default_layout(dev, wanted, PIPELINE_MIN_L, 64) == (1, 32, 2)
     assert default_layout(dev, wanted, 256, 128)[1:] == (32, 8)  # wide heads keep their tiles
     _, _, meta = launch_layout(dev, wanted, 256, 64)
