@@ -85,8 +85,8 @@ def default_layout(device, bh, L, block_d):
         # ~2.7 us on each later tile, though its bytes arrive sooner (an L2 request for them did
         # not help: fifty-seventh session); one warp: the launch 9.6 -> 8.6 us. H200, alternated
         # twice (bench/results/h200/session-85/call4-ab.log, call5-ab.log, call6-ab.log): gpt2
-        # batch 64 +3.4% / +3.9%, 48 +3.8%, 32 +3.3%; at batch 16 (four tiles before the wait)
-        # one warp lost 6.9%
+        # batch 64 +3.4% / +4.0%, 48 +3.8%, 40 +3.4%, 32 +3.2%, 24 +3.1%, gpt2-xl batch 64 +3.8%
+        # (one round); at gpt2 batch 16 (four tiles before the wait) one warp lost 6.9%
         if ONE_WARP_ON and NARROW_ENV is None and 2 * bh >= wanted and L < PIPELINE_MIN_L:
             return 1, *ONE_WARP
         return 1, *NARROW
