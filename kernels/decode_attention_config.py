@@ -21,7 +21,7 @@ LOOP_STAGES_ENV = env_int("MINILLM_ATTN_STAGES")
 NARROW_ENV = layout_switch("MINILLM_ATTN_NARROW", os.environ.get("MINILLM_ATTN_NARROW"), "BLOCK_NxWARPS", "32x2",
                            pow2=2)
 NARROW = NARROW_ENV or (32, 2)
-# the narrow tiles in one-warp programs, where the pairs fill the GPU over a short cache
+# the narrow tiles in one-warp programs, from half the programs wanted over a short cache
 # (default_layout); MINILLM_ATTN_ONE_WARP=0 turns that off (A/B timing), and MINILLM_ATTN_NARROW
 # (set) replaces it too
 ONE_WARP = (NARROW[0], 1)
@@ -72,7 +72,7 @@ def default_layout(device, bh, L, block_d):
     splits = _num_splits(wanted, bh, L, block_n)
     short = splits > 1 and L <= 4 * block_n  # (splits > 1: fewer pairs than programs wanted)
     if block_d <= 64 and (bh >= wanted or (short and bh >= wanted // 3)):
-        # many rows: narrow tiles, two warps a program, unsplit. (Row, head) pairs that fill
+        # many rows: narrow tiles, two warps a program (or one: below), unsplit. (Row, head) pairs that fill
         # the GPU alone (batch 64, L = 256: 13.0 against 15.4 us on an H200), or a short cache and
         # a third of the programs wanted (gpt2 batch 16: 44.2k to 49.1k tok/s, batch 32: 60.9k to
         # 73.1k, gpt2-xl batch 8 +3%; at gpt2 batch 4 and 8 slower: 15.9k to 14.7k, 29.4k to

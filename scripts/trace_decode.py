@@ -165,7 +165,8 @@ ATTN_STAMPS = {
     "attn-q": [("    first = start\n", "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), "
                                       "axis=0))\n    first = start\n")],
     "attn-first": [("    # LOOP_STAGES > 1: Triton", "    t1 = _now_after(l_i)\n    # LOOP_STAGES > 1: Triton")],
-    "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob", "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
+    "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob",
+                   "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
 }
 
 

@@ -29,7 +29,7 @@ def test_default_layout_by_rows(device, monkeypatch):
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
 
 
-def test_one_warp_where_pairs_fill_the_gpu(device, monkeypatch):
+def test_one_warp_from_half_the_programs_wanted(device, monkeypatch):
     """From half the programs wanted (one tile before the wait) over a cache shorter than
     PIPELINE_MIN_L: the narrow tiles in one-warp programs, with the narrow layout's tile before
     the wait, unpipelined loop and new row apart; over longer caches the two-warp layout and its
