@@ -168,6 +168,8 @@ ATTN_STAMPS = {
     "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob",
                    "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
 }
+# kernel -> (its wait's stamp text, whose "t1 = ..." the moved stamp replaces; its stamps)
+MOVED_STAMPS = {"gemv_slab": (SLAB_WAIT, SLAB_STAMPS), "decode_attention": (ATTN_WAIT, ATTN_STAMPS)}
 
 
 def patched_source(name, stamp="weights"):
@@ -175,10 +177,9 @@ def patched_source(name, stamp="weights"):
     patches = PATCHES[name]
     if stamp in STAMPS and name == "decode_attention_proj":
         patches = [p for p in patches if p[0] != WAIT_STAMP[0]] + STAMPS[stamp]
-    if stamp in SLAB_STAMPS and name == "gemv_slab":  # the wait's stamp alone there, t1 later
-        patches = [(a, n.replace(SLAB_WAIT, "    t2 = _now()\n")) for a, n in patches] + SLAB_STAMPS[stamp]
-    if stamp in ATTN_STAMPS and name == "decode_attention":
-        patches = [(a, n.replace(ATTN_WAIT, "    t2 = _now()\n")) for a, n in patches] + ATTN_STAMPS[stamp]
+    wait, stamps = MOVED_STAMPS.get(name, ("", {}))
+    if stamp in stamps:  # the wait's stamp alone there, t1 later
+        patches = [(a, n.replace(wait, "    t2 = _now()\n")) for a, n in patches] + stamps[stamp]
     for anchor, new in patches:
         if src.count(anchor) != 1:
             raise RuntimeError(f"trace_decode: kernels/{name}.py has {src.count(anchor)} copies of the anchor "
