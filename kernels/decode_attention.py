@@ -81,7 +81,6 @@ def _decode_attention_kernel(
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    TILE_AHEAD: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -100,11 +99,6 @@ def _decode_attention_kernel(
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if TILE_AHEAD:  # the loop's first tile, requested with q (tile_ahead): to the chunk's end, as prefetched
-        offs_a = start + PREFETCH_N + tl.arange(0, BLOCK_N)
-        a_mask = (offs_a < tl.minimum(start + chunk, L))[:, None] & d_mask[None, :]
-        k_a = tl.load(k_base + offs_a[:, None] * stride_kl + offs_d[None, :], mask=a_mask, other=0.0)
-        v_a = tl.load(v_base + offs_a[:, None] * stride_vl + offs_d[None, :], mask=a_mask, other=0.0)
     seq_len = tl.load(lens_ptr + b)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
@@ -139,25 +133,15 @@ def _decode_attention_kernel(
         acc = tl.where(live, acc1, acc)
         p_new = tl.where(live, p1, p_new)
         first = start + PREFETCH_N
-    if TILE_AHEAD:  # each tile requested one step ahead, in registers; the same arithmetic
-        for start_n in range(first, end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            offs_b = offs_n + BLOCK_N
-            b_mask = (offs_b < end)[:, None] & d_mask[None, :]
-            k_b = tl.load(k_base + offs_b[:, None] * stride_kl + offs_d[None, :], mask=b_mask, other=0.0)
-            v_b = tl.load(v_base + offs_b[:, None] * stride_vl + offs_d[None, :], mask=b_mask, other=0.0)
-            m_i, l_i, acc, p_new = _attend_tile(q, k_a, v_a, offs_n, offs_n < end, pos, k_new, v_new, m_i, l_i,
-                                                acc, p_new, HAS_NEW, NEW_APART, True)
-            k_a, v_a = k_b, v_b
-    else:  # LOOP_STAGES > 1: Triton copies the tiles ahead into shared memory (cp.async); the same arithmetic
-        for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
-            m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc,
-                                                p_new, HAS_NEW, NEW_APART, False)
+    # LOOP_STAGES > 1: Triton copies the tiles ahead into shared memory (cp.async); the same arithmetic
+    for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                            HAS_NEW, NEW_APART, False)
     if NEW_APART:
         acc += p_new * v_new.to(tl.float32)
 
@@ -221,7 +205,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
-    "NEW_APART": ..., "TILE_AHEAD": ...} in place of the defaults (benchmarks, tests).
+    "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -235,7 +219,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     BLOCK_D = max(16, triton.next_power_of_2(D))
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
-    ahead = meta.pop("TILE_AHEAD")
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -250,7 +233,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, TILE_AHEAD=bool(ahead), launch_pdl=pdl,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o

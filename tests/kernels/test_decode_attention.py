@@ -36,8 +36,7 @@ def test_decode_attention(B, H, L, D, dtype, device):
                                     {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3},
                                     {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False},
-                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True},
-                                    {"BLOCK_N": 32, "num_warps": 2, "TILE_AHEAD": True}]
+                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True}]
                          # one warp (default_layout's): the interpreter runs it as it runs two
                          + ([{"BLOCK_N": 32, "num_warps": 1}] if ON_GPU else []))
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -111,13 +110,12 @@ def test_long_cache_split_layout_by_default(device, monkeypatch):
 
 
 @pytest.mark.parametrize("apart", [False, True])
-def test_loops_ahead_same_bits(apart, device):
-    """The pipelined cache loop (copies ahead into shared memory) and the loop that requests
-    each tile a step ahead in registers (tile_ahead) do the same arithmetic as the plain one, in
-    either form of the new row (new_row_apart, pinned: the rule picks the form by the stage
-    count, and the two forms round differently): the same bits over caches of 1 to 19 tiles, the
-    new key/value written by the launch, NaN rows past each length (the loop's first tile requested
-    ahead reads them; no step uses them), the first tile read before the wait."""
+def test_pipelined_loop_same_bits(apart, device):
+    """The pipelined cache loop (copies ahead into shared memory) does the same arithmetic as
+    the plain one, in either form of the new row (new_row_apart, pinned: the rule picks the form
+    by the stage count, and the two forms round differently): the same bits over caches of 1 to
+    19 tiles, the new key/value written by the launch, NaN rows past each length (read by no loop
+    step), the first tile read before the wait."""
     B, H, L, D = 4, 2, 600, 64
     q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
     kc, vc = (randn(B, H, L, D, dtype=torch.float16, device=device) for _ in range(2))
@@ -126,13 +124,13 @@ def test_loops_ahead_same_bits(apart, device):
     kc.masked_fill_(past, float("nan"))
     vc.masked_fill_(past, float("nan"))
     outs = []
-    for stages, ahead in ((1, False), (3, False), (1, True)):
+    for stages in (1, 3):
         k, v = kc.clone(), vc.clone()
         o = kernels.decode_attention(q, k, v, lens, k_new=k_new, v_new=v_new, num_splits=1, prefetch_cache=True,
                                      _config={"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": stages,
-                                              "NEW_APART": apart, "TILE_AHEAD": ahead})
+                                              "NEW_APART": apart})
         outs.append(o)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert torch.equal(outs[0], outs[1])
     expect_k, expect_v = kc.double().nan_to_num(), vc.double().nan_to_num()
     rows = torch.arange(B, device=device)
     expect_k[rows, :, lens - 1] = k_new.double()
