@@ -42,22 +42,6 @@ def _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new):
 
 
 @triton.jit
-def _attend_rows_mma(q16, k, v, rows, m_i, l_i, acc, p_new, qk_scale, DOT_PRECISION: tl.constexpr):
-    """_attend_rows on tensor cores (tile_mma): q16 (16, D) holds the query in each of an MMA's 16
-    rows, so every row of the state (m_i, l_i, p_new (16,); acc (16, D)) is the same. The scores
-    are q . K in fp32 times the scale, and P goes into P . V in V's dtype (as flash attention's);
-    rows outside `rows` must hold zeros in v."""
-    s = tl.dot(q16, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (16, BLOCK_N), log2 domain
-    s = tl.where(rows[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return m_new, l_i, acc, p_new * alpha
-
-
-@triton.jit
 def _v_early(v, rows):
     """A loop's V tile in fp32, rows outside `rows` zeroed: the masked load already gave zeros
     there, but the select makes V needed before the scores, so ptxas issues the tile's K and V
@@ -68,33 +52,25 @@ def _v_early(v, rows):
 
 
 @triton.jit
-def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new, qk_scale, HAS_NEW: tl.constexpr,
-                 NEW_APART: tl.constexpr, PREFETCHED: tl.constexpr, TILE_MMA: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    """One tile's update in either form (new_row_apart), or on tensor cores (TILE_MMA, with
-    NEW_APART: q is then the query in 16 rows, unscaled). Rows past `rows` may hold anything (a
+def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new, HAS_NEW: tl.constexpr,
+                 NEW_APART: tl.constexpr, PREFETCHED: tl.constexpr):
+    """One tile's update in either form (new_row_apart). Rows past `rows` may hold anything (a
     prefetched tile reads to the cache's end). Where NEW_APART they are all older rows; elsewhere
     the row at pos may be among them, and is taken from registers (k_new, v_new) where HAS_NEW:
     the cache row may not be written yet."""
-    if TILE_MMA:
-        if PREFETCHED:  # (a loop's masked load has zeros there already)
-            v = tl.where(rows[:, None], v, 0.0)
-        m_i, l_i, acc, p_new = _attend_rows_mma(q, k, v, rows, m_i, l_i, acc, p_new, qk_scale, DOT_PRECISION)
+    if NEW_APART:
+        # a prefetched tile, read before the wait, needs no early V: a select in fp16 only
+        # clears rows past `rows` (gpt2 batch 16's launch alone, H200: 4.62 us with _v_early's
+        # select, 4.50 with this one, in two calls)
+        v = tl.where(rows[:, None], v, 0.0) if PREFETCHED else _v_early(v, rows)
     else:
-        if NEW_APART:
-            # a prefetched tile, read before the wait, needs no early V: a select in fp16 only
-            # clears rows past `rows` (gpt2 batch 16's launch alone, H200: 4.62 us with _v_early's
-            # select, 4.50 with this one, in two calls)
-            v = tl.where(rows[:, None], v, 0.0) if PREFETCHED else _v_early(v, rows)
-        else:
-            k = k.to(tl.float32)
-            v = tl.where(rows[:, None], v.to(tl.float32), 0.0)
-            if HAS_NEW:
-                is_new = (offs_n == pos)[:, None]
-                k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
-                v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
-        m_i, l_i, acc, p_new = _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new)
-    return m_i, l_i, acc, p_new
+        k = k.to(tl.float32)
+        v = tl.where(rows[:, None], v.to(tl.float32), 0.0)
+        if HAS_NEW:
+            is_new = (offs_n == pos)[:, None]
+            k = tl.where(is_new, k_new.to(tl.float32)[None, :], k)
+            v = tl.where(is_new, v_new.to(tl.float32)[None, :], v)
+    return _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new)
 
 
 @triton.jit
@@ -105,7 +81,6 @@ def _decode_attention_kernel(
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    TILE_MMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -125,8 +100,8 @@ def _decode_attention_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     seq_len = tl.load(lens_ptr + b)
-    q_in = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0)
-    q = q_in.to(tl.float32) * qk_scale  # log2 domain
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
     end = tl.minimum(start + chunk, seq_len)  # this split's cache rows: [start, end)
     m_i = float("-inf")
     l_i = 0.0
@@ -148,17 +123,10 @@ def _decode_attention_kernel(
             p_new = l_i
             end = tl.minimum(end, pos)
 
-    q_tile = q
-    if TILE_MMA:  # (tile_mma) the query and the state in 16 equal rows: an MMA takes 16
-        q_tile = tl.broadcast_to(q_in[None, :], (16, BLOCK_D))
-        m_i = tl.zeros((16,), dtype=tl.float32) + m_i
-        l_i = tl.zeros((16,), dtype=tl.float32) + l_i
-        p_new = tl.zeros((16,), dtype=tl.float32) + p_new
-        acc = tl.zeros((16, BLOCK_D), dtype=tl.float32) + acc[None, :]
     first = start
     if PREFETCH_N > 0:  # (rows past `end`, read to the cache's end, may hold anything)
-        m1, l1, acc1, p1 = _attend_tile(q_tile, k0, v0, offs_p, offs_p < end, pos, k_new, v_new, m_i, l_i, acc,
-                                        p_new, qk_scale, HAS_NEW, NEW_APART, True, TILE_MMA, DOT_PRECISION)
+        m1, l1, acc1, p1 = _attend_tile(q, k0, v0, offs_p, offs_p < end, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                        HAS_NEW, NEW_APART, True)
         live = start < end  # no row here: keep the state (a neutral one's update is NaN)
         m_i = tl.where(live, m1, m_i)
         l_i = tl.where(live, l1, l_i)
@@ -172,13 +140,8 @@ def _decode_attention_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc, p_new = _attend_tile(q_tile, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
-                                            qk_scale, HAS_NEW, NEW_APART, False, TILE_MMA, DOT_PRECISION)
-    if TILE_MMA:  # one of the equal rows (their maximum is each)
-        m_i = tl.max(m_i, axis=0)
-        l_i = tl.max(l_i, axis=0)
-        p_new = tl.max(p_new, axis=0)
-        acc = tl.max(acc, axis=0)
+        m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                            HAS_NEW, NEW_APART, False)
     if NEW_APART:
         acc += p_new * v_new.to(tl.float32)
 
@@ -242,7 +205,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
-    "NEW_APART": ..., "TILE_MMA": ...} in place of the defaults (benchmarks, tests).
+    "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -256,7 +219,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     BLOCK_D = max(16, triton.next_power_of_2(D))
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
-    mma = meta.pop("TILE_MMA") and bool(apart) and k_new is not None
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -271,8 +233,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, TILE_MMA=mma,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", launch_pdl=pdl,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o

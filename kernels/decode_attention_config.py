@@ -38,10 +38,6 @@ if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
 NEW_APART_ENV = env_int("MINILLM_ATTN_NEW_APART")
 if NEW_APART_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
-# see tile_mma; MINILLM_ATTN_MMA=1 or 0 forces it on or off wherever the new row is apart (A/B timing)
-TILE_MMA_ENV = env_int("MINILLM_ATTN_MMA")
-if TILE_MMA_ENV not in (None, 0, 1):
-    raise ValueError(f"MINILLM_ATTN_MMA: expected 0 or 1, got {TILE_MMA_ENV}")
 
 
 def _programs_wanted(device):
@@ -170,20 +166,9 @@ def new_row_apart(block_n, warps, stages):
     return _narrow(block_n, warps) and stages == 1
 
 
-def tile_mma(block_n, warps, new_apart):
-    """Whether a program attends its tiles on tensor cores: q . K and P . V as MMAs of 16 equal
-    rows (an MMA's least) instead of products and sums across the warp's lanes. Only where the
-    new row is apart (new_row_apart), so no tile holds it; in the one-warp layout."""
-    if not new_apart:
-        return False
-    if TILE_MMA_ENV is not None:
-        return bool(TILE_MMA_ENV)
-    return (block_n, warps) == ONE_WARP
-
-
 def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
     """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
-    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES, NEW_APART and TILE_MMA, from the rules above
+    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
     with the base tiles. One ValueError naming the argument for a count out of range."""
     if num_splits is None:
@@ -201,8 +186,6 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
         meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits)
     if meta.get("NEW_APART") is None:
         meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
-    if meta.get("TILE_MMA") is None:
-        meta["TILE_MMA"] = tile_mma(block_n, warps, meta["NEW_APART"])
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
     if tiles < 1 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "

@@ -121,7 +121,7 @@ PATCHES = {
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
-        ("DOT_PRECISION: tl.constexpr,\n):", "DOT_PRECISION: tl.constexpr, trace_ptr,\n):"),
+        ("NEW_APART: tl.constexpr,\n):", "NEW_APART: tl.constexpr, trace_ptr,\n):"),
         ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
         ("\n\ndef check_inputs(", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef check_inputs("),

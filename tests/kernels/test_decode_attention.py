@@ -36,8 +36,7 @@ def test_decode_attention(B, H, L, D, dtype, device):
                                     {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3},
                                     {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False},
-                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True},
-                                    {"BLOCK_N": 32, "num_warps": 2, "TILE_MMA": True}]
+                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True}]
                          # one warp (default_layout's): the interpreter runs it as it runs two
                          + ([{"BLOCK_N": 32, "num_warps": 1}] if ON_GPU else []))
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -47,8 +46,7 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
     front (empty splits, 1-token rows included). Both forms of the new row (new_row_apart: by
     default in the narrow unpipelined layout, 32 rows in 2 warps or 1, and forced on and off), with
-    it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1), and
-    the tiles attended on tensor cores (tile_mma; each dtype in test_tile_mma_accuracy).
+    it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1).
     Cache rows past a sequence's length, the new row's own included, are NaN: they may be read
     (prefetched tiles), never used."""
     B, H, L, D = 4, 2, 150, 32
@@ -138,42 +136,6 @@ def test_pipelined_loop_same_bits(apart, device):
     expect_k[rows, :, lens - 1] = k_new.double()
     expect_v[rows, :, lens - 1] = v_new.double()
     assert_rel_close(outs[1], ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_tile_mma_accuracy(dtype, device):
-    """Tiles attended on tensor cores (tile_mma: P rounded to V's dtype for P . V) stay as close
-    to the float64 reference as the lanes' products and sums do (three times their relative
-    error at most), and within a few output roundings of them: caches of 1 to 5 tiles, NaN rows past
-    each length (the tile read before the wait reads them), one and two splits, the one-warp
-    layout's tiles (in two warps under the interpreter)."""
-    B, H, L, D = 4, 3, 150, 64
-    q, k_new, v_new = (randn(B, H, D, dtype=dtype, device=device) for _ in range(3))
-    kc, vc = (randn(B, H, L, D, dtype=dtype, device=device) for _ in range(2))
-    lens = torch.tensor([150, 1, 33, 97], dtype=torch.int32, device=device)
-    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]
-    kc.masked_fill_(past, float("nan"))
-    vc.masked_fill_(past, float("nan"))
-    expect_k, expect_v = kc.double().nan_to_num(), vc.double().nan_to_num()
-    rows = torch.arange(B, device=device)
-    expect_k[rows, :, lens - 1] = k_new.double()
-    expect_v[rows, :, lens - 1] = v_new.double()
-    expect = ref.decode_attention(q.double(), expect_k, expect_v, lens)
-    warps = 1 if ON_GPU else 2
-    for splits in (1, 2):
-        outs = []
-        for mma in (False, True):
-            o = kernels.decode_attention(q, kc.clone(), vc.clone(), lens, k_new=k_new, v_new=v_new,
-                                         num_splits=splits, prefetch_cache=True, out=poisoned((B, H, D), dtype, device),
-                                         _config={"BLOCK_N": 32, "num_warps": warps, "NEW_APART": True,
-                                                  "TILE_MMA": mma})
-            assert_rel_close(o, expect, dtype, f"mma={mma} splits={splits}")
-            outs.append(o.double().cpu())
-        err = [((o - expect.cpu()).norm() / expect.norm()).item() for o in outs]
-        assert err[1] <= 3 * err[0] + 1e-7, f"splits={splits}: relative error {err[1]:.2e} on tensor cores, " \
-                                           f"{err[0]:.2e} on the lanes"
-        ulp = torch.finfo(dtype).eps
-        assert (outs[1] - outs[0]).abs().max() <= 8 * ulp * outs[0].abs().max(), f"splits={splits}"
 
 
 def test_decode_attention_matches_prefill_last_row(device):

@@ -9,7 +9,7 @@ import torch
 
 from kernels import decode_attention_config
 from kernels.decode_attention_config import (NARROW, PIPELINE_MIN_L, _programs_wanted, default_layout, launch_layout,
-                                             loop_stages, new_row_apart, prefetch_tiles, tile_mma)
+                                             loop_stages, new_row_apart, prefetch_tiles)
 from tests.kernels.helpers import without_env_switches
 
 
@@ -44,8 +44,7 @@ def test_one_warp_from_half_the_programs_wanted(device, monkeypatch):
     assert default_layout(dev, wanted, PIPELINE_MIN_L, 64) == (1, 32, 2)
     assert default_layout(dev, wanted, 256, 128)[1:] == (32, 8)  # wide heads keep their tiles
     _, _, meta = launch_layout(dev, wanted, 256, 64)
-    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True,
-                    "TILE_MMA": True}
+    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
     monkeypatch.setattr(decode_attention_config, "ONE_WARP_ON", False)
     assert default_layout(dev, wanted, 256, 64) == (1, 32, 2)
     monkeypatch.setattr(decode_attention_config, "ONE_WARP_ON", True)
@@ -79,24 +78,11 @@ def test_env_switches_checked_at_import():
     the import says which variable is wrong."""
     for name, value, message in (("MINILLM_ATTN_LONG_SPLITS", "6", "expected 0 or a power of two, got 6"),
                                  ("MINILLM_ATTN_NEW_APART", "2", "expected 0 or 1, got 2"),
-                                 ("MINILLM_ATTN_ONE_WARP", "2", "expected 0 or 1, got 2"),
-                                 ("MINILLM_ATTN_MMA", "2", "expected 0 or 1, got 2")):
+                                 ("MINILLM_ATTN_ONE_WARP", "2", "expected 0 or 1, got 2")):
         env = {**os.environ, name: value}
         run = subprocess.run([sys.executable, "-c", "import kernels"], env=env, capture_output=True, text=True)
         assert run.returncode != 0
         assert f"{name}: {message}" in run.stderr
-
-
-def test_tile_mma_rule(monkeypatch):
-    """Tiles are attended on tensor cores in the one-warp layout where the new row is apart, unless
-    MINILLM_ATTN_MMA (TILE_MMA_ENV) forces it; never where a tile may hold the new row."""
-    without_env_switches(monkeypatch)
-    assert tile_mma(32, 1, True)
-    assert not tile_mma(32, 1, False) and not tile_mma(*NARROW, True) and not tile_mma(256, 8, True)
-    monkeypatch.setattr(decode_attention_config, "TILE_MMA_ENV", 0)
-    assert not tile_mma(32, 1, True)
-    monkeypatch.setattr(decode_attention_config, "TILE_MMA_ENV", 1)
-    assert tile_mma(256, 8, True) and not tile_mma(32, 1, False)
 
 
 def test_new_row_apart_rule(monkeypatch):
@@ -128,15 +114,11 @@ def test_launch_layout_resolves_config_and_rules(monkeypatch):
     many = _programs_wanted(dev)
     splits, chunk, meta = launch_layout(dev, many, 256, 64)
     assert (splits, chunk) == (1, 256)
-    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True,
-                    "TILE_MMA": True}
+    assert meta == {"BLOCK_N": 32, "num_warps": 1, "PREFETCH_TILES": 1, "LOOP_STAGES": 1, "NEW_APART": True}
     _, _, meta = launch_layout(dev, many, 1024, 64)  # pipelined: the new row stays in the tiles
-    assert (meta["LOOP_STAGES"], meta["NEW_APART"], meta["TILE_MMA"]) == (3, False, False)
+    assert (meta["LOOP_STAGES"], meta["NEW_APART"]) == (3, False)
     _, _, meta = launch_layout(dev, many, 256, 64, config={"LOOP_STAGES": 2, "NEW_APART": True, "num_warps": 4})
-    assert meta == {"BLOCK_N": 32, "num_warps": 4, "PREFETCH_TILES": 1, "LOOP_STAGES": 2, "NEW_APART": True,
-                    "TILE_MMA": False}
-    _, _, meta = launch_layout(dev, many, 256, 64, config={"TILE_MMA": False})
-    assert meta["TILE_MMA"] is False and meta["num_warps"] == 1
+    assert meta == {"BLOCK_N": 32, "num_warps": 4, "PREFETCH_TILES": 1, "LOOP_STAGES": 2, "NEW_APART": True}
     splits, chunk, meta = launch_layout(dev, 1, 200, 64, num_splits=4)
     assert (splits, chunk, meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 64, 4)  # cdiv(200, 4) = 50 -> a 64-row tile
     for bad, name in (({"num_splits": 3}, "num_splits"), ({"config": {"PREFETCH_TILES": 3}}, "PREFETCH_TILES"),
