@@ -10,7 +10,7 @@ import triton
 from ._tuning import env_int, layout_switch, sm_count
 
 # cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
-# MINILLM_ATTN_PREFETCH_TILES=N forces N there (A/B timing)
+# MINILLM_ATTN_PREFETCH_TILES=N forces N there, 0 none (A/B timing)
 PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
 # cache positions (the allocated length) from which the narrow unsplit layout's loop is
 # software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
@@ -113,7 +113,7 @@ def default_layout(device, bh, L, block_d):
 
 def prefetch_tiles(device, bh, block_n, warps, chunk):
     """Cache tiles of block_n rows a program reads before its wait (prefetch_cache): at most its
-    chunk, in a power of two. One, except in the narrow unsplit layout (default_layout) with
+    chunk, in a power of two (0: none, only where forced). One, except in the narrow unsplit layout (default_layout) with
     fewer (row, head) pairs than half the programs wanted: four. H200, alternated in one call
     (bench/results/h200/attention-prefetch-tiles-ab.log): gpt2 batch 16 (192 pairs) 52.0k / 52.3k
     -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
@@ -187,8 +187,8 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
     if meta.get("NEW_APART") is None:
         meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
-    if tiles < 1 or tiles & (tiles - 1):
-        raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected a power of two >= 1, "
+    if tiles < 0 or tiles & (tiles - 1):
+        raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected 0 or a power of two, "
                          f"got {tiles}")
     if stages < 1:
         raise ValueError(f"LOOP_STAGES (_config or MINILLM_ATTN_STAGES): expected an integer >= 1, got {stages}")

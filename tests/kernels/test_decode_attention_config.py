@@ -27,6 +27,8 @@ def test_default_layout_by_rows(device, monkeypatch):
     assert prefetch_tiles(dev, half - 1, 32, 2, 256) == 4 and prefetch_tiles(dev, half, 32, 2, 256) == 1
     assert prefetch_tiles(dev, half - 1, 32, 2, 96) == 2 and prefetch_tiles(dev, half - 1, 32, 2, 32) == 1
     assert prefetch_tiles(dev, 1, 256, 8, 256) == 1
+    monkeypatch.setattr(decode_attention_config, "PREFETCH_TILES_ENV", 0)  # none, forced (A/B timing)
+    assert prefetch_tiles(dev, half, 32, 2, 256) == 0 and launch_layout(dev, half, 256, 64)[2]["PREFETCH_TILES"] == 0
 
 
 def test_one_warp_from_half_the_programs_wanted(device, monkeypatch):
