@@ -12,8 +12,17 @@ from tests.test_check_compile import _nvidia_toolchain
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, *args, switches=None):
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), "PYTHONPATH": str(ROOT)}
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory):
+    """One Triton cache for the run's compiles, in pytest's temporary root for the run (shared by
+    xdist's workers; Triton writes its entries atomically): the kernels a test's switches leave
+    alone compile once, not once a test."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "inspect-sass-triton-cache"
+
+
+def _run(cache, *args, switches=None):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     for switch in ("TRITON_INTERPRET", "MINILLM_ATTN_EARLY_F32", "MINILLM_FUSED_LAYOUT", "MINILLM_FMA_EARLY_F32"):
         env.pop(switch, None)  # the defaults' code, unless switches asks otherwise
     env.update(switches or {})
@@ -27,11 +36,11 @@ def _summary_rows(out, kernel):
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
-def test_fused_attention_launch_at_one_row(tmp_path):
+def test_fused_attention_launch_at_one_row(triton_cache, tmp_path):
     """gpt2's one row: the fused attention launch waits, and its fp16 tiles are converted after
     the wait (ptxas sinks them there where nothing holds them before it)."""
     out = tmp_path / "sass"
-    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "256", "--kernel", "attention_proj",
+    p = _run(triton_cache, "--model", "gpt2", "--batch", "1", "--cache-len", "256", "--kernel", "attention_proj",
              "--out", str(out))
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     rows = _summary_rows(out, "_decode_attention_proj_kernel")
@@ -47,13 +56,13 @@ def test_fused_attention_launch_at_one_row(tmp_path):
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
 @pytest.mark.parametrize("mask", ["0", "7", None])
-def test_cuda_core_gemv_conversions_around_the_wait(mask, tmp_path):
+def test_cuda_core_gemv_conversions_around_the_wait(mask, triton_cache, tmp_path):
     """gpt2's one-row linears (qkv, fc: one warp; mlp-out: four): ptxas converts the weights
     after the wait, unless early_f32 keeps them before it (96 weights a thread in either layout;
     after the wait then only x's conversions: 24 a thread at one warp, 32 at four). The rule
     (mask None) does so at mlp-out only; MINILLM_FMA_EARLY_F32 0 nowhere, 7 everywhere."""
     out = tmp_path / "sass"
-    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--cache-len", "64", "--kernel", "gemv_fma", "--out",
+    p = _run(triton_cache, "--model", "gpt2", "--batch", "1", "--cache-len", "64", "--kernel", "gemv_fma", "--out",
              str(out), switches={} if mask is None else {"MINILLM_FMA_EARLY_F32": mask})
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     rows = _summary_rows(out, "_gemv_fma_kernel")
@@ -67,13 +76,13 @@ def test_cuda_core_gemv_conversions_around_the_wait(mask, tmp_path):
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
-def test_no_kernel_matches(tmp_path):
-    p = _run(tmp_path, "--model", "gpt2", "--batch", "1", "--kernel", "no_such_kernel", "--out", str(tmp_path / "s"))
+def test_no_kernel_matches(triton_cache, tmp_path):
+    p = _run(triton_cache, "--model", "gpt2", "--batch", "1", "--kernel", "no_such_kernel", "--out", str(tmp_path / "s"))
     assert p.returncode == 1
     assert "no compiled kernel's name contains 'no_such_kernel'" in p.stderr
 
 
-def test_bad_arguments(tmp_path):
-    p = _run(tmp_path, "--batch", "0", "--out", str(tmp_path / "s"))
+def test_bad_arguments(triton_cache, tmp_path):
+    p = _run(triton_cache, "--batch", "0", "--out", str(tmp_path / "s"))
     assert p.returncode == 2
     assert "--batch / --cache-len: expected >= 1 / >= 2, got 0 / 256" in p.stderr

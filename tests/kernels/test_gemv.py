@@ -7,7 +7,7 @@ import torch
 import kernels
 from kernels import reference as ref
 from kernels import argmax_key, gemv_config
-from kernels._tuning import sm_count
+from kernels._tuning import sm_count, use_pdl
 from kernels.gemv_config import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
@@ -348,7 +348,8 @@ def test_gemv_early_launch_same_bits(M, dtype, device):
     residual half in the model's order (attn-out and mlp-out early, as the decode step runs 2-4
     rows and gpt2-large 9-16; fc late, so mlp-out may prefetch its residual; then the next
     layernorm linear) on the split layouts gives the bits of the plain chain, twice over
-    (arrival counters reset)."""
+    (arrival counters reset). Without dependent launch (the interpreter, GPUs before Hopper) both
+    chains run the same code, so there the plain chain alone is checked against the reference."""
     K, N = 300, 700
     y = randn(M, K, dtype=dtype, device=device)
     x = randn(M, K, dtype=dtype, device=device, scale=2.0) + 0.5
@@ -365,7 +366,7 @@ def test_gemv_early_launch_same_bits(M, dtype, device):
         return h, f, ln_linear(h, w4, None, g, be)  # the next qkv
 
     plain = layer(False)
-    for _ in range(2):
+    for _ in range(2 if use_pdl(x.device) else 0):
         for a, b in zip(layer(True), plain):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     h1 = x.double() + _ref(y, w1)
