@@ -116,11 +116,11 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     chunk, in a power of two (0, none, only where forced). One, except in the narrow unsplit
     layout (default_layout) with fewer (row, head) pairs than half the programs wanted: four.
     H200, alternated in one call (bench/results/h200/attention-prefetch-tiles-ab.log): gpt2 batch
-    16 (192 pairs) 52.0k / 52.3k
-    -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles batch 16-64 lost 2-3%, with four
-    batch 32 -1% and batch 64 -7.6% (their programs held the SMs the next linear starts on). With
-    none (one-warp programs) batch 64 -1.9%, 48 -1.8%, 32 -2.6%: qkv, which runs beside the reads,
-    took 1.4 us less and the attention 1.4 us more (bench/results/h200/session-86/call4-*)."""
+    16 (192 pairs) 52.0k / 52.3k -> 53.9k / 53.9k tok/s, batch 20 and 24 even; with two tiles
+    batch 16-64 lost 2-3%, with four batch 32 -1% and batch 64 -7.6% (their programs held the SMs
+    the next linear starts on). With none (one-warp programs) batch 64 -1.9%, 48 -1.8%, 32 -2.6%:
+    qkv, which runs beside the reads, took 1.4 us less and the attention 1.4 us more
+    (bench/results/h200/session-86/call4-*)."""
     tiles = 1
     if _narrow(block_n, warps):
         tiles = PREFETCH_TILES_ENV if PREFETCH_TILES_ENV is not None else 4 if 2 * bh < _programs_wanted(device) else 1

@@ -177,7 +177,8 @@ def pipelined_stages(chunks):
     W tiles go through the loop, which Triton copies into shared memory by cp.async, without
     registers: at 7 stages all six chunks are in flight at once. The named tiles held x in
     registers on its way to shared memory: Triton 3.6 loaded it in two bursts, two L2 round
-    trips. The same chunks added in the same order: the same bits. H200, gpt2 batch 64 alternated twice in one call, the same ids
+    trips. The same chunks added in the same order: the same bits. H200, gpt2 batch 64
+    alternated twice in one call, the same ids
     (bench/results/h200/session-82/call3-ab.log): 165,342 / 165,516 -> 172,108 / 171,806 tok/s
     (+3.9%) at 7 stages; without the L2 request +0.7%; at 4 stages -2.7%.
     MINILLM_SLAB_PIPELINED=N forces N stages (at most), 0 the named tiles (A/B timing)."""

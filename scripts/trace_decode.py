@@ -142,11 +142,11 @@ PATCHES = {
 # arrival: "attend" once its head's attention output is computed, "merge" once the projection's
 # partial is (just before the heads' merge; from there to the program's end is the merge and
 # the epilogue)
-WAIT_STAMP = ("    pos = seq_len - 1\n", "    t2 = _now()\n    pos = seq_len - 1\n")
+PROJ_WAIT = "    t2 = _now()\n" + SUM_W
 STAMPS = {
-    "attend": [WAIT_STAMP, ("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
-                                                           "    part = tl.sum(o[:, None]")],
-    "merge": [WAIT_STAMP, ("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
+    "attend": [("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
+                                               "    part = tl.sum(o[:, None]")],
+    "merge": [("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
 }
 # --stamp products: the whole-slab GEMV's second stamp goes where its products are done, before a
 # group program's merge (from there to its end: the merge and, for the last of a column block,
@@ -169,14 +169,13 @@ ATTN_STAMPS = {
                    "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
 }
 # kernel -> (its wait's stamp text, whose "t1 = ..." the moved stamp replaces; its stamps)
-MOVED_STAMPS = {"gemv_slab": (SLAB_WAIT, SLAB_STAMPS), "decode_attention": (ATTN_WAIT, ATTN_STAMPS)}
+MOVED_STAMPS = {"decode_attention_proj": (PROJ_WAIT, STAMPS), "gemv_slab": (SLAB_WAIT, SLAB_STAMPS),
+                "decode_attention": (ATTN_WAIT, ATTN_STAMPS)}
 
 
 def patched_source(name, stamp="weights"):
     src = (ROOT / "kernels" / f"{name}.py").read_text()
     patches = PATCHES[name]
-    if stamp in STAMPS and name == "decode_attention_proj":
-        patches = [p for p in patches if p[0] != WAIT_STAMP[0]] + STAMPS[stamp]
     wait, stamps = MOVED_STAMPS.get(name, ("", {}))
     if stamp in stamps:  # the wait's stamp alone there, t1 later
         patches = [(a, n.replace(wait, "    t2 = _now()\n")) for a, n in patches] + stamps[stamp]
