@@ -56,19 +56,6 @@ def early_f32(rows, n):
     return EARLY_F32_AT_TWO_ROWS.get(n, 0) if rows == 2 else 0
 
 
-# MINILLM_FUSED_PARTS=2 or 4 splits every prefetched tile into that many parts (tile_parts)
-PARTS = int(os.environ.get("MINILLM_FUSED_PARTS", "1"))
-if PARTS not in (1, 2, 4):
-    raise ValueError(f"MINILLM_FUSED_PARTS: expected 1, 2 or 4, got {PARTS!r}")
-
-
-def tile_parts(rows, block_l):
-    """How many parts the tile read before the wait is attended in, each past the first only where
-    a row's older positions reach it (an experiment: MINILLM_FUSED_PARTS).
-    """
-    return PARTS if block_l // PARTS >= 16 else 1
-
-
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     """(BLOCK_N, BLOCK_L, num_warps) of the fused kernel, or None where the two kernels run.
     The first BLOCK_L cache positions are read before the wait, the rest in a loop after it.
