@@ -57,8 +57,6 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
 if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
-# MINILLM_ATTN_JOINT_SUM=1: the softmax's sum and p . V in one reduction (an experiment, A/B timing)
-JOINT_SUM = os.environ.get("MINILLM_ATTN_JOINT_SUM", "0") == "1"
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -69,25 +67,6 @@ def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
     k = tl.load(k_base + offs_l[:, None] * stride_kl + offs_d[None, :], mask=mask, other=0.0)
     v = tl.load(v_base + offs_l[:, None] * stride_vl + offs_d[None, :], mask=mask, other=0.0)
     return k, v
-
-
-@triton.jit
-def _add_pairs(a, b, c, d):
-    return a + c, b + d
-
-
-@triton.jit
-def _attend_rows_joint(q, k, v, rows, m_i, l_i, acc, p_new):
-    """_attend_rows with the softmax's sum and p . V in one reduction (one exchange between
-    warps where the rows span them): l_i comes out as a (BLOCK_D,) vector, each element the sum."""
-    s = tl.sum(q[None, :] * k.to(tl.float32), axis=1)
-    s = tl.where(rows, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new)
-    pv = p[:, None] * v.to(tl.float32)
-    l_t, pv_t = tl.reduce((tl.broadcast_to(p[:, None], pv.shape), pv), 0, _add_pairs)
-    return m_new, l_i * alpha + l_t, acc * alpha + pv_t, p_new * alpha
 
 
 @triton.jit
@@ -110,7 +89,6 @@ def _decode_attention_proj_kernel(
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
-    JOINT_SUM: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -175,21 +153,13 @@ def _decode_attention_proj_kernel(
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
     older_rows = offs_l < pos
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=0)
-    if JOINT_SUM:
-        m_i, l_i, acc, p_new = _attend_rows_joint(q, k, v, older_rows, s_new, 1.0,
-                                                  tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
-    else:
-        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, s_new, 1.0, tl.zeros((BLOCK_D,), dtype=tl.float32),
-                                            1.0)
+    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
+                                         tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
     for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
         offs = start + offs_l
         older_rows = offs < pos
         k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-        if JOINT_SUM:
-            m_i, l_i, acc, p_new = _attend_rows_joint(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
-        else:
-            m_i, l_i, acc, p_new = _attend_rows(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
+        m_i, l_i, acc, p_new = _attend_rows(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
     acc += p_new * v_new.to(tl.float32)
     o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
@@ -260,7 +230,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None, _early_f32=None, _joint_sum=None):
+                          l2_ahead=(), _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -347,7 +317,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
-        JOINT_SUM=JOINT_SUM if _joint_sum is None else _joint_sum,
         num_warps=warps, launch_pdl=pdl,
     )
     return y

@@ -172,18 +172,6 @@ def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     assert_rel_close(y, expect, torch.float32, f"layout {layout}")
 
 
-@pytest.mark.parametrize("prefetch", [False, "cache"])
-def test_joint_sum(prefetch, device):
-    """The softmax's sum and p . V in one reduction (MINILLM_ATTN_JOINT_SUM), over the tile read
-    before the wait and tiles after it."""
-    B, H, L, D, N = 4, 2, 150, 32, 72
-    case = _case(B, H, L, D, N, torch.float32, device, lens=(1, 33, 97))
-    expect, _, _ = _expect(*case)
-    y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=(64, 32, 4), _joint_sum=True,
-                                      positions=_positions(prefetch, case[3]))
-    assert_rel_close(y, expect, torch.float32, "joint sum")
-
-
 @pytest.mark.parametrize("gap", [40.0, 100.0, 300.0])
 @pytest.mark.parametrize("layout", [None, (64, 32, 4)])
 def test_older_rows_far_above_the_new_row(gap, layout, device):
