@@ -8,7 +8,7 @@ import os
 import triton
 
 from ._fixed_merge import MAX_FIXED_PARTS
-from ._tuning import env_int, layout_switch
+from ._tuning import env_int
 from .gemv_fma import VOCAB_N
 from . import gemv_slab
 
@@ -46,10 +46,6 @@ GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 17)
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
 if GROUP_STAGES < 1:
     raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
-# MINILLM_HEAD_LAYOUT=BLOCK_NxBLOCK_KxWARPSxSTAGES: every vocabulary head past 16 rows on 64-row tiles
-# of that layout (A/B timing; a row's bits do not depend on it, see decode_config)
-HEAD_LAYOUT = layout_switch("MINILLM_HEAD_LAYOUT", os.environ.get("MINILLM_HEAD_LAYOUT"),
-                            "BLOCK_NxBLOCK_KxWARPSxSTAGES", "128x64x8x3")
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
@@ -78,10 +74,6 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     the GPU's multiprocessors (`_tuning.sm_count`; 132 on an H100 SXM or an H200)."""
     shrink = 2 if itemsize > 2 else 1
     if N >= VOCAB_N:
-        if M > BLOCK_M and HEAD_LAYOUT is not None:
-            block_n, block_k, warps, stages = HEAD_LAYOUT
-            return dict(BLOCK_N=block_n, BLOCK_K=block_k // shrink, CHUNKS=1, SPLIT=False, num_warps=warps,
-                        BLOCK_M=64, num_stages=stages)
         # timed with the layernorm folded in (bench/results/h100/folded-layernorm.md, H100):
         # past 16 rows 64-row tiles, so W crosses L2 once (gpt2 at 64 rows 46.7 -> 36.5 us; they
         # lost while every K step normalized x); gpt2 at one row 64 x 128 tiles, 31.3 -> 28.5 us
