@@ -139,11 +139,14 @@ PATCHES = {
 
 
 # --stamp: where the fused attention launch's second stamp goes in place of its weights'
-# arrival: "attend" once its head's attention output is computed, "merge" once the projection's
-# partial is (just before the heads' merge; from there to the program's end is the merge and
-# the epilogue)
+# arrival: "proj-q" once q, k_new and v_new are in, "attend" once its head's attention output is
+# computed, "merge" once the projection's partial is (just before the heads' merge; from there to
+# the program's end is the merge and the epilogue)
 PROJ_WAIT = "    t2 = _now()\n" + SUM_W
 STAMPS = {
+    "proj-q": [("    if pid_n == 0:  # one program per (row, head) appends",
+                "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), axis=0))\n"
+                "    if pid_n == 0:  # one program per (row, head) appends")],
     "attend": [("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
                                                "    part = tl.sum(o[:, None]")],
     "merge": [("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
@@ -319,9 +322,9 @@ def main():
     ap.add_argument("--replays", type=int, default=20, help="graph replays timed for the step time")
     ap.add_argument("--untraced", action="store_true", help="the engine's own kernels: the step time alone")
     ap.add_argument("--stamp", choices=("weights", *STAMPS, *SLAB_STAMPS, *ATTN_STAMPS), default="weights",
-                    help="the fused attention launch's second stamp: its weights' arrival (default), its "
-                         "attention output computed (attend), or its projection's partial, before the heads' "
-                         "merge (merge); or the whole-slab GEMV's: its products done, before a group "
+                    help="the fused attention launch's second stamp: its weights' arrival (default), q and "
+                         "the new row in (proj-q), its attention output computed (attend), or its "
+                         "projection's partial, before the heads' merge (merge); or the whole-slab GEMV's: its products done, before a group "
                          "program's merge (products); or the separate decode attention's: q and the new "
                          "row in (attn-q), the tiles read before the wait attended (attn-first), the "
                          "loop over the later tiles done (attn-loop)")
