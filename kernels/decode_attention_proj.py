@@ -44,7 +44,7 @@ from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
-from .decode_attention_proj_config import early_f32, fused_layout, tile_parts
+from .decode_attention_proj_config import early_f32, fused_layout
 from .linear import linear
 
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
@@ -70,25 +70,6 @@ def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
 
 
 @triton.jit
-def _cache_parts(k_base, v_base, offs_s, offs_d, n_older, d_mask, stride_kl, stride_vl, SUB: tl.constexpr,
-                 PARTS: tl.constexpr):
-    """The first PARTS * SUB cache positions (offs_s: 0 .. SUB - 1) as PARTS tiles of keys and
-    values, rows from n_older on zero (the unused of the four repeat the first, and compile to
-    nothing)."""
-    k0, v0 = _cache_tiles(k_base, v_base, offs_s, offs_d, offs_s < n_older, d_mask, stride_kl, stride_vl)
-    k1, v1, k2, v2, k3, v3 = k0, v0, k0, v0, k0, v0
-    if PARTS >= 2:
-        k1, v1 = _cache_tiles(k_base, v_base, SUB + offs_s, offs_d, SUB + offs_s < n_older, d_mask, stride_kl,
-                              stride_vl)
-    if PARTS == 4:
-        k2, v2 = _cache_tiles(k_base, v_base, 2 * SUB + offs_s, offs_d, 2 * SUB + offs_s < n_older, d_mask,
-                              stride_kl, stride_vl)
-        k3, v3 = _cache_tiles(k_base, v_base, 3 * SUB + offs_s, offs_d, 3 * SUB + offs_s < n_older, d_mask,
-                              stride_kl, stride_vl)
-    return k0, v0, k1, v1, k2, v2, k3, v3
-
-
-@triton.jit
 def _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS: tl.constexpr):
     """The row's length (written by the step's embedding), the bias and the residual tile (fp32)."""
     seq_len = tl.load(lens_ptr + b)
@@ -108,7 +89,6 @@ def _decode_attention_proj_kernel(
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
-    PARTS: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -123,10 +103,6 @@ def _decode_attention_proj_kernel(
     rm = b + tl.zeros((1,), dtype=tl.int32)  # the row, as a one-row tile for the shared epilogue
     tile_mask = (rm < M)[:, None] & n_mask[None, :]
     offs_l = tl.arange(0, BLOCK_L)
-    # the tile read before the wait, in PARTS parts: each past the first is attended only where
-    # the row's older positions reach it
-    SUB: tl.constexpr = BLOCK_L // PARTS
-    offs_s = tl.arange(0, SUB)
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
 
@@ -136,13 +112,11 @@ def _decode_attention_proj_kernel(
     # what earlier kernels wrote, before the wait as far as the caller vouches (PREFETCH_MODES)
     if PREFETCH == 1:  # the positions, final before the step began: the tile stops at each row's older rows
         n_older = tl.load(positions_ptr + b)
-        k, v, k1, v1, k2, v2, k3, v3 = _cache_parts(k_base, v_base, offs_s, offs_d, n_older, d_mask, stride_kl,
-                                                    stride_vl, SUB, PARTS)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < n_older, d_mask, stride_kl, stride_vl)
     if PREFETCH == 2:  # the lengths and x too: the tile stops at each row's older positions
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
-        k, v, k1, v1, k2, v2, k3, v3 = _cache_parts(k_base, v_base, offs_s, offs_d, seq_len - 1, d_mask,
-                                                    stride_kl, stride_vl, SUB, PARTS)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
     if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
@@ -151,8 +125,6 @@ def _decode_attention_proj_kernel(
             chk = 0.0
             if EARLY_F32 % 2 == 1:
                 k, chk = _in_f32(k, chk)
-                if PARTS > 1:  # the layouts it is asked for have one part (early_f32)
-                    tl.static_assert(False, "EARLY_F32 with PARTS > 1")
             if EARLY_F32 // 2 % 2 == 1:
                 v, chk = _in_f32(v, chk)
             if EARLY_F32 // 4 % 2 == 1:
@@ -168,8 +140,7 @@ def _decode_attention_proj_kernel(
     if PREFETCH == 0:
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
-        k, v, k1, v1, k2, v2, k3, v3 = _cache_parts(k_base, v_base, offs_s, offs_d, seq_len - 1, d_mask,
-                                                    stride_kl, stride_vl, SUB, PARTS)
+        k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
 
     pos = seq_len - 1
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -181,16 +152,9 @@ def _decode_attention_proj_kernel(
         tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
-    m_i, l_i, acc, p_new = _attend_rows(q, k, v, offs_s < pos, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
+    older_rows = offs_l < pos
+    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
                                          tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
-    if PARTS >= 2:
-        if pos > SUB:
-            m_i, l_i, acc, p_new = _attend_rows(q, k1, v1, SUB + offs_s < pos, m_i, l_i, acc, p_new)
-    if PARTS == 4:
-        if pos > 2 * SUB:
-            m_i, l_i, acc, p_new = _attend_rows(q, k2, v2, 2 * SUB + offs_s < pos, m_i, l_i, acc, p_new)
-        if pos > 3 * SUB:
-            m_i, l_i, acc, p_new = _attend_rows(q, k3, v3, 3 * SUB + offs_s < pos, m_i, l_i, acc, p_new)
     for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
         offs = start + offs_l
         older_rows = offs < pos
@@ -266,7 +230,7 @@ def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None, _early_f32=None, _parts=None):
+                          l2_ahead=(), _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -288,8 +252,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
-    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 and _parts in
-    place of early_f32's and tile_parts' (tests, benchmarks)."""
+    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
+    early_f32's (tests, benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
@@ -353,7 +317,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
         EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
-        PARTS=tile_parts(B, N, block_l) if _parts is None else _parts,
         num_warps=warps, launch_pdl=pdl,
     )
     return y

@@ -56,22 +56,6 @@ def early_f32(rows, n):
     return EARLY_F32_AT_TWO_ROWS.get(n, 0) if rows == 2 else 0
 
 
-# MINILLM_FUSED_PARTS=1, 2 or 4 attends every prefetched tile in that many parts (tile_parts; A/B timing)
-FORCED_PARTS = os.environ.get("MINILLM_FUSED_PARTS")
-if FORCED_PARTS not in (None, "", "1", "2", "4"):
-    raise ValueError(f"MINILLM_FUSED_PARTS: expected 1, 2 or 4 (or unset), got {FORCED_PARTS!r}")
-
-
-def tile_parts(rows, n, block_l):
-    """How many parts the tile read before the wait is attended in, each past the first only where
-    a row's older positions reach it: two at one row of gpt2's width over a 256-position tile (the
-    benchmark's cache bucket, where most steps' rows reach less than half of it). An experiment."""
-    if FORCED_PARTS:
-        parts = int(FORCED_PARTS)
-        return parts if block_l // parts >= 16 else 1
-    return 2 if rows == 1 and n == 768 and block_l == 256 else 1
-
-
 def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     """(BLOCK_N, BLOCK_L, num_warps) of the fused kernel, or None where the two kernels run.
     The first BLOCK_L cache positions are read before the wait, the rest in a loop after it.

@@ -172,19 +172,6 @@ def test_cache_longer_than_the_prefetched_tile(layout, prefetch, device):
     assert_rel_close(y, expect, torch.float32, f"layout {layout}")
 
 
-@pytest.mark.parametrize("prefetch,parts", [(False, 2), ("cache", 2), (True, 4)])
-def test_tile_in_parts(prefetch, parts, device):
-    """The tile read before the wait attended in parts (tile_parts), each past the first only where
-    a row's older positions reach it: lengths at and past each part's end (with parts of 16
-    positions, 17 is the shortest whose older rows reach the second), and a tile after them."""
-    B, H, L, D, N = 7, 2, 80, 32, 72
-    case = _case(B, H, L, D, N, torch.float32, device, lens=(17, 18, 33, 34, 49, 50))
-    expect, _, _ = _expect(*case)
-    y = kernels.decode_attention_proj(*case, prefetch=prefetch, _layout=(64, 16 * parts, 4), _parts=parts,
-                                      positions=_positions(prefetch, case[3]))
-    assert_rel_close(y, expect, torch.float32, f"{parts} parts")
-
-
 @pytest.mark.parametrize("gap", [40.0, 100.0, 300.0])
 @pytest.mark.parametrize("layout", [None, (64, 32, 4)])
 def test_older_rows_far_above_the_new_row(gap, layout, device):
