@@ -16,6 +16,7 @@ step with --untraced.
 
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
+    python3 scripts/trace_decode.py --model gpt2 --stamp proj-q --out /tmp/t  # the fused attention launch's q
     python3 scripts/trace_decode.py --model gpt2 --batch 64 --stamp products --out /tmp/t  # slabs' merges
     python3 scripts/trace_decode.py --model gpt2 --batch 64 --stamp attn-loop --out /tmp/t  # attention's phases
 
@@ -324,8 +325,8 @@ def main():
     ap.add_argument("--stamp", choices=("weights", *STAMPS, *SLAB_STAMPS, *ATTN_STAMPS), default="weights",
                     help="the fused attention launch's second stamp: its weights' arrival (default), q and "
                          "the new row in (proj-q), its attention output computed (attend), or its "
-                         "projection's partial, before the heads' merge (merge); or the whole-slab GEMV's: its products done, before a group "
-                         "program's merge (products); or the separate decode attention's: q and the new "
+                         "projection's partial, before the heads' merge (merge); or the whole-slab GEMV's: "
+                         "its products done, before a group program's merge (products); or the separate decode attention's: q and the new "
                          "row in (attn-q), the tiles read before the wait attended (attn-first), the "
                          "loop over the later tiles done (attn-loop)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")

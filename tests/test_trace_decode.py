@@ -100,8 +100,8 @@ def test_summarize_drops_rows_no_program_wrote():
 
 @pytest.mark.parametrize("stamp", sorted(trace_decode.STAMPS))
 def test_stamps_move_the_second_stamp(stamp, tmp_path):
-    """--stamp proj-q / attend / merge: the fused launch's second stamp replaces the weights' one (still
-    one of each stamp), and the copy imports."""
+    """--stamp proj-q / attend / merge: the fused launch's second stamp replaces the weights' one
+    (still one of each stamp), and the copy imports."""
     src = trace_decode.patched_source("decode_attention_proj", stamp)
     assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1
     assert trace_decode.SUM_W not in src
