@@ -144,10 +144,10 @@ PATCHES = {
 # computed, "merge" once the projection's partial is (just before the heads' merge; from there to
 # the program's end is the merge and the epilogue)
 PROJ_WAIT = "    t2 = _now()\n" + SUM_W
+Q_IN = "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), axis=0))\n"  # either attention's
+PROJ_APPEND = "    if pid_n == 0:  # one program per (row, head) appends"
 STAMPS = {
-    "proj-q": [("    if pid_n == 0:  # one program per (row, head) appends",
-                "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), axis=0))\n"
-                "    if pid_n == 0:  # one program per (row, head) appends")],
+    "proj-q": [(PROJ_APPEND, Q_IN + PROJ_APPEND)],
     "attend": [("    part = tl.sum(o[:, None]", "    t1 = _now_after(tl.sum(o, axis=0))\n"
                                                "    part = tl.sum(o[:, None]")],
     "merge": [("    finish = True\n", "    t1 = _now_after(tl.sum(part, axis=0))\n    finish = True\n")],
@@ -166,8 +166,7 @@ SLAB_STAMPS = {
 # store, or a split's merge)
 ATTN_WAIT = "    t2 = _now()\n    t1 = t2\n"
 ATTN_STAMPS = {
-    "attn-q": [("    first = start\n", "    t1 = _now_after(tl.sum(q + k_new.to(tl.float32) + v_new.to(tl.float32), "
-                                      "axis=0))\n    first = start\n")],
+    "attn-q": [("    first = start\n", Q_IN + "    first = start\n")],
     "attn-first": [("    # LOOP_STAGES > 1: Triton", "    t1 = _now_after(l_i)\n    # LOOP_STAGES > 1: Triton")],
     "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob",
                    "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
@@ -326,9 +325,9 @@ def main():
                     help="the fused attention launch's second stamp: its weights' arrival (default), q and "
                          "the new row in (proj-q), its attention output computed (attend), or its "
                          "projection's partial, before the heads' merge (merge); or the whole-slab GEMV's: "
-                         "its products done, before a group program's merge (products); or the separate decode attention's: q and the new "
-                         "row in (attn-q), the tiles read before the wait attended (attn-first), the "
-                         "loop over the later tiles done (attn-loop)")
+                         "its products done, before a group program's merge (products); or the separate "
+                         "decode attention's: q and the new row in (attn-q), the tiles read before the wait "
+                         "attended (attn-first), the loop over the later tiles done (attn-loop)")
     ap.add_argument("--out", required=True, help="folder for trace-<model>-b<batch>.json")
     args = ap.parse_args()
     from minillm.benchutil import require_cuda

@@ -77,7 +77,8 @@ def test_cuda_core_gemv_conversions_around_the_wait(mask, triton_cache, tmp_path
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
 def test_no_kernel_matches(triton_cache, tmp_path):
-    p = _run(triton_cache, "--model", "gpt2", "--batch", "1", "--kernel", "no_such_kernel", "--out", str(tmp_path / "s"))
+    p = _run(triton_cache, "--model", "gpt2", "--batch", "1", "--kernel", "no_such_kernel",
+             "--out", str(tmp_path / "s"))
     assert p.returncode == 1
     assert "no compiled kernel's name contains 'no_such_kernel'" in p.stderr
 
