@@ -22,8 +22,6 @@ from ._checks import check_tensor
 from ._tuning import INTERPRET, is_hopper
 
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
-# the requests dealt to the programs in turn (_l2_piece); MINILLM_L2_SPREAD=0: in runs (A/B timing)
-SPREAD = tl.constexpr(os.environ.get("MINILLM_L2_SPREAD", "1") != "0")
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
 MAX_RANGES = 2
 
@@ -83,24 +81,9 @@ def _ask_l2_columns(w_ptr, n0, N, stride_wn, k0, nbytes, live, BLOCK_N: tl.const
 
 
 @triton.jit
-def _l2_piece(a_bytes, b_bytes, first, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
-    """This program's pieces, one a slot, of the round from piece `first`: (in range a, byte
-    offset in its range, size, live). The two ranges count as one run of pieces, dealt to the
-    programs in turn (piece i to program i % num_programs), so every program, and so every SM
-    that runs one, sends about as many requests."""
-    slot = tl.arange(0, SLOTS)
-    n_a = tl.cdiv(a_bytes, PIECE_BYTES)
-    piece = first + slot * num_programs + program
-    in_a = piece < n_a
-    off = tl.where(in_a, piece, piece - n_a).to(tl.int64) * PIECE_BYTES
-    size = tl.minimum(tl.where(in_a, a_bytes, b_bytes) - off, PIECE_BYTES).to(tl.int32)
-    return in_a, off, size, piece < n_a + tl.cdiv(b_bytes, PIECE_BYTES)
-
-
-@triton.jit
 def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
-    """(MINILLM_L2_SPREAD=0) this program's share of an L2 prefetch of nbytes from ptr: SLOTS
-    pieces in a row a round, so the first programs take a run shorter than a round's slots."""
+    """This program's share of an L2 prefetch of nbytes (a multiple of 16) from ptr: each of its
+    SLOTS threads asks for one piece at a time, the programs' slots interleaved."""
     base = ptr.to(tl.pointer_type(tl.int8))
     slot = tl.arange(0, SLOTS)
     n_pieces = tl.cdiv(nbytes, PIECE_BYTES)
@@ -114,15 +97,6 @@ def _ask_l2(ptr, nbytes, program, num_programs, SLOTS: tl.constexpr, PIECE_BYTES
 @triton.jit
 def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, program, num_programs, SLOTS: tl.constexpr,
                    PIECE_BYTES: tl.constexpr):
-    """This program's share of an L2 prefetch of launch_args' two ranges (an unused one has 0
-    bytes: no request): each of its SLOTS threads asks for one PIECE_BYTES piece a round
-    (_l2_piece says which)."""
-    if SPREAD:
-        a_base, b_base = a_ptr.to(tl.pointer_type(tl.int8)), b_ptr.to(tl.pointer_type(tl.int8))
-        n_pieces = tl.cdiv(a_bytes, PIECE_BYTES) + tl.cdiv(b_bytes, PIECE_BYTES)
-        for first in range(0, n_pieces, num_programs * SLOTS):
-            in_a, off, size, live = _l2_piece(a_bytes, b_bytes, first, program, num_programs, SLOTS, PIECE_BYTES)
-            _ask_l2_at(tl.where(in_a, a_base + off, b_base + off), size, live)
-    else:
-        _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
-        _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)
+    """_ask_l2 for both of launch_args' ranges (an unused one has 0 bytes: no request)."""
+    _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
+    _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)

@@ -41,7 +41,7 @@ from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _s
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
 from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
-from ._tuning import env_int, launch, sm_count, use_pdl
+from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .decode_attention_proj_config import early_f32, fused_layout
@@ -57,9 +57,6 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
 if FIXED_STATS not in ("0", "1", "all"):
     raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
-# programs a head that only send l2_ahead's requests, from SMs of their own (0: the attending
-# programs send them); MINILLM_L2_HELPERS=N (A/B timing)
-L2_HELPERS = env_int("MINILLM_L2_HELPERS", 0)
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
@@ -91,19 +88,12 @@ def _decode_attention_proj_kernel(
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, L2_HELPERS: tl.constexpr,
-    EARLY_F32: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     h = tl.program_id(1)  # the head: this program's chunk of the projection's K
-    if L2_HELPERS > 0:
-        n_attending = M * tl.cdiv(N, BLOCK_N)
-        if pid >= n_attending:  # an L2 helper: its share of l2_ahead's requests from its own SM, then done
-            helper = pid - n_attending + h * L2_HELPERS
-            _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, helper, L2_HELPERS * H, L2_SLOTS, L2_PIECE)
-            return
     b = pid % M  # rows fastest: programs that share a weight tile run side by side
     pid_n = pid // M
     offs_d = tl.arange(0, BLOCK_D)
@@ -127,7 +117,7 @@ def _decode_attention_proj_kernel(
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
-    if L2_AHEAD and L2_HELPERS == 0:  # after this program's own early loads, not to queue behind these
+    if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
         program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
@@ -312,9 +302,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
     l2_args, l2_meta = l2_launch_args(ahead, y, q.device, warps)
-    helpers = L2_HELPERS if l2_meta["L2_AHEAD"] else 0
     launch(
-        _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n) + helpers, H),
+        _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
         part, counts, stats_out if stats_out is not None else part, words,
         positions if positions is not None else seq_lens,
@@ -327,7 +316,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
-        L2_HELPERS=helpers, EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
+        EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
         num_warps=warps, launch_pdl=pdl,
     )
     return y
