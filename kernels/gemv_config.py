@@ -8,7 +8,7 @@ import os
 import triton
 
 from ._fixed_merge import MAX_FIXED_PARTS
-from ._tuning import env_int, layout_switch
+from ._tuning import env_int
 from .gemv_fma import VOCAB_N
 from . import gemv_slab
 
@@ -46,10 +46,6 @@ GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 17)
 GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
 if GROUP_STAGES < 1:
     raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
-# MINILLM_WIDE_K_TILE=BLOCK_NxBLOCK_K: the split layouts (up to 16 rows) of layers of K >= 4096
-# (the MLP's output projection past gpt2's width) take that tile, one chunk each (A/B timing)
-WIDE_K_TILE = layout_switch("MINILLM_WIDE_K_TILE", os.environ.get("MINILLM_WIDE_K_TILE"), "BLOCK_NxBLOCK_K", "64x512",
-                            pow2=2)
 GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
 if GEMV_FIXED not in ("auto", "0", "1"):
     raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
@@ -96,10 +92,6 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     block_k = (256 if K >= 1024 else 128) // shrink
     chunks = triton.cdiv(K, block_k)
     groups = chunk_groups(N, K, ln)
-    if WIDE_K_TILE is not None and K >= 4096 and M <= BLOCK_M:
-        block_n, block_k = WIDE_K_TILE[0], WIDE_K_TILE[1] // shrink
-        return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=triton.cdiv(K, block_k), SPLIT=True, num_warps=4,
-                    CHUNK_GROUPS=groups)
     if M <= BLOCK_M:
         block_n = 128
         # from K = 1024 narrower column blocks until there is a program per SM: gpt2-medium's
