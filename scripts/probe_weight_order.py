@@ -1,14 +1,16 @@
 """Does the order of a weight's bytes in memory bound the decode GEMV's one wave of tiles? Streams
 a (K, N) fp16 weight as the split decode layouts do (a program a BLOCK_K x BLOCK_N tile, all of
-them in one launch) in two orders:
-- rows: W stored (K, N) row-major, as the engine keeps it: a tile is BLOCK_K runs of BLOCK_N x 2
-  bytes, N x 2 bytes apart;
+them in one launch) in three orders:
+- out-major: W stored (N, K), as the engine keeps it (minillm.model.out_major): a tile is BLOCK_N
+  runs of BLOCK_K x 2 bytes, K x 2 bytes apart;
+- in-major: W stored (K, N): a tile is BLOCK_K runs of BLOCK_N x 2 bytes, N x 2 bytes apart;
 - tiles: the same bytes packed tile by tile, so a tile is one run of BLOCK_K x BLOCK_N x 2 bytes
   (bench_floor.py's chain streams such runs).
 Each program loads its tile by pointers (as Triton 3.6 runs the split layouts), adds it up in
 fp32 and stores one number: no products, no merge. Timed in CUDA graphs over weight copies
-rotated past L2 (benchutil.ms_graph), against the copy rate measured in the same run (bytes read
-plus written, as the engine's floor counts it).
+rotated past L2 (benchutil.ms_graph), with programmatic dependent launch off and on (on Hopper),
+against the copy rate measured in the same run (bytes read plus written, as the engine's floor
+counts it).
 
     python3 scripts/probe_weight_order.py --out bench/results/h200
 """
@@ -22,6 +24,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels._tuning import is_hopper  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 SHAPES = {"xl-qkv": (1600, 4800), "xl-fc": (1600, 6400), "xl-mlp-out": (6400, 1600), "gpt2-medium-mlp-out": (4096, 1024)}
@@ -30,16 +33,20 @@ TILES = ["128x256", "64x512", "32x1024", "256x128"]  # BLOCK_NxBLOCK_K, 64 KB ea
 
 @triton.jit
 def _stream_tiles_kernel(w_ptr, out_ptr, K, N, stride_wb, stride_wk, stride_wn,
-                         BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
     """One tile per program, W[k0:k0 + BLOCK_K, n0:n0 + BLOCK_N] at w + (n0 // BLOCK_N) *
-    stride_wb + k * stride_wk + (n - n0) * stride_wn: the rows order has stride_wb = BLOCK_N *
-    stride_wn, the tiles order stride_wk = BLOCK_N, stride_wn = 1 and stride_wb a column block's
-    K_pad x BLOCK_N."""
+    stride_wb + k * stride_wk + (n - n0) * stride_wn: the out-major and in-major orders have
+    stride_wb = BLOCK_N * stride_wn, the tiles order stride_wk = BLOCK_N, stride_wn = 1 and
+    stride_wb a column block's K_pad x BLOCK_N. USE_PDL: the tile is requested before the
+    dependent-launch wait, as the engine's split programs do, and the next launch may start then."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     kk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     nn = tl.arange(0, BLOCK_N)
     mask = (kk < K)[:, None] & (pid_n * BLOCK_N + nn < N)[None, :]
     w = tl.load(w_ptr + pid_n * stride_wb + kk[:, None] * stride_wk + nn[None, :] * stride_wn, mask=mask, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + pid_n * tl.num_programs(1) + pid_k, tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))
 
 
@@ -52,29 +59,40 @@ def pack_tiles(w, block_n, block_k):
     return padded.view(k_pad, n_blocks, block_n).permute(1, 0, 2).contiguous()
 
 
-def stream_tiles(w, order, block_n, block_k, K, N, out):
-    """One launch of the probe over w in `order` (rows: w is W; tiles: pack_tiles(W)); out gets a
-    tile's sum per program, (column block, chunk) row-major."""
+ORDERS = ("out-major", "in-major", "tiles")
+
+
+def stored(w, order, block_n, block_k):
+    """W (K, N) as the probe reads it in `order`."""
+    if order == "out-major":
+        return w.t().contiguous()  # (N, K)
+    return w.contiguous() if order == "in-major" else pack_tiles(w, block_n, block_k)
+
+
+def stream_tiles(w, order, block_n, block_k, K, N, out, pdl=False):
+    """One launch of the probe over w, stored(W, order, ...); out gets a tile's sum per program,
+    (column block, chunk) row-major. pdl: programmatic dependent launch (Hopper)."""
     chunks = triton.cdiv(K, block_k)
-    strides = (block_n, N, 1) if order == "rows" else (w.shape[1] * block_n, block_n, 1)
+    strides = {"out-major": (block_n * K, 1, K), "in-major": (block_n, N, 1), "tiles": (w.shape[1] * block_n, block_n, 1)}
+    strides = strides[order]
     _stream_tiles_kernel[(triton.cdiv(N, block_n), chunks)](w, out, K, N, *strides, BLOCK_K=block_k,
-                                                            BLOCK_N=block_n, num_warps=4)
+                                                            BLOCK_N=block_n, USE_PDL=pdl, num_warps=4,
+                                                            **({"launch_pdl": True} if pdl else {}))
 
 
-def _case(K, N, block_n, block_k, order, copy_gbs):
+def _case(K, N, block_n, block_k, order, pdl, copy_gbs):
     n_blocks, chunks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
     k_pad = chunks * block_k
 
-    def make():
-        if order == "rows":
-            return torch.randn(K, N, device="cuda", dtype=torch.float16)
-        return torch.randn(n_blocks, k_pad, block_n, device="cuda", dtype=torch.float16)
+    def make():  # (the values do not matter: random bytes in the order's shape)
+        shape = {"out-major": (N, K), "in-major": (K, N), "tiles": (n_blocks, k_pad, block_n)}[order]
+        return torch.randn(*shape, device="cuda", dtype=torch.float16)
 
     sets = rotating(make, K * N * 2)
     out = torch.empty(n_blocks * chunks, device="cuda", dtype=torch.float32)
-    us = ms_graph([lambda w=w: stream_tiles(w, order, block_n, block_k, K, N, out) for w in sets]) * 1e3
+    us = ms_graph([lambda w=w: stream_tiles(w, order, block_n, block_k, K, N, out, pdl) for w in sets]) * 1e3
     gbs = K * N * 2 / us / 1e3
-    return dict(K=K, N=N, tile=f"{block_n}x{block_k}", order=order, programs=n_blocks * chunks, us=round(us, 2),
+    return dict(K=K, N=N, tile=f"{block_n}x{block_k}", order=order, pdl=pdl, programs=n_blocks * chunks, us=round(us, 2),
                 gb_s=round(gbs, 1), of_copy=round(gbs / copy_gbs, 3))
 
 
@@ -97,18 +115,21 @@ def main():
     copy_gbs = copy_bandwidth()  # read plus written, as the engine's floor counts it
     rows = []
     print(f"copy: {copy_gbs:,.0f} GB/s")
-    print(f"{'layer':20s} {'tile':>8s} {'programs':>8s} {'rows us':>8s} {'tiles us':>8s} {'rows':>6s} {'tiles':>6s}")
+    pdls = (False, True) if is_hopper(torch.device("cuda")) else (False,)
+    print("us a launch (fraction of the copy rate) by order")
+    print(f"{'layer':20s} {'tile':>8s} {'PDL':>4s} {'programs':>8s} " + " ".join(f"{o:>16s}" for o in ORDERS))
     for name in args.shapes:
         K, N = SHAPES[name]
         for block_n, block_k in tiles:
-            pair = [_case(K, N, block_n, block_k, order, copy_gbs) for order in ("rows", "tiles")]
-            rows += [dict(layer=name, **r) for r in pair]
-            print(f"{name:20s} {pair[0]['tile']:>8s} {pair[0]['programs']:8d} {pair[0]['us']:8.2f} "
-                  f"{pair[1]['us']:8.2f} {pair[0]['of_copy']:6.2f} {pair[1]['of_copy']:6.2f}")
+            for pdl in pdls:
+                cases = [_case(K, N, block_n, block_k, order, pdl, copy_gbs) for order in ORDERS]
+                rows += [dict(layer=name, **r) for r in cases]
+                print(f"{name:20s} {cases[0]['tile']:>8s} {'on' if pdl else 'off':>4s} {cases[0]['programs']:8d} "
+                      + " ".join(f"{r['us']:9.2f} ({r['of_copy']:.2f})" for r in cases))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"probe-weight-order-{device_slug()}.json"
-    path.write_text(json.dumps(dict(env=environment(), copy_read_gb_s=round(copy_gbs, 1), rows=rows), indent=1))
+    path.write_text(json.dumps(dict(env=environment(), copy_gb_s=round(copy_gbs, 1), rows=rows), indent=1))
     print(f"wrote {path}")
 
 

@@ -1,4 +1,4 @@
-"""scripts/probe_weight_order.py: both orders stream the same tiles (its kernel, interpreted on
+"""scripts/probe_weight_order.py: every order streams the same tiles (its kernel, interpreted on
 the CPU), its help, its one-line refusals, and on a GPU a short run."""
 import importlib.util
 import json
@@ -22,14 +22,14 @@ def _run(*args):
 
 
 @pytest.mark.parametrize("K,N,block_n,block_k", [(40, 50, 16, 16), (64, 32, 32, 16)])
-def test_both_orders_stream_the_same_tiles(K, N, block_n, block_k, device):
-    """Every program adds up its tile of W in either order (K and N off the tile edges at first)."""
+def test_every_order_streams_the_same_tiles(K, N, block_n, block_k, device):
+    """Every program adds up its tile of W in every order (K and N off the tile edges at first)."""
     w = torch.randn(K, N, device=device).half()
     n_blocks, chunks = -(-N // block_n), -(-K // block_k)
     sums = []
-    for order, t in (("rows", w), ("tiles", probe.pack_tiles(w, block_n, block_k))):
+    for order in probe.ORDERS:
         out = torch.full((n_blocks * chunks,), float("nan"), device=device)
-        probe.stream_tiles(t, order, block_n, block_k, K, N, out)
+        probe.stream_tiles(probe.stored(w, order, block_n, block_k), order, block_n, block_k, K, N, out)
         sums.append(out.cpu())
     padded = torch.zeros(chunks * block_k, n_blocks * block_n)
     padded[:K, :N] = w.float().cpu()
@@ -60,5 +60,6 @@ def test_short_run_writes_its_rows(tmp_path):
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("probe-weight-order-*.json")
     rows = json.loads(path.read_text())["rows"]
-    assert [(r["tile"], r["order"]) for r in rows] == [("64x256", "rows"), ("64x256", "tiles")]
+    assert [(r["tile"], r["order"], r["pdl"]) for r in rows] == [("64x256", o, pdl) for pdl in (False, True)
+                                                                 for o in ("out-major", "in-major", "tiles")]
     assert all(r["us"] > 0 and r["programs"] == 16 * 16 for r in rows)
