@@ -120,10 +120,6 @@ def early_roles(rows, cuda_core, width):
     return frozenset()
 
 
-# MINILLM_WEIGHT_ORDER=in keeps the layers' weights in-major, as stored (A/B timing; see Block)
-IN_MAJOR = os.environ.get("MINILLM_WEIGHT_ORDER", "out") == "in"
-
-
 def out_major(w):
     """A Conv1D weight (in, out) as a view of out-major storage (nn.Linear's): each output's
     weights contiguous, which the one-row CUDA-core GEMV streams in whole rows
@@ -132,16 +128,11 @@ def out_major(w):
     return w.t().contiguous().t()
 
 
-def layer_major(w):
-    """A layer's weight as Block stores it: out-major, or in-major with MINILLM_WEIGHT_ORDER=in."""
-    return w.contiguous() if IN_MAJOR else out_major(w)
-
-
-def folded(weight, bias, ln_weight, ln_bias, order=out_major):
+def folded(weight, bias, ln_weight, ln_bias):
     """(weight, bias, column sums) of a linear with the layernorm before it folded in, the
-    weight out-major (or in `order`): linear(x, w, b, ln_fold=colsum) is then linear(layernorm(x), ...)."""
+    weight out-major: linear(x, w, b, ln_fold=colsum) is then linear(layernorm(x), ...)."""
     w, b, colsum = fold_layernorm(weight, bias, ln_weight, ln_bias)
-    return order(w), b, colsum
+    return out_major(w), b, colsum
 
 
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
@@ -170,10 +161,10 @@ class Block:
     def __init__(self, w, i):
         p = f"h.{i}."
         ln_1, ln_2 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"]), (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
-        self.attn = folded(w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"], *ln_1, layer_major)    # (C, 3C)
-        self.attn_proj = (layer_major(w[p + "attn.c_proj.weight"]), w[p + "attn.c_proj.bias"])  # (C, C)
-        self.fc = folded(w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"], *ln_2, layer_major)             # (C, 4C)
-        self.mlp_proj = (layer_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
+        self.attn = folded(w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"], *ln_1)    # (C, 3C)
+        self.attn_proj = (out_major(w[p + "attn.c_proj.weight"]), w[p + "attn.c_proj.bias"])  # (C, C)
+        self.fc = folded(w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"], *ln_2)             # (C, 4C)
+        self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
 
 
 class GPT:
