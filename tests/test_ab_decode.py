@@ -10,6 +10,8 @@ import pytest
 
 from tests.models import build_checkpoint
 
+pytestmark = pytest.mark.xdist_group("ab_decode")  # one worker: the module's fixtures run once
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ab_decode.py"
 spec = importlib.util.spec_from_file_location("ab_decode", SCRIPT)
@@ -32,9 +34,17 @@ def _run(*args):
                           cwd=ROOT)
 
 
-def test_variants_alternate_and_the_table_compares_them(ckpt, tmp_path):
-    done = _run("--env", "MINILLM_GEMV_FIXED=0", "--env", "MINILLM_GEMV_FIXED=1,MINILLM_PDL=0", "--model", ckpt,
-                "--rounds", "1", "--out", str(tmp_path), *CPU)
+@pytest.fixture(scope="module")
+def greedy(ckpt, tmp_path_factory):
+    """One greedy call of two variants (their records' folder and the finished process), which
+    the sampled test also compares its ids with."""
+    out = tmp_path_factory.mktemp("ab-greedy")
+    return out, _run("--env", "MINILLM_GEMV_FIXED=0", "--env", "MINILLM_GEMV_FIXED=1,MINILLM_PDL=0", "--model", ckpt,
+                     "--rounds", "1", "--out", str(out), *CPU)
+
+
+def test_variants_alternate_and_the_table_compares_them(ckpt, greedy):
+    tmp_path, done = greedy
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "ab.json").read_text())
     assert [(r["variant"], r["batch"]) for r in rows] == [
@@ -46,7 +56,7 @@ def test_variants_alternate_and_the_table_compares_them(ckpt, tmp_path):
     assert len(table) == 2 and all(line.endswith("| same |") for line in table)  # torch backend: no switch applies
 
 
-def test_sampled_variants_draw_the_same_ids(ckpt, tmp_path):
+def test_sampled_variants_draw_the_same_ids(ckpt, greedy, tmp_path):
     """--temperature samples from seed 0 in every process: the same switches give the same ids
     (the worker's draws do not depend on the variant's process), and the table says so."""
     done = _run("--env", "", "--env", "MINILLM_PDL=0", "--model", ckpt, "--rounds", "1", "--temperature", "30",
@@ -54,10 +64,10 @@ def test_sampled_variants_draw_the_same_ids(ckpt, tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "ab.json").read_text())
     assert len(rows) == 4 and rows[0]["ids"] == rows[2]["ids"] and rows[1]["ids"] == rows[3]["ids"]
-    greedy = _run("--env", "", "--env", "MINILLM_PDL=0", "--model", ckpt, "--rounds", "1", *CPU)
-    assert greedy.returncode == 0, greedy.stderr
-    assert [ln.split("ids ")[1].split()[0] for ln in greedy.stdout.splitlines() if ln.startswith("round")][0] \
-        != rows[0]["ids"]  # the test model's logits are peaked (50): a high temperature draws other ids
+    greedy_rows = json.loads((greedy[0] / "ab.json").read_text())
+    assert greedy[1].returncode == 0 and greedy_rows[0]["batch"] == rows[0]["batch"] == 1
+    # the test model's logits are peaked (50): a high temperature draws other ids
+    assert greedy_rows[0]["ids"] != rows[0]["ids"]
 
 
 def test_a_bad_variant_is_one_line():

@@ -17,6 +17,8 @@ from minillm.sampling import process_logits
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint, hf_generate
 
+pytestmark = pytest.mark.xdist_group("parity")  # one worker: the engines and their greedy runs are built once
+
 BACKENDS = {  # backend -> (model size, prompt lengths, new tokens)
     "torch": (dict(n_layer=3, n_head=4, n_embd=64, vocab_size=512), [1, 5, 23], 40),
     # the interpreter is slow: the smallest model, and fewer tokens where the check allows
@@ -77,13 +79,23 @@ def test_logits_every_step(engines):
         assert d <= 1e-4 * scale, f"decode step at position {t}: logits differ by {d:.3e} (scale {scale:.1f})"
 
 
+def _greedy_alone(llm, prompt, new):
+    """minillm's greedy run of one prompt alone, new tokens past any EOS (ignore_eos), once per
+    engine: test_greedy_matches_transformers checks it, test_ragged_batch cuts it at its EOS."""
+    runs = llm.__dict__.setdefault("greedy_alone", {})
+    if tuple(prompt) not in runs:
+        runs[tuple(prompt)] = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0,
+                                                                     ignore_eos=True))[0]
+    return runs[tuple(prompt)]
+
+
 def test_greedy_matches_transformers(engines):
     llm, hf, prompts, new = engines
     for prompt in prompts:
         expect = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False)
         margin, diff, scale = _margin_and_diff(hf, llm, prompt + expect)
         assert margin > 20 * diff, f"test model too flat: top-2 margin {margin:.2e} vs logit diff {diff:.2e}"
-        got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True))[0]
+        got = _greedy_alone(llm, prompt, new)
         assert got.token_ids == expect, f"prompt of {len(prompt)} tokens"
         assert got.finish_reason == "length" and len(got.token_ids) == new
 
@@ -173,12 +185,16 @@ def test_sampling_same_seed_same_ids(engines, kw):
         assert got.token_ids == expect
 
 
+def _until_eos(ids, eos):
+    return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
 def test_ragged_batch(engines):
-    """Prompts of different lengths in one batch: each equals its run alone, and transformers
-    with left padding and an attention mask (both stopping at EOS)."""
+    """Prompts of different lengths in one batch, stopping at EOS: each equals its greedy run
+    alone up to its EOS (greedy decoding is deterministic, so that is the run alone stopping
+    there), and transformers with left padding and an attention mask."""
     llm, hf, prompts, new = engines
-    params = SamplingParams(max_new_tokens=new, temperature=0)
-    batch = llm.generate(prompts, params)
+    batch = llm.generate(prompts, SamplingParams(max_new_tokens=new, temperature=0))
     T = max(len(p) for p in prompts)
     eos = hf.config.eos_token_id
     inp = torch.tensor([[eos] * (T - len(p)) + p for p in prompts], device=hf.device)
@@ -186,11 +202,11 @@ def test_ragged_batch(engines):
     hf_out = hf.generate(inp, attention_mask=mask, max_new_tokens=new, do_sample=False,
                          pad_token_id=eos)[:, T:].tolist()
     for i, p in enumerate(prompts):
-        expect = hf_out[i][:hf_out[i].index(eos) + 1] if eos in hf_out[i] else hf_out[i]
-        alone = llm.generate([p], params)[0]
-        assert batch[i].token_ids == alone.token_ids, f"prompt {i} ({len(p)} tokens): batch != alone"
-        assert alone.token_ids == expect, f"prompt {i} ({len(p)} tokens): minillm != transformers"
-        assert alone.finish_reason == ("stop" if eos in expect else "length")
+        expect = _until_eos(hf_out[i], eos)
+        alone = _until_eos(_greedy_alone(llm, p, new).token_ids, eos)
+        assert batch[i].token_ids == alone, f"prompt {i} ({len(p)} tokens): batch != alone"
+        assert alone == expect, f"prompt {i} ({len(p)} tokens): minillm != transformers"
+        assert batch[i].finish_reason == ("stop" if eos in expect else "length")
 
 
 def test_half_precision_decode_with_fixed_point_statistics(tmp_path, monkeypatch):
