@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels._tuning import is_hopper  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
-SHAPES = {"xl-qkv": (1600, 4800), "xl-fc": (1600, 6400), "xl-mlp-out": (6400, 1600), "gpt2-medium-mlp-out": (4096, 1024)}
+SHAPES = {"xl-qkv": (1600, 4800), "xl-fc": (1600, 6400), "xl-mlp-out": (6400, 1600),  # (K, N)
+          "gpt2-medium-mlp-out": (4096, 1024)}
 TILES = ["128x256", "64x512", "32x1024", "256x128"]  # BLOCK_NxBLOCK_K, 64 KB each
 
 
@@ -73,8 +74,8 @@ def stream_tiles(w, order, block_n, block_k, K, N, out, pdl=False):
     """One launch of the probe over w, stored(W, order, ...); out gets a tile's sum per program,
     (column block, chunk) row-major. pdl: programmatic dependent launch (Hopper)."""
     chunks = triton.cdiv(K, block_k)
-    strides = {"out-major": (block_n * K, 1, K), "in-major": (block_n, N, 1), "tiles": (w.shape[1] * block_n, block_n, 1)}
-    strides = strides[order]
+    strides = {"out-major": (block_n * K, 1, K), "in-major": (block_n, N, 1),
+               "tiles": (w.shape[1] * block_n, block_n, 1)}[order]  # (stride_wb, stride_wk, stride_wn)
     _stream_tiles_kernel[(triton.cdiv(N, block_n), chunks)](w, out, K, N, *strides, BLOCK_K=block_k,
                                                             BLOCK_N=block_n, USE_PDL=pdl, num_warps=4,
                                                             **({"launch_pdl": True} if pdl else {}))
@@ -92,8 +93,8 @@ def _case(K, N, block_n, block_k, order, pdl, copy_gbs):
     out = torch.empty(n_blocks * chunks, device="cuda", dtype=torch.float32)
     us = ms_graph([lambda w=w: stream_tiles(w, order, block_n, block_k, K, N, out, pdl) for w in sets]) * 1e3
     gbs = K * N * 2 / us / 1e3
-    return dict(K=K, N=N, tile=f"{block_n}x{block_k}", order=order, pdl=pdl, programs=n_blocks * chunks, us=round(us, 2),
-                gb_s=round(gbs, 1), of_copy=round(gbs / copy_gbs, 3))
+    return dict(K=K, N=N, tile=f"{block_n}x{block_k}", order=order, pdl=pdl, programs=n_blocks * chunks,
+                us=round(us, 2), gb_s=round(gbs, 1), of_copy=round(gbs / copy_gbs, 3))
 
 
 def main():

@@ -60,6 +60,7 @@ def test_short_run_writes_its_rows(tmp_path):
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("probe-weight-order-*.json")
     rows = json.loads(path.read_text())["rows"]
-    assert [(r["tile"], r["order"], r["pdl"]) for r in rows] == [("64x256", o, pdl) for pdl in (False, True)
+    pdls = (False, True) if probe.is_hopper(torch.device("cuda")) else (False,)  # dependent launch: Hopper on
+    assert [(r["tile"], r["order"], r["pdl"]) for r in rows] == [("64x256", o, pdl) for pdl in pdls
                                                                  for o in ("out-major", "in-major", "tiles")]
     assert all(r["us"] > 0 and r["programs"] == 16 * 16 for r in rows)
