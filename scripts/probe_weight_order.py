@@ -83,11 +83,9 @@ def stream_tiles(w, order, block_n, block_k, K, N, out, pdl=False):
 
 def _case(K, N, block_n, block_k, order, pdl, copy_gbs):
     n_blocks, chunks = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
-    k_pad = chunks * block_k
 
-    def make():  # (the values do not matter: random bytes in the order's shape)
-        shape = {"out-major": (N, K), "in-major": (K, N), "tiles": (n_blocks, k_pad, block_n)}[order]
-        return torch.randn(*shape, device="cuda", dtype=torch.float16)
+    def make():
+        return stored(torch.randn(K, N, device="cuda", dtype=torch.float16), order, block_n, block_k)
 
     sets = rotating(make, K * N * 2)
     out = torch.empty(n_blocks * chunks, device="cuda", dtype=torch.float32)
