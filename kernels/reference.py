@@ -144,9 +144,9 @@ def screen_head(weight, bias, colsum):
     return None
 
 
-def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys):
+def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys, ln_stats=None):
     """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
-    screened head's result (kernels.vocab_screen), here from the full logits."""
+    screened head's result (kernels.vocab_screen_rows), here from the full logits."""
     linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
 
 
