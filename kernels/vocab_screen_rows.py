@@ -247,18 +247,33 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, ln_s
     bmax = torch.empty(M, nb, dtype=x2.dtype, device=x2.device)
     if maxima is not None:
         maxima.update(groups=gmax, blocks=bmax)
-    q8 = screen.q.view(torch.int8)  # (N, K): a column's K weights contiguous
     pdl = use_pdl(x2.device)
+    screen_launch(x2, screen, ln_fold, ln_eps, argmax_keys, ln_stats, gmax, bmax, meta, pdl)
+    pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, block_n, pdl)
+
+
+def screen_launch(x2, screen, ln_fold, ln_eps, argmax_keys, ln_stats, gmax, bmax, meta, pdl):
+    """The screen's launch (screened_argmax's first; alone: bench_screen_rows.py)."""
+    M, K = x2.shape
+    n_pad, ng, nb = screen.meta.shape[1], gmax.shape[1], bmax.shape[1]
+    q8 = screen.q.view(torch.int8)  # (N, K): a column's K weights contiguous
     l2 = L2_ON and is_hopper(x2.device) and K % 16 == 0
-    launch(_screen_rows_kernel, (nb,), x2, q8, screen.meta, ln_fold, ln_stats if ln_stats is not None else gmax,
-           gmax, bmax, argmax_keys, M, N, screen.meta.shape[1], ng, nb, ln_eps, K ** 0.5,
-           x2.stride(0), x2.stride(1), q8.stride(0), ln_stats.stride(0) if ln_stats is not None else 0,
-           gmax.stride(0), bmax.stride(0),
-           K=K, CHUNKS=triton.cdiv(K, BLOCK_K), USE_PDL=pdl, L2_ASK=l2, LN_STATS=ln_stats is not None,
-           GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), BLOCK_K=BLOCK_K, GROUP_N=GROUP_N,
-           launch_pdl=pdl, **meta)
-    launch(_pick_rows_kernel, (M,), x2, weight, bias if bias is not None else ln_fold, ln_fold, gmax, bmax,
-           argmax_keys, N, ng, nb, ln_eps, x2.stride(0), x2.stride(1), weight.stride(1), gmax.stride(0),
-           bmax.stride(0), K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, BLOCK_K=triton.next_power_of_2(K),
-           NB_POW2=triton.next_power_of_2(nb), GROUPS_PER_BLOCK=block_n // GROUP_N, GROUP_N=GROUP_N,
-           EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, num_stages=1, launch_pdl=pdl)
+    return launch(_screen_rows_kernel, (nb,), x2, q8, screen.meta, ln_fold,
+                  ln_stats if ln_stats is not None else gmax, gmax, bmax, argmax_keys,
+                  M, q8.shape[0], n_pad, ng, nb, ln_eps, K ** 0.5,
+                  x2.stride(0), x2.stride(1), q8.stride(0), ln_stats.stride(0) if ln_stats is not None else 0,
+                  gmax.stride(0), bmax.stride(0),
+                  K=K, CHUNKS=triton.cdiv(K, BLOCK_K), USE_PDL=pdl, L2_ASK=l2, LN_STATS=ln_stats is not None,
+                  GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), BLOCK_K=BLOCK_K,
+                  GROUP_N=GROUP_N, launch_pdl=pdl, **meta)
+
+
+def pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, block_n, pdl):
+    """The pick's launch, a program a row (screened_argmax's second; alone: bench_screen_rows.py)."""
+    M, K = x2.shape
+    N, ng, nb = weight.shape[1], gmax.shape[1], bmax.shape[1]
+    return launch(_pick_rows_kernel, (M,), x2, weight, bias if bias is not None else ln_fold, ln_fold, gmax, bmax,
+                  argmax_keys, N, ng, nb, ln_eps, x2.stride(0), x2.stride(1), weight.stride(1), gmax.stride(0),
+                  bmax.stride(0), K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, BLOCK_K=triton.next_power_of_2(K),
+                  NB_POW2=triton.next_power_of_2(nb), GROUPS_PER_BLOCK=block_n // GROUP_N, GROUP_N=GROUP_N,
+                  EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, num_stages=1, launch_pdl=pdl)

@@ -33,6 +33,14 @@ def graphed(fn):
     return g.replay
 
 
+def _compiled(fn):
+    """The compiled kernels of a JIT function so far (for their registers)."""
+    out = []
+    for cache in getattr(fn, "device_caches", {}).values():
+        out += [k for k in cache[0].values() if hasattr(k, "n_regs")]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="\n".join(__doc__.splitlines()[-1:]),
@@ -78,6 +86,26 @@ def main():
                 sys.exit(f"{name} at {M} rows: keys differ from the full head's in rows "
                          f"{(keys != full_keys).nonzero().flatten().tolist()}")
         vocab_screen_rows.FORCED_LAYOUT = None
+        # the default layout's two launches apart: the screen (keys reset first), and the pick
+        # from the words as the screen leaves them (restored first); each row's candidate groups
+        meta = vocab_screen_rows.rows_config(M)
+        gmax = torch.empty(M, -(-V // vocab_screen_rows.GROUP_N), dtype=x.dtype, device=dev)
+        bmax = torch.empty(M, -(-V // meta["BLOCK_N"]), dtype=x.dtype, device=dev)
+        posted = torch.empty_like(keys)
+        variants["screen launch"] = graphed(lambda: (keys.fill_(EMPTY), vocab_screen_rows.screen_launch(
+            x, screen, colsum, 1e-5, keys, stats, gmax, bmax, meta, False)))
+        posted.copy_(keys)
+        variants["restore"] = graphed(lambda: keys.copy_(posted))
+        variants["pick launch"] = graphed(lambda: (keys.copy_(posted), vocab_screen_rows.pick_launch(
+            x, w, bias, colsum, 1e-5, keys, gmax, bmax, meta["BLOCK_N"], False)))
+        threshold = (posted >> 32).int()
+        threshold = torch.where(threshold < 0, threshold ^ 0x7FFFFFFF, threshold).view(torch.float32)
+        groups = (gmax.float() >= threshold[:, None]).sum(1)
+        print(f"rows {M:>2}  candidate groups a row: median {groups.median().item()}, max {groups.max().item()}")
+        for name in ("screen", "pick"):
+            fn = getattr(vocab_screen_rows, f"_{name}_rows_kernel")
+            for compiled in _compiled(fn):
+                print(f"rows {M:>2}  {name}: {compiled.n_regs} registers, {compiled.n_spills} spilled")
         times = {k: [] for k in variants}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(args.reps):
@@ -89,8 +117,9 @@ def main():
                 torch.cuda.synchronize()
                 times[k].append(start.elapsed_time(end) * 1e3)
         reset = statistics.median(times.pop("reset"))
+        restore = statistics.median(times.pop("restore"))
         for k, t in times.items():
-            us = statistics.median(t) - reset
+            us = statistics.median(t) - (restore if k == "pick launch" else reset)
             results.append(dict(rows=M, variant=k, us=round(us, 2)))
             print(f"rows {M:>2}  {k:<22} {us:7.2f} us")
     bw = copy_bandwidth()  # GB/s
