@@ -3,14 +3,16 @@ copy of the head): each row's argmax key of layernorm(x) @ W + bias, bit for bit
 one-row full head (vocab_fma.py) gives that row alone, from about half the head's bytes.
 
 Past one row the full head runs on tensor cores (gemv.py): at 64 rows of gpt2 it streams 77 MB
-in about 25 us. Here, in two launches:
-- the screen: a program a block of BLOCK_N columns over all rows. Each row's K chunk is
-  rounded to int8 on its own scale (so one large value costs only its chunk's resolution) and
-  multiplied by the int8 columns on tensor cores (exact int32 sums). Every (row, column) gets an
+in about 25 us. Here, in three launches:
+- the rounding: a program a row takes out its mean and rounds each K chunk to int8 on its own
+  scale (so one large value costs only its chunk's resolution), once for all the screen's
+  programs (each rounding all the rows itself took longer than the full head);
+- the screen: a program a block of BLOCK_N columns over all rows multiplies the int8 rows by
+  the int8 columns on tensor cores (exact int32 sums). Every (row, column) gets an
   interval that surely holds the exact logit (the bound below); the program keeps, per row, the
   largest upper end of each GROUP_N columns and of the block, and posts the row's best lower end
   into its argmax word (as vocab_screen does: a key that any logit of that value outranks);
-- the pick: a one-warp program a row, after the screen is done. What the word holds is then the
+- the pick: PICK_PARTS one-warp programs a row, after the screen. What the word holds is then the
   best lower end of the whole row; the groups whose upper end reaches it are the only columns
   that can hold the argmax, and they are computed exactly as vocab_fma computes them (its
   layout, its statistics of the row), their keys max-ed in.
@@ -24,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._l2_ahead import ON as L2_ON, _ask_l2_columns
-from ._epilogue import STATS_GROUP, _load_row_stats, _mean_rstd, check_row_stats
+from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, is_hopper, launch, layout_switch, use_pdl
 from .argmax_key import _from_ordered, _ordered
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K
@@ -37,6 +39,7 @@ MAX_ROWS = 64
 BLOCK_N = 64  # columns a screen program
 BLOCK_K = 128  # K chunk: each row's chunk has its own int8 scale
 GROUP_N = 8  # columns the pick computes together where their largest upper end reaches the threshold
+PICK_PARTS = 8  # programs a row in the pick: a row's few candidate groups are then in different programs
 NUM_WARPS = 4
 NUM_STAGES = 3
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
@@ -45,12 +48,51 @@ FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_ROWS_LAYOUT", os.environ.get("MINI
 
 
 @triton.jit
+def _quantize_rows_kernel(
+    x_ptr, xq_ptr, sx_ptr, rowv_ptr, K, stride_xm, stride_xk, stride_qm, stride_sm, stride_vm,
+    CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x is written by now
+        tl.extra.cuda.gdc_launch_dependents()  # the screen may launch: its first requests need no x
+    x_row = x_ptr + row * stride_xm
+    # the row's center c (its mean), taken out before the rounding: a mean far from zero would
+    # take the int8 grid's resolution. Any c keeps the screen's bound
+    row_sum = 0.0
+    row_sq = 0.0
+    for ch in tl.static_range(CHUNKS):
+        kk = ch * BLOCK_K + tl.arange(0, BLOCK_K)
+        xc = tl.load(x_row + kk * stride_xk, mask=kk < K, other=0.0).to(tl.float32)
+        row_sum += tl.sum(xc, axis=0)
+        row_sq += tl.sum(xc * xc, axis=0)
+    c = row_sum / K
+    # each chunk of x - c on its own int8 scale; the norms of a = the int8 chunks times their
+    # scales and of d = x - c - a
+    a_sq = 0.0
+    d_sq = 0.0
+    for ch in tl.static_range(CHUNKS):
+        kk = ch * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        xc = tl.where(k_mask, tl.load(x_row + kk * stride_xk, mask=k_mask, other=0.0).to(tl.float32) - c, 0.0)
+        sx = tl.maximum(tl.max(tl.abs(xc), axis=0), 1e-30) / 127.0
+        xq = tl.minimum(tl.maximum(tl.floor(xc / sx + 0.5), -127.0), 127.0)
+        d = xc - xq * sx
+        d_sq += tl.sum(d * d, axis=0)
+        a_sq += (sx * sx) * tl.sum(xq * xq, axis=0)  # the int sum is exact: 127**2 * BLOCK_K < 2**24
+        tl.store(xq_ptr + row * stride_qm + kk, xq.to(tl.int8))
+        tl.store(sx_ptr + row * stride_sm + ch, sx)
+    v = tl.arange(0, 8)
+    vals = tl.where(v == 0, c, tl.where(v == 1, row_sum, tl.where(v == 2, row_sq, tl.where(v == 3, a_sq, d_sq))))
+    tl.store(rowv_ptr + row * stride_vm + v, vals, mask=v < 5)
+
+
+@triton.jit
 def _screen_rows_kernel(
-    x_ptr, q_ptr, meta_ptr, fold_ptr, stats_ptr, gmax_ptr, bmax_ptr, key_ptr,
+    xq_ptr, sx_ptr, rowv_ptr, q_ptr, meta_ptr, fold_ptr, gmax_ptr, bmax_ptr, key_ptr,
     M, N, N_PAD, NG, NB, ln_eps, sqrt_k,
-    stride_xm, stride_xk, stride_qn, stride_sm, stride_gm, stride_bm,
-    K: tl.constexpr, CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, L2_ASK: tl.constexpr, LN_STATS: tl.constexpr,
-    GROUPS_POW2: tl.constexpr,
+    stride_xm, stride_sm, stride_vm, stride_qn, stride_gm, stride_bm,
+    K: tl.constexpr, CHUNKS: tl.constexpr, USE_PDL: tl.constexpr, L2_ASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -70,46 +112,26 @@ def _screen_rows_kernel(
     bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
     colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # x is written by now
+        tl.extra.cuda.gdc_wait()  # the rows are rounded by now (and x written)
         tl.extra.cuda.gdc_launch_dependents()  # the pick may start: it reads x before its own wait
 
-    # each row's center c, about its mean, is taken out before the rounding to int8 (a mean far
-    # from zero would take the int8 grid's resolution): from the partial statistics of the
-    # kernel that wrote x where given, else a first pass over the row. Any c keeps the bound
-    x_rows = x_ptr + rm[:, None] * stride_xm
-    if LN_STATS:
-        c, _ = _load_row_stats(stats_ptr, 0, M, stride_sm, ln_eps, K, GROUPS_POW2, BLOCK_M)
-    else:
-        c = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for ch in range(CHUNKS):
-            kk = ch * BLOCK_K + tl.arange(0, BLOCK_K)
-            c += tl.sum(tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & (kk < K)[None, :],
-                                other=0.0).to(tl.float32), axis=1)
-        c = c / K
-    c = tl.where(m_mask, c, 0.0)
-    # per row: its sums (the statistics), and the norms of a = the int8 row (x - c) times its
-    # chunks' scales and of d = x - c - a; per (row, column): the sum of the chunks' scaled int32
-    # dots, and of their magnitudes (what the sum's roundings are relative to)
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    row_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    a_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    d_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # per row (_quantize_rows_kernel): its center c, sums, and the norms of a and d; per (row,
+    # column): the sum of the chunks' scaled int32 dots, and of their magnitudes (what the sum's
+    # roundings are relative to)
+    rowv = rowv_ptr + rm * stride_vm
+    c = tl.load(rowv, mask=m_mask, other=0.0)
+    row_sum = tl.load(rowv + 1, mask=m_mask, other=0.0)
+    row_sq = tl.load(rowv + 2, mask=m_mask, other=0.0)
+    a_sq = tl.load(rowv + 3, mask=m_mask, other=0.0)
+    d_sq = tl.load(rowv + 4, mask=m_mask, other=0.0)
     core = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     core_abs = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ch in range(CHUNKS):
         kk = ch * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = kk < K
-        xc = tl.load(x_rows + kk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        qc = tl.load(q_ptr + rn[:, None] * stride_qn + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
-        row_sum += tl.sum(xc, axis=1)
-        row_sq += tl.sum(xc * xc, axis=1)
-        xc = tl.where(k_mask[None, :], xc - c[:, None], 0.0)
-        sx = tl.maximum(tl.max(tl.abs(xc), axis=1), 1e-30) / 127.0  # (BLOCK_M,): the chunk's scale
-        xq = tl.minimum(tl.maximum(tl.floor(xc / sx[:, None] + 0.5), -127.0), 127.0)
-        d = xc - xq * sx[:, None]
-        d_sq += tl.sum(d * d, axis=1)
-        a_sq += (sx * sx) * tl.sum(xq * xq, axis=1)  # the int sum is exact: 127**2 * BLOCK_K < 2**24
-        dot = tl.dot(xq.to(tl.int8), tl.trans(qc), out_dtype=tl.int32).to(tl.float32)  # exact below 2**24
+        xq = tl.load(xq_ptr + rm[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None], other=0)
+        sx = tl.load(sx_ptr + rm * stride_sm + ch, mask=m_mask, other=0.0)
+        qc = tl.load(q_ptr + rn[:, None] * stride_qn + kk[None, :], mask=n_mask[:, None] & (kk < K)[None, :], other=0)
+        dot = tl.dot(xq, tl.trans(qc), out_dtype=tl.int32).to(tl.float32)  # exact below 2**24
         core += sx[:, None] * dot
         core_abs += sx[:, None] * tl.abs(dot)
 
@@ -167,11 +189,12 @@ def _screen_rows_kernel(
 @triton.jit
 def _pick_rows_kernel(
     x_ptr, w_ptr, bias_ptr, fold_ptr, gmax_ptr, bmax_ptr, key_ptr,
-    N, NG, NB, ln_eps, stride_xm, stride_xk, stride_wn, stride_gm, stride_bm,
+    N, NG, NB, PER, ln_eps, stride_xm, stride_xk, stride_wn, stride_gm, stride_bm,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_K: tl.constexpr,
-    NB_POW2: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, GROUP_N: tl.constexpr, EXACT_N: tl.constexpr,
+    PER_POW2: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, GROUP_N: tl.constexpr, EXACT_N: tl.constexpr,
 ):
     row = tl.program_id(0)
+    part = tl.program_id(1)  # this program's PER blocks of the row: the row's candidates in parallel
     # the row and its statistics as vocab_fma takes them (one warp, the same layout: the same bits)
     rk = tl.arange(0, BLOCK_K)
     k_mask = rk < K
@@ -180,11 +203,12 @@ def _pick_rows_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the screen is done: its maxima and its posts are in
     key = tl.load(key_ptr + row)
-    rb = tl.arange(0, NB_POW2)
-    bmax = tl.load(bmax_ptr + row * stride_bm + rb, mask=rb < NB, other=float("-inf")).to(tl.float32)
+    rb = part * PER + tl.arange(0, PER_POW2)
+    rb_mask = (rb < NB) & (rb < part * PER + PER)
+    bmax = tl.load(bmax_ptr + row * stride_bm + rb, mask=rb_mask, other=float("-inf")).to(tl.float32)
     # the best lower end of the row (or a larger key already in the word)
     threshold = _from_ordered((key >> 32).to(tl.int32))
-    blocks = tl.where(bmax >= threshold, rb, NB)  # NaN never reaches it (a NaN row: below)
+    blocks = tl.where(rb_mask & (bmax >= threshold), rb, NB)  # NaN never reaches it (a NaN row: below)
     n_blocks = tl.sum((blocks < NB).to(tl.int32), axis=0)
     ex = tl.arange(0, EXACT_N)
     rg = tl.arange(0, GROUPS_PER_BLOCK)
@@ -224,13 +248,11 @@ def screens_rows(M):
     return M == 1 or (ENABLED and 1 < M <= MAX_ROWS)
 
 
-def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, ln_stats=None, maxima=None):
+def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, maxima=None):
     """Max each row's argmax key of layernorm(x2) @ weight + bias (x2 (M, K), M <= MAX_ROWS;
     weight (K, N) out-major with its folded layernorm's column sums ln_fold, as `linear` takes
     them) into argmax_keys (M,), reading the screen (vocab_screen.screen_head) and only the
-    columns it cannot rule out: one row by vocab_screen, more here. ln_stats (as `linear` takes
-    them), if given, center the rows before their rounding (else a first pass over x does; one
-    row reads x whole). No logits come out; maxima
+    columns it cannot rule out: one row by vocab_screen, more here. No logits come out; maxima
     (tests), a dict, receives the screen's largest upper ends per row of each GROUP_N columns
     ("groups", (M, NG)) and of each block ("blocks", (M, NB)) in x2's dtype."""
     M, K = x2.shape
@@ -239,41 +261,60 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, ln_s
     if not screens_rows(M):
         raise ValueError(f"x2: expected 1 to {MAX_ROWS} rows for the screened head, got {M}")
     N = weight.shape[1]
-    check_row_stats("ln_stats", ln_stats, M, K, x2.device)
     meta = rows_config(M)
-    block_n = meta["BLOCK_N"]
-    ng, nb = triton.cdiv(N, GROUP_N), triton.cdiv(N, block_n)
-    gmax = torch.empty(M, ng, dtype=x2.dtype, device=x2.device)
-    bmax = torch.empty(M, nb, dtype=x2.dtype, device=x2.device)
+    rows = quantized_rows(x2)
+    gmax = torch.empty(M, triton.cdiv(N, GROUP_N), dtype=x2.dtype, device=x2.device)
+    bmax = torch.empty(M, triton.cdiv(N, meta["BLOCK_N"]), dtype=x2.dtype, device=x2.device)
     if maxima is not None:
         maxima.update(groups=gmax, blocks=bmax)
     pdl = use_pdl(x2.device)
-    screen_launch(x2, screen, ln_fold, ln_eps, argmax_keys, ln_stats, gmax, bmax, meta, pdl)
-    pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, block_n, pdl)
+    quantize_launch(x2, rows, pdl)
+    screen_launch(rows, screen, ln_fold, ln_eps, argmax_keys, gmax, bmax, meta, pdl)
+    pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, meta["BLOCK_N"], pdl)
 
 
-def screen_launch(x2, screen, ln_fold, ln_eps, argmax_keys, ln_stats, gmax, bmax, meta, pdl):
-    """The screen's launch (screened_argmax's first; alone: bench_screen_rows.py)."""
+def quantized_rows(x2):
+    """Buffers for the rows rounded to int8: (xq (M, CHUNKS * BLOCK_K) int8, zero past K; the
+    chunks' scales (M, CHUNKS) fp32; per row c, its sum and sum of squares, |a|^2, |d|^2 (M, 8))."""
     M, K = x2.shape
-    n_pad, ng, nb = screen.meta.shape[1], gmax.shape[1], bmax.shape[1]
+    chunks = triton.cdiv(K, BLOCK_K)
+    return (torch.empty(M, chunks * BLOCK_K, dtype=torch.int8, device=x2.device),
+            torch.empty(M, chunks, dtype=torch.float32, device=x2.device),
+            torch.empty(M, 8, dtype=torch.float32, device=x2.device))
+
+
+def quantize_launch(x2, rows, pdl):
+    """The first launch: each row rounded to int8 a chunk at a time (a program a row)."""
+    M, K = x2.shape
+    xq, sx, rowv = rows
+    return launch(_quantize_rows_kernel, (M,), x2, xq, sx, rowv, K, x2.stride(0), x2.stride(1), xq.stride(0),
+                  sx.stride(0), rowv.stride(0), CHUNKS=sx.shape[1], USE_PDL=pdl, BLOCK_K=BLOCK_K,
+                  num_warps=4, num_stages=1, launch_pdl=pdl)
+
+
+def screen_launch(rows, screen, ln_fold, ln_eps, argmax_keys, gmax, bmax, meta, pdl):
+    """The screen's launch (alone: bench_screen_rows.py)."""
+    xq, sx, rowv = rows
+    M = xq.shape[0]
     q8 = screen.q.view(torch.int8)  # (N, K): a column's K weights contiguous
-    l2 = L2_ON and is_hopper(x2.device) and K % 16 == 0
-    return launch(_screen_rows_kernel, (nb,), x2, q8, screen.meta, ln_fold,
-                  ln_stats if ln_stats is not None else gmax, gmax, bmax, argmax_keys,
-                  M, q8.shape[0], n_pad, ng, nb, ln_eps, K ** 0.5,
-                  x2.stride(0), x2.stride(1), q8.stride(0), ln_stats.stride(0) if ln_stats is not None else 0,
-                  gmax.stride(0), bmax.stride(0),
-                  K=K, CHUNKS=triton.cdiv(K, BLOCK_K), USE_PDL=pdl, L2_ASK=l2, LN_STATS=ln_stats is not None,
-                  GROUPS_POW2=triton.next_power_of_2(triton.cdiv(K, STATS_GROUP)), BLOCK_K=BLOCK_K,
-                  GROUP_N=GROUP_N, launch_pdl=pdl, **meta)
+    N, K = q8.shape
+    l2 = L2_ON and is_hopper(xq.device) and K % 16 == 0
+    return launch(_screen_rows_kernel, (bmax.shape[1],), xq, sx, rowv, q8, screen.meta, ln_fold, gmax, bmax,
+                  argmax_keys, M, N, screen.meta.shape[1], gmax.shape[1], bmax.shape[1], ln_eps, K ** 0.5,
+                  xq.stride(0), sx.stride(0), rowv.stride(0), q8.stride(0), gmax.stride(0), bmax.stride(0),
+                  K=K, CHUNKS=sx.shape[1], USE_PDL=pdl, L2_ASK=l2, BLOCK_K=BLOCK_K, GROUP_N=GROUP_N,
+                  launch_pdl=pdl, **meta)
 
 
 def pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, block_n, pdl):
-    """The pick's launch, a program a row (screened_argmax's second; alone: bench_screen_rows.py)."""
+    """The pick's launch: PICK_PARTS programs a row, each over its share of the row's blocks
+    (alone: bench_screen_rows.py)."""
     M, K = x2.shape
     N, ng, nb = weight.shape[1], gmax.shape[1], bmax.shape[1]
-    return launch(_pick_rows_kernel, (M,), x2, weight, bias if bias is not None else ln_fold, ln_fold, gmax, bmax,
-                  argmax_keys, N, ng, nb, ln_eps, x2.stride(0), x2.stride(1), weight.stride(1), gmax.stride(0),
-                  bmax.stride(0), K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, BLOCK_K=triton.next_power_of_2(K),
-                  NB_POW2=triton.next_power_of_2(nb), GROUPS_PER_BLOCK=block_n // GROUP_N, GROUP_N=GROUP_N,
+    per = triton.cdiv(nb, PICK_PARTS)
+    return launch(_pick_rows_kernel, (M, triton.cdiv(nb, per)), x2, weight, bias if bias is not None else ln_fold,
+                  ln_fold, gmax, bmax, argmax_keys, N, ng, nb, per, ln_eps, x2.stride(0), x2.stride(1),
+                  weight.stride(1), gmax.stride(0), bmax.stride(0), K=K, HAS_BIAS=bias is not None, USE_PDL=pdl,
+                  BLOCK_K=triton.next_power_of_2(K), PER_POW2=triton.next_power_of_2(per),
+                  GROUPS_PER_BLOCK=block_n // GROUP_N, GROUP_N=GROUP_N,
                   EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, num_stages=1, launch_pdl=pdl)

@@ -220,8 +220,7 @@ class GPT:
     def _logits(self, x, stats=None, argmax_keys=None):
         if self._screened(x.shape[0], argmax_keys):
             # the argmax key alone, from about half the head's bytes (kernels.vocab_screen)
-            self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys,
-                                     ln_stats=stats)
+            self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys)
             return None
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
 

@@ -1,6 +1,6 @@
 """Greedy decoding's vocabulary head past one row, alone: the full head (kernels.linear with argmax
 keys: the tensor-core GEMV, 77 MB of fp16 at gpt2's size) against the screened head
-(kernels/vocab_screen_rows.py: the int8 copy, then the pick) in each layout asked for, at each
+(kernels/vocab_screen_rows.py: the rows rounded, the int8 copy, then the pick) in each layout asked for, at each
 row count. A sample is one CUDA graph replay of [reset the key words, the head] between two CUDA
 events, after a 512 MB read that flushes L2; the reset alone is timed the same way and taken off.
 Medians over --reps samples, the variants interleaved. The keys are checked equal first.
@@ -70,7 +70,6 @@ def main():
     results = []
     for M in args.rows:
         x = (torch.randn(M, C, device=dev, generator=gen) * 2 + 0.3).half()
-        stats = kernels.reference.row_stats(x)
         keys = torch.full((M,), EMPTY, device=dev, dtype=torch.int64)
         variants = {"reset": graphed(lambda: keys.fill_(EMPTY)),
                     "full": graphed(lambda: (keys.fill_(EMPTY),
@@ -80,20 +79,23 @@ def main():
             vocab_screen_rows.FORCED_LAYOUT = layout
             name = "screen " + ("x".join(map(str, layout)) if layout else "default")
             variants[name] = graphed(lambda: (keys.fill_(EMPTY), kernels.screened_argmax(
-                x, w, bias, colsum, 1e-5, screen, keys, ln_stats=stats)))
+                x, w, bias, colsum, 1e-5, screen, keys)))
             torch.cuda.synchronize()
             if not torch.equal(keys, full_keys):
                 sys.exit(f"{name} at {M} rows: keys differ from the full head's in rows "
                          f"{(keys != full_keys).nonzero().flatten().tolist()}")
         vocab_screen_rows.FORCED_LAYOUT = None
-        # the default layout's two launches apart: the screen (keys reset first), and the pick
-        # from the words as the screen leaves them (restored first); each row's candidate groups
+        # the default layout's three launches apart: the rounding, the screen (keys reset first), and
+        # the pick from the words as the screen leaves them (restored first); each row's candidate groups
         meta = vocab_screen_rows.rows_config(M)
+        rows = vocab_screen_rows.quantized_rows(x)
         gmax = torch.empty(M, -(-V // vocab_screen_rows.GROUP_N), dtype=x.dtype, device=dev)
         bmax = torch.empty(M, -(-V // meta["BLOCK_N"]), dtype=x.dtype, device=dev)
         posted = torch.empty_like(keys)
+        variants["rounding launch"] = graphed(lambda: (keys.fill_(EMPTY), vocab_screen_rows.quantize_launch(
+            x, rows, False)))
         variants["screen launch"] = graphed(lambda: (keys.fill_(EMPTY), vocab_screen_rows.screen_launch(
-            x, screen, colsum, 1e-5, keys, stats, gmax, bmax, meta, False)))
+            rows, screen, colsum, 1e-5, keys, gmax, bmax, meta, False)))
         posted.copy_(keys)
         variants["restore"] = graphed(lambda: keys.copy_(posted))
         variants["pick launch"] = graphed(lambda: (keys.copy_(posted), vocab_screen_rows.pick_launch(
@@ -102,7 +104,7 @@ def main():
         threshold = torch.where(threshold < 0, threshold ^ 0x7FFFFFFF, threshold).view(torch.float32)
         groups = (gmax.float() >= threshold[:, None]).sum(1)
         print(f"rows {M:>2}  candidate groups a row: median {groups.median().item()}, max {groups.max().item()}")
-        for name in ("screen", "pick"):
+        for name in ("quantize", "screen", "pick"):
             fn = getattr(vocab_screen_rows, f"_{name}_rows_kernel")
             for compiled in _compiled(fn):
                 print(f"rows {M:>2}  {name}: {compiled.n_regs} registers, {compiled.n_spills} spilled")

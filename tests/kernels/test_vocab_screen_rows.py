@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import argmax_key, reference, vocab_screen_rows
+from kernels import argmax_key, vocab_screen_rows
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, poisoned, randn
 from tests.kernels.test_vocab_screen import N_ODD, _head
@@ -35,13 +35,13 @@ def _alone(x, wf, bf, colsum):
     return torch.cat(keys), torch.stack(ys)
 
 
-def _screened(x, wf, bf, colsum, ln_stats=None):
+def _screened(x, wf, bf, colsum):
     """(keys (M,), the screen's maxima) from the screened head at all rows at once."""
     screen = kernels.screen_head(wf, bf, colsum)
     assert screen is not None
     keys = torch.full((x.shape[0],), argmax_key.EMPTY, dtype=torch.int64, device=x.device)
     maxima = {}
-    kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys, ln_stats=ln_stats, maxima=maxima)
+    kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys, maxima=maxima)
     return keys, maxima
 
 
@@ -61,18 +61,17 @@ def _check_maxima(maxima, y):
     return groups
 
 
-@pytest.mark.parametrize("K,M,stats", [(48, 5, False), (112, 3, True), (256, 2, False)])
+@pytest.mark.parametrize("K,M", [(48, 5), (112, 3), (256, 2)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rows_keys_are_the_one_row_heads(K, M, stats, dtype, device):
-    """Random heads (a mean to take out, a bias) and rows of unlike scale, centered by a first
-    pass or by the partial statistics of the kernel that wrote x (stats): each row's key equals
+def test_rows_keys_are_the_one_row_heads(K, M, dtype, device):
+    """Random heads (a mean to take out, a bias) and rows of unlike scale: each row's key equals
     the one-row full head's for that row alone, and the screen's maxima hold every logit. K is
     a multiple of 16 (rows 16-byte aligned, as a model's are): on a GPU the one-row head reads
     a row at another alignment in another layout, whose sums may round differently."""
     _, wf, bf, colsum = _head(K, N_ODD, dtype, device, seed=K)
     x = _rows(M, K, dtype, device, seed=K)
     full, y = _alone(x, wf, bf, colsum)
-    keys, maxima = _screened(x, wf, bf, colsum, reference.row_stats(x) if stats else None)
+    keys, maxima = _screened(x, wf, bf, colsum)
     assert torch.equal(keys, full), f"columns {argmax_key.argmax_index(keys).tolist()} against " \
                                     f"{argmax_key.argmax_index(full).tolist()}"
     groups = _check_maxima(maxima, y)
