@@ -112,8 +112,14 @@ def _exact_columns(rc, best, best_col, w_ptr, stride_wn, xf, rk, k_mask, bias_pt
     """Columns rc (EXACT_N,) (N: none) computed exactly as vocab_fma computes them (its
     _block_logits over a block of its width and the row xf in its layout, so a logit's bits are
     the full head's), folded into each lane's first maximum (best, best_col) (columns rise)."""
+    w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=(rc < N)[:, None] & k_mask[None, :], other=0.0)
+    return _exact_tile(w, rc, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, y_ptr, N, HAS_BIAS)
+
+
+@triton.jit
+def _exact_tile(w, rc, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, y_ptr, N, HAS_BIAS: tl.constexpr):
+    """_exact_columns with the columns' weights w (EXACT_N, BLOCK_K) loaded."""
     c_mask = rc < N
-    w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=c_mask[:, None] & k_mask[None, :], other=0.0)
     y = _block_logits(w, xf, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, True, False)
     v = tl.where(c_mask, y, float("-inf"))
     better = v > best

@@ -10,7 +10,7 @@ in about 25 us. Here, in three launches:
 - the screen: a program a block of BLOCK_N columns over all rows multiplies the int8 rows by
   the int8 columns on tensor cores (exact int32 sums). Every (row, column) gets an
   interval that surely holds the exact logit (the bound below); the program keeps, per row, the
-  largest upper end of each GROUP_N columns and of the block, and posts the row's best lower end
+  largest upper end of each group of columns (group_n) and of the block, and posts the row's best lower end
   into its argmax word (as vocab_screen does: a key that any logit of that value outranks);
 - the pick: PICK_PARTS one-warp programs a row, after the screen. What the word holds is then the
   best lower end of the whole row; the groups whose upper end reaches it are the only columns
@@ -30,7 +30,7 @@ from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, is_hopper, launch, layout_switch, use_pdl
 from .argmax_key import _from_ordered, _ordered
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K
-from .vocab_screen import _exact_columns, _post_best
+from .vocab_screen import _exact_tile, _post_best
 from .vocab_screen import screened_argmax as screened_argmax_one
 
 # MINILLM_SCREEN_ROWS=0 gives greedy decoding past one row the full head back (A/B timing)
@@ -38,8 +38,18 @@ ENABLED = os.environ.get("MINILLM_SCREEN_ROWS", "1") != "0"
 MAX_ROWS = 64
 BLOCK_N = 64  # columns a screen program
 BLOCK_K = 128  # K chunk: each row's chunk has its own int8 scale
-GROUP_N = 8  # columns the pick computes together where their largest upper end reaches the threshold
-PICK_PARTS = 8  # programs a row in the pick: a row's few candidate groups are then in different programs
+def exact_n(K):
+    """Columns a tile of the exact logits: vocab_fma's block at K, for its bits."""
+    return EXACT_BLOCK_N if K < ONE_COLUMN_K else 1
+
+
+def group_n(K):
+    """Columns the pick computes together where their largest upper end reaches the threshold:
+    two of its tiles, requested together."""
+    return 2 * exact_n(K)
+
+
+PICK_PARTS = 32  # programs a row in the pick: a row's few candidate groups are then in different programs
 NUM_WARPS = 4
 NUM_STAGES = 3
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
@@ -227,10 +237,16 @@ def _pick_rows_kernel(
             g = tl.min(groups, axis=0)
             groups = tl.where(groups == g, NG, groups)
             n_groups -= 1
-            for j in tl.static_range(GROUP_N // EXACT_N):
-                rc = g * GROUP_N + j * EXACT_N + ex
-                best, best_col = _exact_columns(rc, best, best_col, w_ptr, stride_wn, xf, rk, k_mask, bias_ptr,
-                                                fold_ptr, mean, rstd, gmax_ptr, N, HAS_BIAS)
+            # the group's two tiles requested together, then computed in column order
+            rc0 = g * GROUP_N + ex
+            rc1 = rc0 + EXACT_N
+            w_rows = w_ptr + rk[None, :]
+            w0 = tl.load(w_rows + rc0[:, None] * stride_wn, mask=(rc0 < N)[:, None] & k_mask[None, :], other=0.0)
+            w1 = tl.load(w_rows + rc1[:, None] * stride_wn, mask=(rc1 < N)[:, None] & k_mask[None, :], other=0.0)
+            best, best_col = _exact_tile(w0, rc0, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, gmax_ptr, N,
+                                         HAS_BIAS)
+            best, best_col = _exact_tile(w1, rc1, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, gmax_ptr, N,
+                                         HAS_BIAS)
     _post_best(best, best_col, found, mean, rstd, key_ptr + row, N)
 
 
@@ -253,7 +269,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, maxi
     weight (K, N) out-major with its folded layernorm's column sums ln_fold, as `linear` takes
     them) into argmax_keys (M,), reading the screen (vocab_screen.screen_head) and only the
     columns it cannot rule out: one row by vocab_screen, more here. No logits come out; maxima
-    (tests), a dict, receives the screen's largest upper ends per row of each GROUP_N columns
+    (tests), a dict, receives the screen's largest upper ends per row of each group_n(K) columns
     ("groups", (M, NG)) and of each block ("blocks", (M, NB)) in x2's dtype."""
     M, K = x2.shape
     if M == 1:
@@ -263,7 +279,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, maxi
     N = weight.shape[1]
     meta = rows_config(M)
     rows = quantized_rows(x2)
-    gmax = torch.empty(M, triton.cdiv(N, GROUP_N), dtype=x2.dtype, device=x2.device)
+    gmax = torch.empty(M, triton.cdiv(N, group_n(K)), dtype=x2.dtype, device=x2.device)
     bmax = torch.empty(M, triton.cdiv(N, meta["BLOCK_N"]), dtype=x2.dtype, device=x2.device)
     if maxima is not None:
         maxima.update(groups=gmax, blocks=bmax)
@@ -302,7 +318,7 @@ def screen_launch(rows, screen, ln_fold, ln_eps, argmax_keys, gmax, bmax, meta, 
     return launch(_screen_rows_kernel, (bmax.shape[1],), xq, sx, rowv, q8, screen.meta, ln_fold, gmax, bmax,
                   argmax_keys, M, N, screen.meta.shape[1], gmax.shape[1], bmax.shape[1], ln_eps, K ** 0.5,
                   xq.stride(0), sx.stride(0), rowv.stride(0), q8.stride(0), gmax.stride(0), bmax.stride(0),
-                  K=K, CHUNKS=sx.shape[1], USE_PDL=pdl, L2_ASK=l2, BLOCK_K=BLOCK_K, GROUP_N=GROUP_N,
+                  K=K, CHUNKS=sx.shape[1], USE_PDL=pdl, L2_ASK=l2, BLOCK_K=BLOCK_K, GROUP_N=group_n(K),
                   launch_pdl=pdl, **meta)
 
 
@@ -316,5 +332,5 @@ def pick_launch(x2, weight, bias, ln_fold, ln_eps, argmax_keys, gmax, bmax, bloc
                   ln_fold, gmax, bmax, argmax_keys, N, ng, nb, per, ln_eps, x2.stride(0), x2.stride(1),
                   weight.stride(1), gmax.stride(0), bmax.stride(0), K=K, HAS_BIAS=bias is not None, USE_PDL=pdl,
                   BLOCK_K=triton.next_power_of_2(K), PER_POW2=triton.next_power_of_2(per),
-                  GROUPS_PER_BLOCK=block_n // GROUP_N, GROUP_N=GROUP_N,
-                  EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, num_stages=1, launch_pdl=pdl)
+                  GROUPS_PER_BLOCK=block_n // group_n(K), GROUP_N=group_n(K), EXACT_N=exact_n(K), num_warps=1,
+                  num_stages=1, launch_pdl=pdl)

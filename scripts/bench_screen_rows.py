@@ -89,7 +89,7 @@ def main():
         # the pick from the words as the screen leaves them (restored first); each row's candidate groups
         meta = vocab_screen_rows.rows_config(M)
         rows = vocab_screen_rows.quantized_rows(x)
-        gmax = torch.empty(M, -(-V // vocab_screen_rows.GROUP_N), dtype=x.dtype, device=dev)
+        gmax = torch.empty(M, -(-V // vocab_screen_rows.group_n(C)), dtype=x.dtype, device=dev)
         bmax = torch.empty(M, -(-V // meta["BLOCK_N"]), dtype=x.dtype, device=dev)
         posted = torch.empty_like(keys)
         variants["rounding launch"] = graphed(lambda: (keys.fill_(EMPTY), vocab_screen_rows.quantize_launch(

@@ -45,11 +45,11 @@ def _screened(x, wf, bf, colsum):
     return keys, maxima
 
 
-def _check_maxima(maxima, y):
+def _check_maxima(maxima, y, K):
     """Every group's and block's largest upper end at or above each of its logits (no tolerance)."""
     M, N = y.shape
     groups, blocks = maxima["groups"].float(), maxima["blocks"].float()
-    G = vocab_screen_rows.GROUP_N
+    G = vocab_screen_rows.group_n(K)
     per_block = vocab_screen_rows.rows_config(M)["BLOCK_N"] // G
     padded = torch.full((M, groups.shape[1] * G), float("-inf"), device=y.device)
     padded[:, :N] = y
@@ -74,10 +74,10 @@ def test_rows_keys_are_the_one_row_heads(K, M, dtype, device):
     keys, maxima = _screened(x, wf, bf, colsum)
     assert torch.equal(keys, full), f"columns {argmax_key.argmax_index(keys).tolist()} against " \
                                     f"{argmax_key.argmax_index(full).tolist()}"
-    groups = _check_maxima(maxima, y)
+    groups = _check_maxima(maxima, y, K)
     # the screen is tight enough to leave only a few groups a row (what makes it fast), but for
     # row 0, whose variance is known to a few digits only (its bound is as wide)
-    assert (groups >= y.amax(1, keepdim=True)).sum(1)[1:].max().item() <= 8
+    assert (groups >= y.amax(1, keepdim=True)).sum(1)[1:].max().item() <= 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -98,7 +98,7 @@ def test_rows_ties_and_near_ties(dtype, device):
     keys, maxima = _screened(x, wf, bf, colsum)
     assert (y[1] == y[1].max()).sum().item() >= 2, "the copies must tie after rounding"
     assert torch.equal(keys, full) and argmax_key.argmax_index(keys)[1].item() == 3
-    _check_maxima(maxima, y)
+    _check_maxima(maxima, y, x.shape[1])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -148,4 +148,4 @@ def test_rows_gpt2_shape_on_gpu(device):
         full, y = _alone(x, wf, bf, colsum)
         keys, maxima = _screened(x, wf, bf, colsum)
         assert torch.equal(keys, full), f"M {M}: rows {(keys != full).nonzero().flatten().tolist()}"
-        _check_maxima(maxima, y)
+        _check_maxima(maxima, y, x.shape[1])
