@@ -13,9 +13,8 @@
 - embedding: token + position embedding gather; embedding_linear: a decode step's embedding
   and first linear, one launch where that linear runs one row on CUDA cores
 - append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
-- screen_head / screened_argmax: greedy decoding's argmax at 1 to 64 rows from an int8 copy of
-  the vocabulary head, the one-row full head's key from about half its bytes (screens_rows: which
-  row counts)
+- screen_head / screened_argmax: greedy decoding's argmax at one row from an int8 copy of the
+  vocabulary head, the full head's key from about half its bytes
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
 - new_row_stats: a buffer for the partial row statistics (stats_out / ln_stats) that let a
   folded layernorm skip reading whole rows
@@ -42,13 +41,12 @@ from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
 from .sampling import sample_logits
 from .softmax import softmax
-from .vocab_screen import screen_head
-from .vocab_screen_rows import screened_argmax, screens_rows
+from .vocab_screen import screen_head, screened_argmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
            "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear", "exponential",
            "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear",
            "new_exponential_noise", "new_row_stats",
-           "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "screens_rows", "softmax",
+           "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "softmax",
            "torch_exponential_matches"]
 __version__ = "0.1.0"

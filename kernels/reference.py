@@ -146,7 +146,7 @@ def screen_head(weight, bias, colsum):
 
 def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys):
     """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
-    screened head's result (kernels.vocab_screen_rows), here from the full logits."""
+    screened head's result (kernels.vocab_screen), here from the full logits."""
     linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
 
 

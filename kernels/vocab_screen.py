@@ -107,39 +107,6 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _exact_columns(rc, best, best_col, w_ptr, stride_wn, xf, rk, k_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, N,
-                   HAS_BIAS: tl.constexpr):
-    """Columns rc (EXACT_N,) (N: none) computed exactly as vocab_fma computes them (its
-    _block_logits over a block of its width and the row xf in its layout, so a logit's bits are
-    the full head's), folded into each lane's first maximum (best, best_col) (columns rise)."""
-    w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=(rc < N)[:, None] & k_mask[None, :], other=0.0)
-    return _exact_tile(w, rc, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, y_ptr, N, HAS_BIAS)
-
-
-@triton.jit
-def _exact_tile(w, rc, best, best_col, xf, bias_ptr, fold_ptr, mean, rstd, y_ptr, N, HAS_BIAS: tl.constexpr):
-    """_exact_columns with the columns' weights w (EXACT_N, BLOCK_K) loaded."""
-    c_mask = rc < N
-    y = _block_logits(w, xf, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, True, False)
-    v = tl.where(c_mask, y, float("-inf"))
-    better = v > best
-    return tl.where(better, v, best), tl.where(better, rc, best_col)
-
-
-@triton.jit
-def _post_best(best, best_col, found, mean, rstd, key_ptr, N):
-    """Max the key of the best of (best, best_col) into the row's word where any column was
-    computed (found) or the row is not finite: NaN or inf in x leaves no logit finite, and the row
-    names no token (as vocab_fma tells it, from its layernorm statistics)."""
-    vmax = tl.max(best, axis=0)
-    col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
-    not_finite = (mean * 0.0 != 0.0) | (rstd * 0.0 != 0.0)
-    vmax, col = _no_token_if_nan(vmax, col, not_finite, N)
-    if found | not_finite:
-        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
-
-
-@triton.jit
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
@@ -240,9 +207,20 @@ def _vocab_screen_kernel(
             rc = tl.where(ex == i, col, rc)
             left = tl.where(left == col, N, left)
         n_left -= EXACT_N
-        best, best_col = _exact_columns(rc, best, best_col, w_ptr, stride_wn, xf, rk, k_mask, bias_ptr, fold_ptr,
-                                        mean, rstd, up_ptr, N, HAS_BIAS)
-    _post_best(best, best_col, found, mean, rstd, key_ptr, N)
+        c_mask = rc < N
+        w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=c_mask[:, None] & k_mask[None, :], other=0.0)
+        y = _block_logits(w, xf, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, up_ptr, HAS_BIAS, True, False)
+        v = tl.where(c_mask, y, float("-inf"))
+        better = v > best  # per lane the first maximum: its columns rise
+        best = tl.where(better, v, best)
+        best_col = tl.where(better, rc, best_col)
+    vmax = tl.max(best, axis=0)
+    col = tl.min(tl.where(best == vmax, best_col, N), axis=0)  # the lowest column among ties
+    # NaN or inf in x leaves no logit finite: the row names no token (as vocab_fma tells it)
+    not_finite = (mean * 0.0 != 0.0) | (rstd * 0.0 != 0.0)
+    vmax, col = _no_token_if_nan(vmax, col, not_finite, N)
+    if found | not_finite:
+        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")
 
 
 def screen_config(N, K, *, sms):

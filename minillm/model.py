@@ -178,7 +178,7 @@ class GPT:
         # ln_f folded into the lm_head (C, V); a tied head (wte) becomes a copy of its own
         head = weights.get("lm_head.weight", self.wte)
         self.lm_head = folded(head.t(), None, weights["ln_f.weight"], weights["ln_f.bias"])
-        # greedy decoding's argmax at up to 64 rows from an int8 copy of the head (None: the full head)
+        # greedy decoding's argmax at one row from an int8 copy of the head (None: the full head)
         self.lm_screen = self.ops.screen_head(*self.lm_head)
         self.blocks = [Block(weights, i) for i in range(config.n_layer)]
 
@@ -250,8 +250,8 @@ class GPT:
 
     def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
-        token's key/value at pos[b] and returns logits (B, V) (None with argmax_keys where the
-        backend screens the head at B rows: the keys alone). max_len (> every pos) narrows the
+        token's key/value at pos[b] and returns logits (B, V) (None for one row with argmax_keys
+        where the backend screens the head: the key alone). max_len (> every pos) narrows the
         cache the attention kernel splits over, so short contexts launch fewer idle programs.
         argmax_keys (B,) int64, holding kernels.argmax_key.EMPTY: each row's argmax is max-ed in as a
         key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it)."""
@@ -316,4 +316,4 @@ class GPT:
 
     def _screened(self, B, argmax_keys):
         """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""
-        return argmax_keys is not None and self.lm_screen is not None and self.ops.screens_rows(B)
+        return argmax_keys is not None and B == 1 and self.lm_screen is not None

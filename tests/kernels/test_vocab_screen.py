@@ -29,7 +29,7 @@ def _both(x, wf, bf, colsum):
     screen = kernels.screen_head(wf, bf, colsum)
     assert screen is not None
     keys, upper = _keys(x.device), poisoned((screen.meta.shape[1],), x.dtype, x.device)
-    vocab_screen.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys, upper=upper)
+    kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys, upper=upper)
     return full, y[0].float(), keys, upper[:wf.shape[1]].float()
 
 
