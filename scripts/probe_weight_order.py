@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels._tuning import is_hopper  # noqa: E402
+from kernels._tuning import is_hopper, layout_switch  # noqa: E402
 from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph, require_cuda, rotating  # noqa: E402
 
 SHAPES = {"xl-qkv": (1600, 4800), "xl-fc": (1600, 6400), "xl-mlp-out": (6400, 1600),  # (K, N)
@@ -106,10 +106,13 @@ def main():
     args = ap.parse_args()
     tiles = []
     for t in args.tiles:
-        parts = t.split("x")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 16 and int(p) & (int(p) - 1) == 0 for p in parts):
+        try:  # the engine's own parser of layout switches
+            tile = layout_switch("--tiles", t, "BLOCK_NxBLOCK_K", "128x256", pow2=2)
+        except ValueError as e:
+            ap.error(str(e))
+        if tile is None or min(tile) < 16:
             ap.error(f"--tiles: expected BLOCK_NxBLOCK_K, powers of two from 16 (such as 128x256), got {t!r}")
-        tiles.append(tuple(int(p) for p in parts))
+        tiles.append(tile)
     require_cuda("probe_weight_order.py")
     copy_gbs = copy_bandwidth()  # read plus written, as the engine's floor counts it
     rows = []
