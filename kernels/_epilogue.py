@@ -70,11 +70,14 @@ def _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm,
 
 
 @triton.jit
-def _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION: tl.constexpr):
-    """y = act(acc + bias) + residual, stored in y's dtype; returns the stored values in fp32."""
+def _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION: tl.constexpr,
+              STORE: tl.constexpr = True):
+    """y = act(acc + bias) + residual, rounded to y's dtype and stored (unless not STORE: a
+    greedy head's argmax keys alone); returns the rounded values in fp32."""
     acc = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res
     y = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=tile_mask)
+    if STORE:
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=tile_mask)
     return y.to(tl.float32)
 
 
@@ -258,19 +261,20 @@ def _fold_ln(acc, colsum, mean, rstd):
 def _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_ptr, rm, rn, m_mask, tile_mask, n0, N,
                  stride_rm, stride_ym, stride_sm, negative_slope, ACTIVATION: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr, LN_FOLD: tl.constexpr,
-                 STATS_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 STATS_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE: tl.constexpr = True):
     """A decode GEMV's output tile (rows rm, columns rn from n0) from its fp32 sum acc: the folded
     layernorm (LN_FOLD: colsum, mean, rstd), _epilogue with the residual as prefetched (res) or
-    loaded now, and the tile's row statistics (STATS_OUT). Returns the stored values in fp32."""
+    loaded now, and the tile's row statistics (STATS_OUT). Returns the values as rounded for y,
+    in fp32; stores them unless not STORE."""
     if LN_FOLD:
         acc = _fold_ln(acc, colsum, mean, rstd)
     # res is the constant 0.0 here: loading into it inside a runtime if would change its type
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:
         late_res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=tile_mask, other=0.0)
         y = _epilogue(acc, bias, late_res.to(tl.float32), y_ptr, rm, rn, tile_mask, stride_ym, negative_slope,
-                      ACTIVATION)
+                      ACTIVATION, STORE)
     else:
-        y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION)
+        y = _epilogue(acc, bias, res, y_ptr, rm, rn, tile_mask, stride_ym, negative_slope, ACTIVATION, STORE)
     if STATS_OUT:
         _store_row_stats(tl.where(tile_mask, y, 0.0), rm, m_mask, n0, N, stats_ptr, stride_sm, BLOCK_M, BLOCK_N)
     return y

@@ -34,7 +34,9 @@ weight read plus fixed latency, and the kernel is built around that:
   (bench/results/h200/batch-decode-linears.md);
 - optional fused outputs: the rows' partial statistics for the next layernorm (stats_out) and
   greedy decoding's argmax, as keys (argmax_key.py) that every finishing program max-es into
-  the row's word with a relaxed atomic: nothing waits for the other column blocks.
+  the row's word with a relaxed atomic: nothing waits for the other column blocks. With the
+  keys alone (store=False) the output is rounded as it would be stored, and not stored: a
+  greedy head past one row writes no logits (6.4 MB a step at gpt2 batch 64).
 """
 import torch
 import triton
@@ -106,7 +108,7 @@ def _gemv_kernel(
     SPLIT: tl.constexpr, GROUP_SPLIT: tl.constexpr, PARTS: tl.constexpr,
     LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
     FIXED: tl.constexpr,
-    W_DESC: tl.constexpr,
+    W_DESC: tl.constexpr, STORE_Y: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -181,7 +183,7 @@ def _gemv_kernel(
     if finish:
         y = _finish_tile(acc, colsum, mean, rstd, bias, res, res_ptr, y_ptr, stats_out_ptr, rm, rn, m_mask, tile_mask,
                          pid_n * BLOCK_N, N, stride_rm, stride_ym, stride_so, negative_slope, ACTIVATION,
-                         HAS_RESIDUAL, PREFETCH_RESIDUAL, LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N)
+                         HAS_RESIDUAL, PREFETCH_RESIDUAL, LN_FOLD, STATS_OUT, BLOCK_M, BLOCK_N, STORE_Y)
         if ARGMAX:  # the tile's (max, its lowest column) per row, into the row's key
             v = tl.where(tile_mask, y, float("-inf"))
             vmax = tl.max(v, axis=1)
@@ -207,7 +209,7 @@ def weight_descriptor(weight, block_k, block_n):
 
 def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
-         early_launch=False, l2_ahead_ranges=None):
+         early_launch=False, l2_ahead_ranges=None, store=True):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
@@ -215,6 +217,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768, 17-64 of a layer in chunk
     groups) to gemv_slab.py.
     early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
+    store=False (with argmax_keys): the keys alone, y2 is not written.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -223,7 +226,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     if config is None and stats_out is None and residual is None and activation is None:
         vocab = vocab_config(M, N, K, weight.stride(0), sms=sm_count(x2.device))
         if vocab is not None:
-            return vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, vocab)
+            return vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, vocab, store)
     plain = config is None and stats_out is None and argmax_keys is None
     fma = fma_config(M, N, K, weight.stride(0)) if plain else None
     if fma is not None or (config is not None and "ROWS" in config):
@@ -270,6 +273,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
-        FIXED=fixed, W_DESC=w_mode, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
+        FIXED=fixed, W_DESC=w_mode, STORE_Y=store, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

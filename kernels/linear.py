@@ -123,7 +123,7 @@ def _check_layer(x, weight, bias, activation, ln_fold):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=(), _config=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, _config=None):
     """act(x @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -137,6 +137,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     each output row's argmax (lowest index among ties, as torch.argmax) is max-ed into it as a
     key, which argmax_key.argmax_index (or append_tokens) turns into the index. Greedy
     decoding's token, fused into the lm_head for decode rows.
+    keys_only (with argmax_keys): the keys are all the caller wants; decode rows then write no
+    output (a greedy head past one row: 6.4 MB of logits a step at gpt2 batch 64), and linear
+    returns None (out must be None).
     prefetch_residual: decode rows read the residual before waiting on the previous kernel
     (programmatic dependent launch); only for a residual that kernel does not write.
     early_launch: decode rows let the next kernel launch at this one's start rather than after
@@ -159,6 +162,8 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if residual is not None:
         check_tensor("residual", residual, dtypes=(x.dtype,), device=x.device, last_contiguous=True)
         check_shape("residual", residual, out_shape)
+    if keys_only and (argmax_keys is None or out is not None):
+        raise ValueError("keys_only: expected argmax_keys and no out")
     y = x.new_empty(out_shape) if out is None else out
     check_tensor("out", y, dtypes=(x.dtype,), device=x.device)
     check_shape("out", y, out_shape)
@@ -177,12 +182,12 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     r2 = residual.reshape(-1, N) if residual is not None else None
     y2 = y.view(-1, N)
     if M == 0:
-        return y
+        return None if keys_only else y
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch, ranges)
-        return y
+             _config, early_launch, ranges, store=not keys_only)
+        return None if keys_only else y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)
         x2 = standardize(x2, ln_eps)
@@ -203,7 +208,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if argmax_keys is not None:  # prefill rows: a separate reduction
         keys = argmax_keys.view(-1)
         torch.maximum(keys, row_keys(y2), out=keys)
-    return y
+    return None if keys_only else y
 
 
 def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps=1e-5, stats=None, lens_out=None,

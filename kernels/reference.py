@@ -114,13 +114,13 @@ def _mean_rstd(x, stats, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=()):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False):
     """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
     (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
     product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance
     from ln_stats' partial statistics or from x. stats_out receives row_stats of the output;
-    argmax_keys the max of its keys and each output row's argmax key (kernels.argmax_key).
-    float64 inputs are computed in float64 (the tests' references)."""
+    argmax_keys the max of its keys and each output row's argmax key (kernels.argmax_key), and
+    with keys_only nothing is returned. float64 inputs are computed in float64 (the tests' references)."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     y = xf @ weight.to(xf.dtype)
     if ln_fold is not None:
@@ -136,7 +136,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         stats_out.copy_(row_stats(y))
     if argmax_keys is not None:
         torch.maximum(argmax_keys, row_keys(y), out=argmax_keys)
-    return y
+    return None if keys_only else y
 
 
 def screen_head(weight, bias, colsum):

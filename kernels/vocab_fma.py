@@ -95,7 +95,7 @@ def _vocab_fma_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
     N, ln_eps, stride_xk, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -123,7 +123,7 @@ def _vocab_fma_kernel(
         rn_next = rn + step  # requested before this block is reduced: two blocks in flight
         w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
                          other=0.0)
-        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD, True)
+        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD, STORE_Y)
         if ARGMAX:
             v = tl.where(n_mask, y, float("-inf"))
             better = v > best  # NaN never wins: a NaN row is told by its input (below)
@@ -168,9 +168,9 @@ def fitted_programs(kernel, programs, per_sm, device, key, args, meta):
     return min(programs, sm_count(device) * _RESIDENT[key])
 
 
-def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
+def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config, store=True):
     """Launch for the row x2 (1, K) already checked by `linear`, with vocab_config's `config`;
-    writes y2 (1, N) and max-es the row's argmax key into argmax_keys (1,) if given. On a GPU
+    writes y2 (1, N) (unless not store) and max-es the row's argmax key into argmax_keys (1,) if given. On a GPU
     the programs are cut to those that fit the SMs at once by the compiled kernel's registers
     (Triton 3.6 takes 80 a thread for the default layout, 3.9 takes 95: 21 an SM, not 24)."""
     K, N = weight.shape
@@ -180,7 +180,7 @@ def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config):
     args = (x2, weight, bias if bias is not None else y2, y2, ln_fold if ln_fold is not None else y2,
             argmax_keys if argmax_keys is not None else y2, N, ln_eps, x2.stride(1), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None,
-                USE_PDL=pdl, num_stages=1, launch_pdl=pdl)
+                USE_PDL=pdl, STORE_Y=store, num_stages=1, launch_pdl=pdl)
     key = (x2.dtype, weight.dtype, y2.dtype, N % 16, x2.stride(1), weight.stride(1) % 16)
     programs = fitted_programs(_vocab_fma_kernel, programs, per_sm, x2.device, key, args, meta)
     launch(_vocab_fma_kernel, (programs,), *args, **meta)

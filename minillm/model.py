@@ -152,6 +152,9 @@ def screen_bytes_from_env(value):
 
 
 L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
+# greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
+# keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
+HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
 
 
 class Block:
@@ -222,7 +225,8 @@ class GPT:
             # the argmax key alone, from about half the head's bytes (kernels.vocab_screen)
             self.ops.screened_argmax(x, *self.lm_head, self.config.layer_norm_epsilon, self.lm_screen, argmax_keys)
             return None
-        return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys)
+        keys_only = HEAD_KEYS_ONLY and argmax_keys is not None
+        return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys, keys_only=keys_only)
 
     def prefill(self, ids, seq_lens, cache, all_logits=False):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
@@ -250,9 +254,10 @@ class GPT:
 
     def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
-        token's key/value at pos[b] and returns logits (B, V) (None for one row with argmax_keys
-        where the backend screens the head: the key alone). max_len (> every pos) narrows the
-        cache the attention kernel splits over, so short contexts launch fewer idle programs.
+        token's key/value at pos[b] and returns logits (B, V), or None with argmax_keys: the
+        keys alone (HEAD_KEYS_ONLY; at one row the backend may screen the head). max_len (> every
+        pos) narrows the cache the attention kernel splits over, so short contexts launch fewer
+        idle programs.
         argmax_keys (B,) int64, holding kernels.argmax_key.EMPTY: each row's argmax is max-ed in as a
         key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it)."""
         c, ops = self.config, self.ops

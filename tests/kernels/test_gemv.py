@@ -6,7 +6,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from kernels import argmax_key, gemv_config
+from kernels import argmax_key, gemv, gemv_config
 from kernels._tuning import sm_count, use_pdl
 from kernels.gemv_config import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
@@ -306,6 +306,31 @@ def test_linear_fused_argmax(M, N, cfg, dtype, device):
     first = keys.clone()
     kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
     assert torch.equal(keys, first)
+    # keys_only: the same keys from the same rounded logits, and nothing returned
+    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    assert kernels.linear(x, w, bias, argmax_keys=alone, keys_only=True, _config=cfg) is None
+    assert torch.equal(alone, first)
+
+
+@pytest.mark.parametrize("M,cfg", [(5, _cfg(chunks=2)), (20, _cfg(block_n=16, split=False))])
+def test_gemv_keys_only_writes_no_output(M, cfg, device):
+    """store=False (linear's keys_only) leaves the output untouched, split or looping, and gives
+    the keys of the stored launch; keys_only without argmax_keys, or with out, is refused."""
+    K, N = 40, 300
+    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
+    bias = randn(N, device=device)
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    out = poisoned((M, N), torch.float32, device)
+    before = out.clone()
+    gemv.gemv(x, w, bias, None, out, None, 1e-5, None, 0.01, argmax_keys=alone, config=cfg, store=False)
+    assert torch.equal(out.view(torch.int32), before.view(torch.int32))
+    assert torch.equal(alone, keys) and torch.equal(argmax_key.argmax_index(alone), y.argmax(dim=-1))
+    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
+        kernels.linear(x, w, keys_only=True)
+    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
+        kernels.linear(x, w, argmax_keys=alone, keys_only=True, out=out)
 
 
 @pytest.mark.parametrize("M,cfg", [(5, _cfg(chunks=2)), (20, _cfg(block_n=16)), (70, None)])

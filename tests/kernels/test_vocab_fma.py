@@ -47,6 +47,14 @@ def test_vocab_head_logits_and_argmax(K, dtype, device):
     first = keys.clone()
     kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=keys)  # keys already there: unchanged
     assert torch.equal(keys, first)
+    # the keys alone: the same key, no logits written (the launcher's store=False; linear's keys_only)
+    alone, y2 = _keys(device), poisoned((1, N_ODD), dtype, device)
+    before = y2.clone()
+    vocab_fma.vocab_fma(x, wf, bf, y2, colsum, 1e-5, alone, cfg, store=False)
+    assert torch.equal(alone, first) and torch.equal(y2.view(torch.int8), before.view(torch.int8))
+    alone = _keys(device)
+    assert kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=alone, keys_only=True) is None
+    assert torch.equal(alone, first)
 
 
 @pytest.mark.parametrize("layout", [(2, 1, 16), (4, 2, 3)])
