@@ -72,7 +72,7 @@ SUM_W = "    t1 = _now_after(tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))\n
 PATCHES = {
     "gemv": [
         ("from .gemv_fma import fma_config, gemv_fma\n", "from .gemv_fma import fma_config, gemv_fma\n" + HELPERS),
-        ("    W_DESC: tl.constexpr,\n):", "    W_DESC: tl.constexpr, trace_ptr,\n):"),
+        ("STORE_Y: tl.constexpr,\n):", "STORE_Y: tl.constexpr, trace_ptr,\n):"),
         ("    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n",
          "    pid_k = tl.program_id(1)  # the chunk, with SPLIT\n    t0 = _now()\n"),
         ("    x_rows = x_ptr + rm[:, None] * stride_xm\n", "    t2 = _now()\n" + SUM_W + "    x_rows = x_ptr + rm[:, None] * stride_xm\n"),
@@ -102,7 +102,7 @@ PATCHES = {
     ],
     "vocab_fma": [
         ("from .gemv_fma import VOCAB_N, _row_dot\n", "from .gemv_fma import VOCAB_N, _row_dot\n" + HELPERS),
-        ("BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n):", "BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, trace_ptr,\n):"),
+        ("BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,\n):", "BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + rk", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + rk"),
         ('        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
