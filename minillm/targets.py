@@ -70,25 +70,42 @@ def ratios(rows):
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def _shown(value, goal, met, digits, at_least=True):
+    """value with `digits` decimals, or as many more (up to 6) as it takes for the text to sit on
+    the same side of the goal as the value: a floor fraction of 0.49979 reads 0.4998, not 0.500."""
+    while digits < 6:
+        text = f"{value:.{digits}f}"
+        if (float(text) >= goal if at_least else float(text) <= goal) == met:
+            break
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def check(rows, targets=TARGETS):
     """[(target, measured text, met: True / False, or None where this run lacks the rows)]. The
-    text carries a digit more than the ratios table, so that a missed goal never reads as its
-    goal (a floor fraction of 0.4954 is 0.495, not 0.50)."""
+    text carries a digit more than the ratios table, and more where needed, so that a missed
+    goal never reads as its goal (a floor fraction of 0.4954 is 0.495, not 0.50; 0.49979 is
+    0.4998, not 0.500)."""
     out = []
     for t in targets:
         mine = _find(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
         peer = _find(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
         if mine is None or (t.against and peer is None):
             out.append((t, "not in this run", None))
-        elif t.kind == "ratio":
+            continue
+        if t.kind == "ratio":
             value = mine["tok_s"] / peer["tok_s"]
-            out.append((t, f"{value:.2f}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)", value >= t.goal))
+            met = value >= t.goal
+            text = f"{_shown(value, t.goal, met, 2)}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)"
         elif t.kind == "floor":
             value = mine["floor_fraction"]
-            out.append((t, f"{value:.3f} ({mine['step_ms']:.4f} ms a step)", value >= t.goal))
+            met = value >= t.goal
+            text = f"{_shown(value, t.goal, met, 3)} ({mine['step_ms']:.4f} ms a step)"
         else:
             value = mine["ttft_ms"]
-            out.append((t, f"{value:.2f} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)", value <= t.goal))
+            met = value <= t.goal
+            text = f"{_shown(value, t.goal, met, 2, at_least=False)} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)"
+        out.append((t, text, met))
     return out
 
 

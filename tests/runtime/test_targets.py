@@ -1,4 +1,6 @@
 """Same-run ratios and the decode targets (minillm/targets.py), from made-up benchmark rows."""
+import pytest
+
 from minillm import bench
 from minillm.targets import TARGETS, check, ratios, report
 
@@ -49,14 +51,18 @@ def test_check_met_missed_and_not_run():
         assert got[name] == ("not in this run", None)
 
 
-def test_a_near_miss_does_not_read_as_its_goal():
-    """0.4954 of the floor and 3.996x torch-compile are missed, and their text says so (the
-    ratios table's two digits would show 0.50 and 4.0x)."""
-    rows = [_row("minillm", 7992.0, floor=0.4954), _row("torch-compile", 2000.0)]
+@pytest.mark.parametrize("floor,text", [(0.4954, "0.495"), (0.49979, "0.4998"), (0.499996, "0.499996")])
+def test_a_near_miss_does_not_read_as_its_goal(floor, text):
+    """A missed floor fraction and 3.996x torch-compile say so in their text, with more digits
+    where three (two) would round up to the goal (the ratios table's two digits would show 0.50
+    and 4.0x); six decimals at most."""
+    rows = [_row("minillm", 7992.0, floor=floor), _row("torch-compile", 2000.0)]
     got = _by_name(check(rows))
-    assert got["gpt2 batch 1 floor fraction >= 0.5"][0].startswith("0.495 ") and \
+    assert got["gpt2 batch 1 floor fraction >= 0.5"][0].startswith(text + " ") and \
         got["gpt2 batch 1 floor fraction >= 0.5"][1] is False
-    assert got["gpt2 batch 1 >= 4x torch-compile"] == ("4.00x (7,992 / 2,000 tok/s)", False)
+    assert got["gpt2 batch 1 >= 4x torch-compile"] == ("3.996x (7,992 / 2,000 tok/s)", False)
+    slow = _by_name(check([_row("minillm", None, prompt_len=1024, new_tokens=1, ttft_ms=2.004)]))
+    assert slow["gpt2 batch 1 TTFT of a 1024-token prompt <= 2 ms"][0].startswith("2.004 ms")
 
 
 def test_check_ignores_other_settings():
