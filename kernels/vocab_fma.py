@@ -170,9 +170,10 @@ def fitted_programs(kernel, programs, per_sm, device, key, args, meta):
 
 def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config, store=True):
     """Launch for the row x2 (1, K) already checked by `linear`, with vocab_config's `config`;
-    writes y2 (1, N) (unless not store) and max-es the row's argmax key into argmax_keys (1,) if given. On a GPU
-    the programs are cut to those that fit the SMs at once by the compiled kernel's registers
-    (Triton 3.6 takes 80 a thread for the default layout, 3.9 takes 95: 21 an SM, not 24)."""
+    writes y2 (1, N) (unless not store) and max-es the row's argmax key into argmax_keys (1,) if
+    given. On a GPU the programs are cut to those that fit the SMs at once by the compiled
+    kernel's registers (Triton 3.6 takes 80 a thread for the default layout, 3.9 takes 95: 21 an
+    SM, not 24)."""
     K, N = weight.shape
     meta = dict(config)
     programs, per_sm = meta.pop("programs"), meta.pop("per_sm")

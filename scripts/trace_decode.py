@@ -102,7 +102,8 @@ PATCHES = {
     ],
     "vocab_fma": [
         ("from .gemv_fma import VOCAB_N, _row_dot\n", "from .gemv_fma import VOCAB_N, _row_dot\n" + HELPERS),
-        ("BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,\n):", "BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr, trace_ptr,\n):"),
+        ("BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,\n):",
+         "BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + rk", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + rk"),
         ('        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
