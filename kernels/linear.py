@@ -164,11 +164,11 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         check_shape("residual", residual, out_shape)
     if keys_only and (argmax_keys is None or out is not None):
         raise ValueError("keys_only: expected argmax_keys and no out")
-    y = x.new_empty(out_shape) if out is None else out
-    check_tensor("out", y, dtypes=(x.dtype,), device=x.device)
-    check_shape("out", y, out_shape)
-    if not y.is_contiguous():
-        raise ValueError("out: expected a contiguous tensor")
+    if out is not None:
+        check_tensor("out", out, dtypes=(x.dtype,), device=x.device)
+        check_shape("out", out, out_shape)
+        if not out.is_contiguous():
+            raise ValueError("out: expected a contiguous tensor")
     check_row_stats("ln_stats", ln_stats, M, K, x.device, fixed_ok=True)
     check_row_stats("stats_out", stats_out, M, N, x.device)
     if ln_stats is not None and ln_fold is None:
@@ -180,14 +180,20 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
             raise ValueError("argmax_keys: expected a contiguous tensor")
     ranges = l2_ranges("l2_ahead", l2_ahead, x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
-    y2 = y.view(-1, N)
+    if keys_only and M <= SMALL_M:
+        # nothing is stored: one element stands in for the output (its dtype rounds the values
+        # the keys come from), so the per-token path allocates no logits
+        y, y2 = None, x.new_empty(1).expand(M, N)
+    else:
+        y = x.new_empty(out_shape) if out is None else out
+        y2 = y.view(-1, N)
     if M == 0:
-        return None if keys_only else y
+        return y
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch, ranges, store=not keys_only)
-        return None if keys_only else y
+             _config, early_launch, ranges, store=y is not None)
+        return y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)
         x2 = standardize(x2, ln_eps)
