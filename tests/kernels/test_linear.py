@@ -178,3 +178,94 @@ def test_embedding_linear_errors(device):
         kernels.embedding_linear(ids, ids, wte, wpe, w[:4], b, ln_fold=colsum)
     with pytest.raises(ValueError, match="ln_fold: expected shape"):
         kernels.embedding_linear(ids, ids, wte, wpe, w, b, ln_fold=colsum[:5])
+
+
+def _keys(B, V, device, seed):
+    """Argmax keys of B random rows of V logits (value and index parts), as an lm_head leaves them."""
+    g = torch.Generator().manual_seed(seed)
+    return kernels.argmax_key.row_keys(torch.randn(B, V, generator=g).to(device))
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_embedding_linear_from_argmax_keys(fold, device, monkeypatch):
+    """ids_are_keys: the tokens are the keys' indices, in the one-launch form (one row) and the
+    two ops; an EMPTY key's index is outside the table and embeds wpe alone."""
+    wte, wpe, w, b, colsum = _embedding_layer(97, 40, 64, 130, torch.float16, device)
+    monkeypatch.setattr(LINEAR_MODULE, "EMBED_FOLD", fold)
+    pos = torch.tensor([23], device=device, dtype=torch.int32)
+    keys = _keys(1, 97, device, seed=3)
+    for k in (keys, torch.full_like(keys, kernels.argmax_key.EMPTY)):
+        ids = kernels.argmax_key.argmax_index(k)
+        x, y = kernels.embedding_linear(k, pos, wte, wpe, w, b, ln_fold=colsum, ids_are_keys=True)
+        x0, y0 = kernels.embedding_linear(ids, pos, wte, wpe, w, b, ln_fold=colsum)
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+        rx, _ = ref.embedding_linear(k, pos, wte, wpe, w, b, ln_fold=colsum, ids_are_keys=True)
+        assert torch.equal(rx, x0)
+    assert torch.equal(x, wpe[23:24])  # the EMPTY key's row
+    with pytest.raises(ValueError, match="ids: expected int64 argmax keys with ids_are_keys"):
+        kernels.embedding_linear(pos, pos, wte, wpe, w, b, ln_fold=colsum, ids_are_keys=True)
+
+
+def _step_state(B, L, V, device, eos):
+    """A decode state's buffers as kernels.StepAppend, keys from random logits."""
+    g = torch.Generator().manual_seed(B)
+    keys = _keys(B, V, device, seed=B)
+    out = torch.randint(0, V, (B, L), generator=g).to(device)
+    step = torch.tensor([5], device=device)
+    tokens = torch.randint(0, V, (B,), generator=g, dtype=torch.int32).to(device)
+    pos = torch.randint(0, 50, (B,), generator=g, dtype=torch.int32).to(device)
+    finished = (torch.rand(B, generator=g) < 0.3).to(device) if eos is not None else None
+    return kernels.StepAppend(keys, out, step, tokens, pos, finished, eos)
+
+
+def _clone(state):
+    return kernels.StepAppend(*(t.clone() if isinstance(t, torch.Tensor) else t for t in state))
+
+
+# (M, K, N, stats_out): one row on the CUDA-core GEMV (in its launch); then the tensor-core GEMV
+# at 3 rows, and at one row with statistics out, where append_tokens is the next launch
+APPEND_CASES = [(1, 96, 40, False), (3, 96, 40, False), (1, 96, 40, True)]
+
+
+@pytest.mark.parametrize("M,K,N,with_stats", APPEND_CASES)
+@pytest.mark.parametrize("B,with_eos", [(1, True), (3, False)])
+def test_linear_append_records_the_step(M, K, N, with_stats, B, with_eos, device, monkeypatch):
+    """append: the layer's output is linear's without it, bit for bit, and the buffers are
+    append_tokens(from_keys=True)'s (out's column, tokens, pos + 1, finished, the keys EMPTY,
+    step + 1) twice over; at one row on CUDA cores in the launch itself (no second launch)."""
+    fused = M == 1 and not with_stats
+    x, w = randn(M, K, device=device), randn(N, K, device=device, scale=K ** -0.5).t()  # out-major
+    b, res = randn(N, device=device), randn(M, N, device=device)
+    stats = kernels.decode_row_stats(M, N, device) if with_stats else None
+    if with_stats and stats is None:
+        stats = kernels.new_row_stats(M, N, device)
+    y0 = kernels.linear(x, w, b, residual=res, stats_out=stats)
+    state = _step_state(B, 9, 300, device, 4 if with_eos else None)
+    if with_eos:
+        state.keys[0] = kernels.argmax_key.row_keys(torch.arange(5.0, device=device)[None])[0]  # id 4: the eos
+    expect = _clone(state)
+    if fused:
+        monkeypatch.setattr(LINEAR_MODULE, "append_tokens", None)  # a second launch would fail
+    for _ in range(2):  # step moves on: the second call writes the next column, from EMPTY keys
+        y = kernels.linear(x, w, b, residual=res, stats_out=stats, out=poisoned((M, N), x.dtype, device),
+                           append=state)
+        assert torch.equal(y, y0)
+        ref.append_tokens(*expect[:6], expect.eos, from_keys=True)
+        for name, a, e in zip(kernels.StepAppend._fields, state, expect):
+            assert (torch.equal(a, e) if isinstance(a, torch.Tensor) else a == e), name
+    assert (state.keys == kernels.argmax_key.EMPTY).all()
+    if with_eos:
+        assert state.finished[0]
+    ry = ref.linear(x, w, b, residual=res, append=_clone(state))
+    assert_rel_close(y, ry, torch.float32, "the reference backend")
+
+
+def test_linear_append_errors(device):
+    x, w = randn(1, 16, device=device), randn(8, 16, device=device).t()
+    state = _step_state(1, 4, 50, device, None)
+    with pytest.raises(ValueError, match="append: expected a kernels.StepAppend, got tuple"):
+        kernels.linear(x, w, append=tuple(state))
+    with pytest.raises(ValueError, match="next_ids: expected dtype"):
+        kernels.linear(x, w, append=state._replace(keys=state.keys.int()))
+    with pytest.raises(ValueError, match="pos: expected a contiguous \\(1,\\)"):
+        kernels.linear(x, w, append=state._replace(pos=state.pos.repeat(2)))

@@ -232,3 +232,45 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
+
+
+def test_greedy_steps_that_record_their_input(path, tmp_path, monkeypatch):
+    """At one row of a width whose last mlp-out runs on CUDA cores, greedy steps record their own
+    input inside that launch (GPT.decode's append) and leave their output in the keys. Against
+    the steps with append_tokens' launch: the same ids, streamed ids, finish and stop checks (the
+    newest ids are read from the keys), for one new token and many, with an end-of-sequence id
+    and with a stop test."""
+    if not ON_GPU:
+        pytest.importorskip("triton")
+    import minillm.generate
+
+    monkeypatch.setattr(minillm.generate, "SYNC_EVERY", 1)  # a stop check every step: the newest id decides
+    prompt = _prompts(1, SIZE["vocab_size"], seed=5)
+    n_new = 12 if ON_GPU else 7
+    free = SamplingParams(max_new_tokens=n_new, temperature=0, ignore_eos=True)
+    dev = "cuda" if ON_GPU else "cpu"
+    plain = LLM(path, device=dev, dtype="float32", backend="triton").generate(prompt, free)[0].token_ids
+    k = next((i for i in range(2, len(plain)) if plain[i] not in plain[:i]), None)
+    assert k is not None, f"the greedy run repeats one token: {plain}"
+    eos_dir = tmp_path / "eos"
+    shutil.copytree(path, eos_dir)
+    cfg = json.loads((eos_dir / "config.json").read_text())
+    (eos_dir / "config.json").write_text(json.dumps({**cfg, "eos_token_id": plain[k]}))
+    runs = {}
+    for fold in (True, False):
+        monkeypatch.setattr(minillm.model, "APPEND_FOLD", fold)
+        llm = LLM(str(eos_dir), device=dev, dtype="float32", backend="triton")
+        one = llm.generate(prompt, SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))[0].token_ids
+        ids, timings = llm.engine.generate(prompt, free)
+        streamed = [step[1] for step in llm.engine.steps(prompt, free, stream=True)][:-1]
+        eos = llm.generate(prompt, SamplingParams(max_new_tokens=n_new, temperature=0))[0]
+        eos_steps = llm.engine.generate(prompt, SamplingParams(max_new_tokens=n_new, temperature=0))[1]["steps"]
+        stopped, stop_timings = llm.engine.generate(prompt, free, stop_check=lambda b, t: t[-1] == plain[k])
+        runs[fold] = (one, ids, streamed, eos.token_ids, eos.finish_reason, eos_steps, stopped,
+                      stop_timings["steps"])
+        assert all(st.folded == fold for st in llm.engine._states.values())
+    assert runs[True] == runs[False]
+    one, ids, streamed, eos_ids, reason, eos_steps, stopped, stop_steps = runs[True]
+    assert one == plain[:1] and ids[0] == plain and [s[0] for s in streamed] == plain
+    assert (eos_ids, reason, eos_steps) == (plain[:k + 1], "stop", k + 1)
+    assert stopped[0] == plain[:k + 1] and stop_steps == k + 1
