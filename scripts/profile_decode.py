@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.argmax_key import index_keys  # noqa: E402
 from minillm.bench import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
@@ -73,6 +74,13 @@ def critical_shares(kernels, per_step):
     return rows
 
 
+def step_gaps(kernels, per_step):
+    """Per step after the first: its first kernel's start minus the step before's last end, in
+    us (the time between CUDA-graph replays that no kernel's share covers)."""
+    steps = [kernels[s * per_step:(s + 1) * per_step] for s in range(len(kernels) // per_step)]
+    return [min(e.time_range.start for e in b) - max(e.time_range.end for e in a) for a, b in zip(steps, steps[1:])]
+
+
 def table(title, per_role, steps):
     lines = ["", title, "", "| role | launches/step | us/step | us/launch |", "|---|---:|---:|---:|"]
     for role, (n, us) in per_role.items():
@@ -104,6 +112,8 @@ def main():
         sys.exit(f"profile_decode: --context {args.context}: expected {WARMUP_STEPS + args.steps // 2 + 1} to "
                  f"{st.max_len - (args.steps + 1) // 2 + 1} for {args.steps} steps (cache bucket {st.max_len})")
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
+    if st.folded:  # its input comes from the keys, which the run's end emptied: the last token
+        index_keys(st.tokens, out=st.keys)
     st.step.zero_()
     cache = engine.cache_for(args.batch)
     step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
@@ -144,7 +154,10 @@ def main():
             share[roles[j]][1] += sh
             early[roles[j]] += -gap
         step_us = sum(r[2] for r in rows) / args.steps
+        gaps = step_gaps(kernels, per_step)
         lines += ["", f"critical path: {step_us:.1f} us a step (first kernel's start to the last end)", "",
+                  f"between steps: {sum(gaps) / len(gaps):.2f} us a step (a step's last end to the next one's "
+                  f"first start; {min(gaps):.2f} to {max(gaps):.2f})", "",
                   "| role | launches/step | share us/step | share us/launch | started before the previous ended, us |",
                   "|---|---:|---:|---:|---:|"]
         for role, (n, us) in share.items():

@@ -64,3 +64,11 @@ def test_critical_shares_add_up_to_each_step():
     assert [r[2] for r in rows[:3]] == pytest.approx([2.0, 3.0, 0.0])
     assert sum(r[2] for r in rows[3:]) == pytest.approx(5.0)
     assert rows[1][3] == pytest.approx(-1.0)  # started 1 us before the first one ended
+
+
+def test_step_gaps_between_replays():
+    # three steps of two kernels; the second kernel of each ends last, the next step starts 1.5
+    # and then 0.5 us after it
+    steps = [kernel("a", 0.0, 2.0), kernel("b", 1.0, 5.0), kernel("a", 6.5, 8.0), kernel("b", 7.0, 9.0),
+             kernel("a", 9.5, 10.0), kernel("b", 9.8, 11.0)]
+    assert profile_decode.step_gaps(steps, per_step=2) == pytest.approx([1.5, 0.5])
