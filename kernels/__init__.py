@@ -12,8 +12,7 @@
   its one-atomic merge takes them
 - embedding: token + position embedding gather; embedding_linear: a decode step's embedding
   and first linear, one launch where that linear runs one row on CUDA cores
-- append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch;
-  StepAppend: its buffers, for linear's append (the bookkeeping inside a one-row linear's launch)
+- append_tokens: a decode step's bookkeeping (record the new ids, advance positions) in one launch
 - screen_head / screened_argmax: greedy decoding's argmax at one row from an int8 copy of the
   vocabulary head, the full head's key from about half its bytes
 - argmax_key: greedy decoding's argmax as int64 keys one atomic max combines (linear's argmax_keys)
@@ -32,7 +31,7 @@ from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
 from .decode_attention_proj import decode_attention_proj, fixed_row_stats
-from .decode_step import StepAppend, append_tokens
+from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
@@ -49,5 +48,5 @@ __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "atten
            "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear",
            "new_exponential_noise", "new_row_stats",
            "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "softmax",
-           "StepAppend", "torch_exponential_matches"]
+           "torch_exponential_matches"]
 __version__ = "0.1.0"

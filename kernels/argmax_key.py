@@ -87,13 +87,6 @@ def ordered_words(value):
     return torch.where(bits < 0, bits ^ INDEX_BITS, bits)
 
 
-def index_keys(ids, out=None):
-    """Keys (int64) holding the indices ids (>= 0) and no value: for argmax_index (and the
-    decode step's bookkeeping) to read back."""
-    keys = INDEX_BITS - ids.long()
-    return keys if out is None else out.copy_(keys)
-
-
 def argmax_index(keys):
     """Column indices (int64) from keys (no EMPTY among them)."""
     return INDEX_BITS - (keys & INDEX_BITS)

@@ -4,7 +4,7 @@ Unfused, this is five or six tiny torch kernels per generated token (an indexed 
 a copy, the end-of-sequence flags); in a CUDA-graph decode step of a small model each costs
 about as much as a layer's matmul launch.
 """
-from collections import namedtuple
+import os
 
 import torch
 import triton
@@ -15,60 +15,58 @@ from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
 from .noise import check_noise
 
-
-# a decode step's bookkeeping folded into one of its linears (linear's append): the launch reads
-# these before its dependent-launch wait and writes them after it (gemv_fma.py)
-StepAppend = namedtuple("StepAppend", "keys out step tokens pos finished eos")
-
-
-@triton.jit
-def _append_load(next_ptr, step_ptr, pos_ptr, finished_ptr, B, pid, HAS_EOS: tl.constexpr, BLOCK_B: tl.constexpr):
-    """What the bookkeeping reads: (rows, mask, step, next ids or keys, pos, finished), in
-    program 0 alone (pid: the program's id; a fused launch's other programs read nothing)."""
-    rows = tl.arange(0, BLOCK_B)
-    mask = (rows < B) & (pid + 0 * rows == 0)  # compared as vectors: the interpreter cannot mask with a scalar
-    step = tl.load(step_ptr + 0 * rows, mask=mask, other=0)  # as a vector, for the same reason
-    nxt = tl.load(next_ptr + rows, mask=mask, other=0)
-    pos = tl.load(pos_ptr + rows, mask=mask, other=0)
-    done = rows < 0
-    if HAS_EOS:
-        done = tl.load(finished_ptr + rows, mask=mask, other=0) != 0
-    return rows, mask, step, nxt, pos, done
+# EXPERIMENT (session 91): does the next graph replay overlap this, the step's last launch?
+LATE_TRIGGER = os.environ.get("MINILLM_APPEND_TRIGGER") == "late"  # no trigger: at exit
+SPIN_NS = int(os.environ.get("MINILLM_APPEND_SPIN_NS", "0"))
 
 
 @triton.jit
-def _append_store(rows, mask, step, nxt, pos, done, next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr,
-                  finished_ptr, eos, stride_ob, HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
-                  BLOCK_B: tl.constexpr):
-    """The bookkeeping's writes, from _append_load's values."""
-    if FROM_KEYS:  # the lm_head's argmax keys: read the index, leave EMPTY for the next step's head
-        tl.store(next_ptr + rows, _empty_keys(BLOCK_B), mask=mask)
-        nxt = _key_index(nxt)
-    tl.store(out_ptr + rows * stride_ob + step, nxt.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
-    tl.store(pos_ptr + rows, pos + 1, mask=mask)
-    if HAS_EOS:
-        tl.store(finished_ptr + rows, done | (nxt == eos), mask=mask)
-    tl.store(step_ptr + 0 * rows, step + 1, mask=mask & (rows == 0))
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
 def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, noise_ptr, B, eos,
                           stride_ob, noise_increment, HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
-                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
+                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr,
+                          LATE_TRIGGER: tl.constexpr, SPIN_NS: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rows, mask, step, nxt, pos, done = _append_load(next_ptr, step_ptr, pos_ptr, finished_ptr, B, tl.program_id(0),
-                                                    HAS_EOS, BLOCK_B)
-    _append_store(rows, mask, step, nxt, pos, done, next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr,
-                  finished_ptr, eos, stride_ob, HAS_EOS, FROM_KEYS, BLOCK_B)
+        if not LATE_TRIGGER:
+            tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.arange(0, BLOCK_B)
+    mask = rows < B
+    step = tl.load(step_ptr)
+    nxt = tl.load(next_ptr + rows, mask=mask)
+    if FROM_KEYS:  # the lm_head's argmax keys: read the index, leave EMPTY for the next step
+        tl.store(next_ptr + rows, _empty_keys(BLOCK_B), mask=mask)
+        nxt = _key_index(nxt)
+    tl.store(out_ptr + rows * stride_ob + step, nxt.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
+    pos = tl.load(pos_ptr + rows, mask=mask)
+    tl.store(pos_ptr + rows, pos + 1, mask=mask)
+    if HAS_EOS:
+        done = tl.load(finished_ptr + rows, mask=mask) != 0
+        tl.store(finished_ptr + rows, done | (nxt == eos), mask=mask)
+    tl.store(step_ptr, step + 1)
     if HAS_NOISE:  # the sampler read the generator state: advance it as exponential_ would
         tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
+    if SPIN_NS > 0:  # EXPERIMENT: hold the launch SPIN_NS longer
+        t0 = _now()
+        while _now() - t0 < SPIN_NS:
+            pass
 
 
-def _check_append(next_ids, out, step, tokens, pos, finished, eos):
-    """append_tokens' checks of its buffers (on next_ids' device)."""
+def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
+    """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
+    finished[b] |= next_ids[b] == eos; then step += 1; with noise (the ExponentialNoise the
+    step's sampler drew from), its offset += its increment. All on the device, no sync.
+
+    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
+    finished: (B,) bool (with eos, an int token id).
+    from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
+    and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
+    """
     check_tensor("next_ids", next_ids, ndim=1, dtypes=(torch.int64,))
     check_device_usable("next_ids", next_ids)
     B = next_ids.shape[0]
@@ -85,49 +83,14 @@ def _check_append(next_ids, out, step, tokens, pos, finished, eos):
         raise ValueError("finished/eos: expected both or neither")
     if finished is not None:
         check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
-
-
-def check_step_append(append, device):
-    """linear's append: a StepAppend of append_tokens' buffers (keys: argmax keys) on `device`."""
-    if not isinstance(append, StepAppend):
-        raise ValueError(f"append: expected a kernels.StepAppend, got {type(append).__name__}")
-    _check_append(*append)
-    if append.keys.device != device:
-        raise ValueError(f"append: expected its buffers on {device}, got {append.keys.device}")
-
-
-def append_launch_args(append, dummy):
-    """(arguments, constexprs) of a fused bookkeeping for a kernel taking next_ptr, out_ptr,
-    step_ptr, tokens_ptr, pos_ptr, finished_ptr, B, eos, stride_ob (dummy's pointer and zeros
-    without one)."""
-    if append is None:
-        return (dummy,) * 6 + (0, -1, 0), dict(APPEND=False, APPEND_EOS=False, BLOCK_B=1)
-    keys, out, step, tokens, pos, finished, eos = append
-    args = (keys, out, step, tokens, pos, finished if finished is not None else pos, keys.shape[0],
-            -1 if eos is None else int(eos), out.stride(0))
-    return args, dict(APPEND=True, APPEND_EOS=eos is not None, BLOCK_B=triton.next_power_of_2(keys.shape[0]))
-
-
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
-    """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
-    finished[b] |= next_ids[b] == eos; then step += 1; with noise (the ExponentialNoise the
-    step's sampler drew from), its offset += its increment. All on the device, no sync.
-
-    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
-    finished: (B,) bool (with eos, an int token id).
-    from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
-    and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
-    """
-    _check_append(next_ids, out, step, tokens, pos, finished, eos)
-    dev = next_ids.device
     if noise is not None:
         check_noise("noise", noise, dev)
-    B = next_ids.shape[0]
     if B:
         pdl = use_pdl(dev)
         launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
                finished if finished is not None else pos, noise.state if noise is not None else step, B,
                -1 if eos is None else int(eos), out.stride(0), noise.increment if noise is not None else 0,
                HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
-               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
+               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, LATE_TRIGGER=LATE_TRIGGER, SPIN_NS=SPIN_NS,
+               num_warps=1, launch_pdl=pdl)
     return out

@@ -7,20 +7,14 @@ import triton.language as tl
 from ._checks import check_device_usable, check_tensor
 from ._epilogue import STATS_GROUP, _store_row_stats, check_row_stats
 from ._tuning import launch, use_pdl
-from .argmax_key import _key_index
 
 
 @triton.jit
-def _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, cols, mask, n_vocab, n_pos, stride_te, stride_pe,
-                  IDS_ARE_KEYS: tl.constexpr):
+def _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, cols, mask, n_vocab, n_pos, stride_te, stride_pe):
     """wte[ids[row]] + wpe[pos[row]] over `cols` in fp32, not yet rounded, and the position.
     An index outside its table adds zeros: never a read out of bounds, which would end the
-    process's CUDA context (an argmax over NaN logits gives the vocabulary size: no token).
-    IDS_ARE_KEYS: ids holds argmax keys (argmax_key.py), the ids their indices (EMPTY's is
-    outside every table)."""
+    process's CUDA context (an argmax over NaN logits gives the vocabulary size: no token)."""
     tok = tl.load(ids_ptr + row).to(tl.int64)
-    if IDS_ARE_KEYS:
-        tok = _key_index(tok)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = 0 * cols  # compared as vectors: the interpreter cannot mask with a scalar
     in_wte = (tok + zero >= 0) & (tok + zero < n_vocab)
@@ -40,8 +34,7 @@ def _embedding_kernel(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, y_ptr, stats_ptr, lens
         tl.extra.cuda.gdc_launch_dependents()
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    y, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, cols, mask, n_vocab, n_pos, stride_te, stride_pe,
-                           False)
+    y, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, cols, mask, n_vocab, n_pos, stride_te, stride_pe)
     y = y.to(y_ptr.dtype.element_ty)
     if LENS_OUT:  # a decode step's sequence lengths, without a launch of their own
         tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))

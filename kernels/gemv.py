@@ -207,19 +207,9 @@ def weight_descriptor(weight, block_k, block_n):
     return None, 0
 
 
-def fma_route(M, N, K, stride_wk, config, stats_out, argmax_keys):
-    """The CUDA-core layout (gemv_fma.py) gemv launches decode rows with, or None: fma_config's
-    where nothing else is asked of the launch, or a config with ROWS (tests, benchmarks)."""
-    if config is not None:
-        return config if "ROWS" in config else None
-    if stats_out is None and argmax_keys is None:
-        return fma_config(M, N, K, stride_wk)
-    return None
-
-
 def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
-         early_launch=False, l2_ahead_ranges=None, store=True, append=None):
+         early_launch=False, l2_ahead_ranges=None, store=True):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
@@ -228,7 +218,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     groups) to gemv_slab.py.
     early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     store=False (with argmax_keys): the keys alone, y2 is not written.
-    append: linear's (checked), where fma_route sends the rows to gemv_fma.py.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
     M, K = x2.shape
@@ -238,14 +227,13 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         vocab = vocab_config(M, N, K, weight.stride(0), sms=sm_count(x2.device))
         if vocab is not None:
             return vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, vocab, store)
-    fma = fma_route(M, N, K, weight.stride(0), config, stats_out, argmax_keys)
-    if fma is not None:
+    plain = config is None and stats_out is None and argmax_keys is None
+    fma = fma_config(M, N, K, weight.stride(0)) if plain else None
+    if fma is not None or (config is not None and "ROWS" in config):
         if stats_out is not None or argmax_keys is not None:
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")
         return gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
-                        prefetch_residual, fma, early_launch, l2_ahead_ranges, append=append)
-    if append is not None:
-        raise ValueError("append: only the one-row CUDA-core GEMV (gemv_fma.py) takes it")
+                        prefetch_residual, fma or config, early_launch, l2_ahead_ranges)
     meta = decode_config(M, N, K, x2.element_size(), ln_fold is not None, sms=sm_count(x2.device)) if config is None \
         else dict(config)
     meta["CHUNKS"] = chunk_count(K, meta["BLOCK_K"], meta["CHUNKS"])

@@ -32,7 +32,6 @@ from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import INTERPRET, env_int, launch, mask_switch, use_pdl
 from .activations import _apply_activation
-from .decode_step import _append_load, _append_store, append_launch_args
 from .embedding import _embedded_row
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
@@ -111,13 +110,10 @@ def _gemv_fma_kernel(
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
     l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
     ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab, n_pos, stride_te, stride_pe,
-    app_keys_ptr, app_out_ptr, app_step_ptr, app_tokens_ptr, app_pos_ptr, app_finished_ptr, app_rows, app_eos,
-    stride_ab,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
-    EMBED_KEYS: tl.constexpr, APPEND: tl.constexpr, APPEND_EOS: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -144,10 +140,6 @@ def _gemv_fma_kernel(
     res = 0.0
     if HAS_RESIDUAL and PREFETCH_RESIDUAL:
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    if APPEND:  # the step's bookkeeping (linear's append) reads before the wait: nothing in this
-        # step writes its buffers before its own writes below
-        a_rows, a_mask, a_step, a_keys, a_pos, a_done = _append_load(
-            app_keys_ptr, app_step_ptr, app_pos_ptr, app_finished_ptr, app_rows, pid, APPEND_EOS, BLOCK_B)
     if L2_AHEAD:  # after this program's own loads, which should not queue behind these
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
@@ -162,7 +154,7 @@ def _gemv_fma_kernel(
     x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
     if EMBED:  # x is the row's embedding (embedding_linear): gathered here, kept by column block 0
         e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
-                               stride_pe, EMBED_KEYS)
+                               stride_pe)
         x = e.to(x_ptr.dtype.element_ty)
         if pid < M:  # every program gathers the same bits; one a row stores them
             tl.store(x_ptrs, x, mask=k_mask)
@@ -178,9 +170,6 @@ def _gemv_fma_kernel(
     acc = _row_dot(w, xf, colsum, mean, rstd, LN_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-    if APPEND:  # after the wait: every kernel before has read the ids and positions
-        _append_store(a_rows, a_mask, a_step, a_keys, a_pos, a_done, app_keys_ptr, app_out_ptr, app_step_ptr,
-                      app_tokens_ptr, app_pos_ptr, app_finished_ptr, app_eos, stride_ab, APPEND_EOS, True, BLOCK_B)
 
 
 def decode_row_stats(rows, cols, device):
@@ -194,15 +183,13 @@ def decode_row_stats(rows, cols, device):
 
 
 def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
-             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None, embed=None, embed_keys=False,
-             append=None):
+             prefetch_residual, config, early_launch=False, l2_ahead_ranges=None, embed=None):
     """Launch for rows x2 (M, K) already checked by `linear`, with `config`: fma_config's layout
     (or one like it: tests, benchmarks); writes y2 (M, N). early_launch, l2_ahead: see `linear`
     (l2_ahead_ranges: _l2_ahead.l2_ranges' list of its l2_ahead). An EARLY_F32 in `config`
     stands in for early_f32's choice (tests, benchmarks). embed: (ids, pos, wte, wpe, lens_out),
     checked by linear.embedding_linear: x2's rows are gathered from the tables and written, not
-    read, and lens_out gets pos + 1; embed_keys: its ids are argmax keys. append: linear's
-    (checked), done by the first program: its reads before the wait, its writes after."""
+    read, and lens_out gets pos + 1."""
     M, K = x2.shape
     N = weight.shape[1]
     meta = dict(config)
@@ -214,7 +201,6 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     r2 = residual if residual is not None else y2
     l2_args, l2_meta = l2_launch_args(l2_ahead_ranges, y2, x2.device, meta["num_warps"])
     ids, pos, wte, wpe, lens = embed if embed is not None else (y2, y2, y2, y2, y2)
-    app_args, app_meta = append_launch_args(append, y2)
     launch(
         _gemv_fma_kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2,
         ln_fold if ln_fold is not None else y2,
@@ -222,11 +208,10 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         *l2_args,
         ids, pos, wte, wpe, lens, wte.shape[0], wpe.shape[0], wte.stride(0), wpe.stride(0),
-        *app_args,
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early),
-        EMBED=embed is not None, EMBED_KEYS=bool(embed_keys), launch_pdl=pdl,
-        **l2_meta, **app_meta, **meta,
+        EMBED=embed is not None, launch_pdl=pdl,
+        **l2_meta, **meta,
     )
     return y2

@@ -29,10 +29,9 @@ from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_r
 from ._l2_ahead import l2_ranges
 from ._tuning import INTERPRET, autotune, launch, pick
 from .activations import ACTIVATIONS
-from .argmax_key import argmax_index, row_keys
+from .argmax_key import row_keys
 from .embedding import check_embedding, embedding
-from .decode_step import append_tokens, check_step_append
-from .gemv import fma_route, gemv
+from .gemv import gemv
 from .gemv_fma import fma_config, gemv_fma
 from .gemv_config import SMALL_M
 from .layernorm import standardize
@@ -124,7 +123,7 @@ def _check_layer(x, weight, bias, activation, ln_fold):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, append=None, _config=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, _config=None):
     """act(x @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -150,11 +149,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
     unchanged); other layouts ignore them.
-    append: a StepAppend (decode_step.py): after this layer, a decode step's bookkeeping from the
-    previous step's argmax keys, append_tokens(*append[:6], append.eos, from_keys=True). The
-    one-row CUDA-core GEMV does it in its own launch (its first program reads before the
-    dependent-launch wait and writes after it: the caller puts it where every kernel before has
-    read the ids and positions and none after does); elsewhere it is the next launch.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
@@ -185,24 +179,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         if not argmax_keys.is_contiguous():
             raise ValueError("argmax_keys: expected a contiguous tensor")
     ranges = l2_ranges("l2_ahead", l2_ahead, x.device)
-    fused_append = None
-    if append is not None:
-        check_step_append(append, x.device)
-        if M <= SMALL_M and fma_route(M, N, K, weight.stride(0), _config, stats_out, argmax_keys) is not None:
-            fused_append = append
     r2 = residual.reshape(-1, N) if residual is not None else None
-    y = _launch(x, x2, weight, bias, activation, r2, negative_slope, ln_fold, ln_eps, out, out_shape, ln_stats, stats_out, argmax_keys, prefetch_residual,
-                early_launch, ranges, keys_only, fused_append, _config)
-    if append is not None and fused_append is None:
-        append_tokens(*append[:6], append.eos, from_keys=True)
-    return y
-
-
-def _launch(x, x2, weight, bias, activation, r2, negative_slope, ln_fold, ln_eps, out, out_shape, ln_stats,
-            stats_out, argmax_keys, prefetch_residual, early_launch, ranges, keys_only, append, _config):
-    """linear's launch after its checks."""
-    M, K = x2.shape
-    N = weight.shape[1]
     if keys_only and M <= SMALL_M:
         # nothing is stored: one element stands in for the output (its dtype rounds the values
         # the keys come from), so the per-token path allocates no logits
@@ -215,7 +192,7 @@ def _launch(x, x2, weight, bias, activation, r2, negative_slope, ln_fold, ln_eps
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch, ranges, store=y is not None, append=append)
+             _config, early_launch, ranges, store=y is not None)
         return y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)
@@ -223,15 +200,14 @@ def _launch(x, x2, weight, bias, activation, r2, negative_slope, ln_fold, ln_eps
     kernel, meta = pick(_linear_tuned, _CONFIGS)
     if _config is not None:
         kernel, meta = _linear_kernel, dict(_config)
-    has_residual = r2 is not None
-    r2 = r2 if has_residual else y2
+    r2 = r2 if r2 is not None else y2
     grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
     launch(
         kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
         M, N, K, triton.next_power_of_2(M), negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
-        HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=has_residual,
+        HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         STATS_OUT=stats_out is not None,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=8, **meta,
     )
@@ -242,7 +218,7 @@ def _launch(x, x2, weight, bias, activation, r2, negative_slope, ln_fold, ln_eps
 
 
 def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps=1e-5, stats=None, lens_out=None,
-                     early_launch=False, ids_are_keys=False):
+                     early_launch=False):
     """A decode step's first two ops, (x, y): x = embedding(ids, pos, wte, wpe, stats_out=stats,
     lens_out=lens_out) and y = linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps,
     ln_stats=stats, early_launch=early_launch), the same bits. Where that linear runs the one-row
@@ -250,21 +226,17 @@ def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps
     gathers the row's embedding itself, beside its weights, and the first column block stores x
     and the lengths. The step then begins with a kernel whose weights stream in from its start,
     where the embedding launch held layer 0's qkv back by its own latency.
-    MINILLM_EMBED_FOLD=0 keeps the two launches (A/B timing).
-    ids_are_keys: ids (int64) are argmax keys (argmax_key.py: the step before's lm_head left
-    them, and linear's append records them), the tokens their indices."""
+    MINILLM_EMBED_FOLD=0 keeps the two launches (A/B timing)."""
     check_embedding(ids, pos, wte, wpe, lens_out)
-    if ids_are_keys and ids.dtype != torch.int64:
-        raise ValueError(f"ids: expected int64 argmax keys with ids_are_keys, got {ids.dtype}")
     R = ids.shape[0]
     x = torch.empty((R, wte.shape[1]), dtype=wte.dtype, device=wte.device)
     K, N = _check_layer(x, weight, bias, None, ln_fold)
     config = fma_config(R, N, K, weight.stride(0)) if EMBED_FOLD and R and stats is None else None
     if config is None:
-        embedding(argmax_index(ids) if ids_are_keys else ids, pos, wte, wpe, out=x, stats_out=stats, lens_out=lens_out)
+        embedding(ids, pos, wte, wpe, out=x, stats_out=stats, lens_out=lens_out)
         return x, linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, ln_stats=stats, early_launch=early_launch)
     y = x.new_empty((R, N))
     lens = lens_out if lens_out is not None else torch.empty_like(pos)
     gemv_fma(x, weight, bias, None, y, ln_fold, ln_eps, None, 0.0, False, config, early_launch,
-             embed=(ids, pos, wte, wpe, lens), embed_keys=ids_are_keys)
+             embed=(ids, pos, wte, wpe, lens))
     return x, y

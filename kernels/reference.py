@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from ._epilogue import FIXED_SQ_UNIT, FIXED_SUM_UNIT  # the fixed-point statistics' units
 from .argmax_key import EMPTY, argmax_index, row_keys  # the key format (plain torch)
-from .decode_step import StepAppend  # noqa: F401 (ops.StepAppend: linear's append)
 
 ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
@@ -115,14 +114,13 @@ def _mean_rstd(x, stats, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, append=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False):
     """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
     (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
     product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance
     from ln_stats' partial statistics or from x. stats_out receives row_stats of the output;
     argmax_keys the max of its keys and each output row's argmax key (kernels.argmax_key), and
-    with keys_only nothing is returned. append (a StepAppend): then append_tokens from its keys.
-    float64 inputs are computed in float64 (the tests' references)."""
+    with keys_only nothing is returned. float64 inputs are computed in float64 (the tests' references)."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     y = xf @ weight.to(xf.dtype)
     if ln_fold is not None:
@@ -138,8 +136,6 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         stats_out.copy_(row_stats(y))
     if argmax_keys is not None:
         torch.maximum(argmax_keys, row_keys(y), out=argmax_keys)
-    if append is not None:
-        append_tokens(*append[:6], append.eos, from_keys=True)
     return None if keys_only else y
 
 
@@ -219,8 +215,8 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
 
 
 def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps=1e-5, stats=None, lens_out=None,
-                     early_launch=False, ids_are_keys=False):
-    x = embedding(argmax_index(ids) if ids_are_keys else ids, pos, wte, wpe, stats_out=stats, lens_out=lens_out)
+                     early_launch=False):
+    x = embedding(ids, pos, wte, wpe, stats_out=stats, lens_out=lens_out)
     return x, linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, ln_stats=stats)
 
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.argmax_key import EMPTY, argmax_index, index_keys
-from kernels.decode_step import StepAppend
+from kernels.argmax_key import EMPTY
 
 from .sampling import KernelNoise, SamplingParams, sample
 
@@ -84,7 +83,7 @@ class GenerationResult:
 class _DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None, folded=False):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
@@ -96,13 +95,6 @@ class _DecodeState:
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
-        # greedy steps that record their own input (GPT.decode's append): between steps the
-        # newest ids are in keys, not yet in out, tokens or finished, and pos is theirs
-        self.folded = folded
-
-    def newest(self, B):
-        """The (B,) ids the last step (or the prefill) produced, on the device."""
-        return argmax_index(self.keys[:B]) if self.folded else self.tokens[:B]
 
 
 def _bucket(n):
@@ -164,11 +156,7 @@ class Engine:
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
-        if st.folded:  # the step records its input itself, and leaves its output in keys
-            append = StepAppend(st.keys, st.out, st.step, st.tokens, st.pos, st.finished if eos is not None else None,
-                                eos)
-            self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys, append=append)
-        elif params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
+        if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
             self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
@@ -189,10 +177,8 @@ class Engine:
         st = self._states.get(key)
         if st is None:
             c, dev = self.model.config, self.model.device
-            with_seen = params.repetition_penalty != 1.0
-            st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=with_seen, max_len=max_len,
-                              noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
-                              folded=params.greedy and not with_seen and self.model.folds_append(batch))
+            st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
+                              max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
             self._states[key] = st
@@ -257,12 +243,8 @@ class Engine:
                 st.seen[b, torch.tensor(p, device=dev)] = True
         logits, lens = self.prefill(padded, cache)
         first = sample(logits, params, st.seen, self.model.ops, st.noise)
-        if st.folded:  # the first step records it
-            st.pos.copy_(lens)
-            index_keys(first, out=st.keys)
-        else:
-            st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
-            self._advance(st, first, eos)
+        st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
+        self._advance(st, first, eos)
         first_ids = first.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
         if stream:
@@ -278,13 +260,11 @@ class Engine:
                 self.decode_one_token(st, params, cache, eos)
             n += 1
             if stream:
-                ids = st.newest(B).tolist()
+                ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
                 yield "step", ids
             if stream or n % SYNC_EVERY == 0:
                 done = self._done(st, B, stop_check, n, eos)
-        if st.folded:  # the last ids are in keys: record them
-            self._advance(st, st.keys, eos, from_keys=True)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
         if st.noise is not None:
@@ -302,18 +282,11 @@ class Engine:
     def _done(self, st, B, stop_check, n, eos):
         if eos is None and stop_check is None:
             return False
-        newest = st.newest(B)
-        if eos is None:
-            finished = [False] * B
-        else:
-            finished = (st.finished[:B] | (newest == eos) if st.folded else st.finished[:B]).tolist()
+        finished = st.finished[:B].tolist() if eos is not None else [False] * B
         if all(finished):
             return True
         if stop_check is None:
             return False
-        if st.folded:  # out holds all but the newest
-            ids = [row + [t] for row, t in zip(st.out[:B, :n - 1].tolist(), newest.tolist())]
-        else:
-            ids = st.out[:B, :n].tolist()
+        ids = st.out[:B, :n].tolist()
         check_vocab(ids, self.model.config.vocab_size)  # before stop_check decodes them
         return all(f or stop_check(b, ids[b]) for b, f in enumerate(finished))

@@ -155,9 +155,6 @@ L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
 # keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
 HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
-# greedy decoding's bookkeeping inside the step's last mlp-out where it runs one row on CUDA
-# cores (GPT.folds_append); MINILLM_APPEND_FOLD=0 keeps append_tokens' launch (A/B timing)
-APPEND_FOLD = os.environ.get("MINILLM_APPEND_FOLD", "1") != "0"
 
 
 class Block:
@@ -214,15 +211,14 @@ class GPT:
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=(), append=None):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
         f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
-                               early_launch="mlp-out" in early, l2_ahead=l2_ahead,
-                               append=append)  # x += mlp(ln_2(x))
+                               early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
         if self._screened(x.shape[0], argmax_keys):
@@ -256,21 +252,15 @@ class GPT:
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
         return self._logits(last)
 
-    def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None, append=None):
+    def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each
         token's key/value at pos[b] and returns logits (B, V), or None with argmax_keys: the
         keys alone (HEAD_KEYS_ONLY; at one row the backend may screen the head). max_len (> every
         pos) narrows the cache the attention kernel splits over, so short contexts launch fewer
         idle programs.
         argmax_keys (B,) int64, holding kernels.argmax_key.EMPTY: each row's argmax is max-ed in as a
-        key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it).
-        append: a StepAppend of the caller's buffers, whose keys are argmax_keys holding the step
-        before's keys: the step's input is their tokens (tokens is not read), and the last
-        layer's mlp-out records them (linear's append: out, finished, pos + 1, the keys emptied)
-        before the head max-es the new keys in (folds_append says where that is one launch)."""
+        key, fused into the lm_head (greedy; append_tokens(from_keys=True) reads and resets it)."""
         c, ops = self.config, self.ops
-        if append is not None and (argmax_keys is None or append.keys is not argmax_keys):
-            raise ValueError("append: expected its keys to be argmax_keys")
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written with the embedding
@@ -291,9 +281,9 @@ class GPT:
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
         # x (B, C) and layer 0's qkv; one launch at one row of gpt2's size (its programs gather x)
         w, b, colsum = self.blocks[0].attn
-        x, qkv = ops.embedding_linear(tokens if append is None else argmax_keys, pos, self.wte, self.wpe, w, b,
-                                      ln_fold=colsum, ln_eps=c.layer_norm_epsilon, stats=st_a, lens_out=seq_lens,
-                                      early_launch="qkv" in early, ids_are_keys=append is not None)
+        x, qkv = ops.embedding_linear(tokens, pos, self.wte, self.wpe, w, b, ln_fold=colsum,
+                                      ln_eps=c.layer_norm_epsilon, stats=st_a, lens_out=seq_lens,
+                                      early_launch="qkv" in early)
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
             if i:
@@ -312,19 +302,9 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            # the bookkeeping after the last attention has read pos, before the head writes keys
-            last = i + 1 == len(self.blocks)
             x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=self._next_weight(i, screened) if cuda_core else (),
-                          append=append if last else None)
+                          l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
-
-    def folds_append(self, batch):
-        """Whether a greedy decode step of `batch` rows records its own input (decode's append)
-        inside its launches: where the last mlp-out runs the one-row CUDA-core GEMV (gpt2's width
-        at one row), which then takes the bookkeeping that was the step's last launch.
-        MINILLM_APPEND_FOLD=0 keeps that launch (A/B timing)."""
-        return APPEND_FOLD and self.ops.decode_row_stats(batch, self.config.n_embd, self.device) is None
 
     def _next_weight(self, i, screened):
         """What layer i's mlp-out asks L2 for (one row of gpt2's size), as l2_ahead: the next

@@ -152,9 +152,6 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), \
                 torch.zeros(B, dtype=torch.bool)
             kernels.append_tokens(keys, out, step, tokens, pos, finished, cfg.eos_token_id, from_keys=True)
-            if model.folds_append(B):  # a greedy step that records its input in its last mlp-out
-                append = kernels.StepAppend(keys, out, step, tokens, pos, finished, cfg.eos_token_id)
-                model.decode(tokens, pos, cache, L, argmax_keys=keys, append=append)
             noise = kernels.new_exponential_noise(B * cfg.vocab_size, tokens.device)
             kernels.append_tokens(keys, out, step, tokens, pos, noise=noise)  # a sampled step's
 

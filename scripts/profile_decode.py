@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.argmax_key import index_keys  # noqa: E402
 from minillm.bench import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
@@ -112,8 +111,6 @@ def main():
         sys.exit(f"profile_decode: --context {args.context}: expected {WARMUP_STEPS + args.steps // 2 + 1} to "
                  f"{st.max_len - (args.steps + 1) // 2 + 1} for {args.steps} steps (cache bucket {st.max_len})")
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
-    if st.folded:  # its input comes from the keys, which the run's end emptied: the last token
-        index_keys(st.tokens, out=st.keys)
     st.step.zero_()
     cache = engine.cache_for(args.batch)
     step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
