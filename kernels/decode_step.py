@@ -4,8 +4,6 @@ Unfused, this is five or six tiny torch kernels per generated token (an indexed 
 a copy, the end-of-sequence flags); in a CUDA-graph decode step of a small model each costs
 about as much as a layer's matmul launch.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -15,25 +13,17 @@ from ._tuning import launch, use_pdl
 from .argmax_key import _empty_keys, _key_index
 from .noise import check_noise
 
-# EXPERIMENT (session 91): does the next graph replay overlap this, the step's last launch?
-LATE_TRIGGER = os.environ.get("MINILLM_APPEND_TRIGGER") == "late"  # no trigger: at exit
-SPIN_NS = int(os.environ.get("MINILLM_APPEND_SPIN_NS", "0"))
-
-
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
 
 @triton.jit
 def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, noise_ptr, B, eos,
                           stride_ob, noise_increment, HAS_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
-                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr,
-                          LATE_TRIGGER: tl.constexpr, SPIN_NS: tl.constexpr):
+                          HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
-        if not LATE_TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
+    # no launch_dependents: the next launch (the next step's first) starts at this one's exit.
+    # Its kernels may read pos before their waits (decode_attention_proj's prefetch at one row),
+    # so pos must be stored first. H200, gpt2 batch 1, alternated twice, the same ids
+    # (bench/results/h200/session-91/): +0.2% against the trigger after the wait
     rows = tl.arange(0, BLOCK_B)
     mask = rows < B
     step = tl.load(step_ptr)
@@ -51,10 +41,6 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     tl.store(step_ptr, step + 1)
     if HAS_NOISE:  # the sampler read the generator state: advance it as exponential_ would
         tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
-    if SPIN_NS > 0:  # EXPERIMENT: hold the launch SPIN_NS longer
-        t0 = _now()
-        while _now() - t0 < SPIN_NS:
-            pass
 
 
 def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
@@ -91,6 +77,5 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
                finished if finished is not None else pos, noise.state if noise is not None else step, B,
                -1 if eos is None else int(eos), out.stride(0), noise.increment if noise is not None else 0,
                HAS_EOS=eos is not None, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
-               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, LATE_TRIGGER=LATE_TRIGGER, SPIN_NS=SPIN_NS,
-               num_warps=1, launch_pdl=pdl)
+               BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out
