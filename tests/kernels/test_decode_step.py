@@ -70,3 +70,16 @@ def test_append_tokens_errors(device):
         kernels.append_tokens(nxt, out, step, tokens, pos[:1])
     with pytest.raises(ValueError, match="finished/eos"):
         kernels.append_tokens(nxt, out, step, tokens, pos, finished)
+
+
+def test_append_tokens_triggers_no_early_launch():
+    """The bookkeeping launch lets the next one (the next step's first) start only at its exit:
+    at one row of gpt2's width the next step's fused attention launch reads pos before its own
+    dependent-launch wait (decode_attention_proj's prefetch), so pos must be stored by then."""
+    import inspect
+
+    from kernels.decode_step import _append_tokens_kernel
+
+    code = [line.split("#")[0] for line in inspect.getsource(_append_tokens_kernel.fn).splitlines()]
+    assert any("gdc_wait()" in line for line in code)
+    assert not any("gdc_launch_dependents" in line for line in code)
