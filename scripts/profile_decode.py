@@ -5,7 +5,8 @@ programmatic dependent launch a kernel starts while the one before still runs, s
 there includes its wait: an upper bound. --graph profiles replays of the captured step instead
 and adds each kernel's critical-path share: how much later the step's last finished kernel ends
 because of it (end minus the latest end before it). Those shares add up to the step time, so
-they say which kernel costs what in the step as it really runs. The steps run in the
+they say which kernel costs what in the step as it really runs; beside them, the time between
+replays (a step's last end to the next one's first start). The steps run in the
 benchmark's cache bucket (prompt 32, 128 new tokens) and attend over about --context cached
 positions (default 96, the benchmark's mean: attention's share grows with it).
 
@@ -152,10 +153,11 @@ def main():
             early[roles[j]] += -gap
         step_us = sum(r[2] for r in rows) / args.steps
         gaps = step_gaps(kernels, per_step)
-        lines += ["", f"critical path: {step_us:.1f} us a step (first kernel's start to the last end)", "",
-                  f"between steps: {sum(gaps) / len(gaps):.2f} us a step (a step's last end to the next one's "
-                  f"first start; {min(gaps):.2f} to {max(gaps):.2f})", "",
-                  "| role | launches/step | share us/step | share us/launch | started before the previous ended, us |",
+        lines += ["", f"critical path: {step_us:.1f} us a step (first kernel's start to the last end)", ""]
+        if gaps:  # two steps or more
+            lines += [f"between steps: {sum(gaps) / len(gaps):.2f} us a step (a step's last end to the next one's "
+                      f"first start; {min(gaps):.2f} to {max(gaps):.2f})", ""]
+        lines += ["| role | launches/step | share us/step | share us/launch | started before the previous ended, us |",
                   "|---|---:|---:|---:|---:|"]
         for role, (n, us) in share.items():
             lines.append(f"| {role[:70]} | {n / args.steps:.0f} | {us / args.steps:.1f} | {us / n:.2f} | "
