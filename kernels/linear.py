@@ -181,9 +181,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     ranges = l2_ranges("l2_ahead", l2_ahead, x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
     if keys_only and M <= SMALL_M:
-        # nothing is stored: one element stands in for the output (its dtype rounds the values
-        # the keys come from), so the per-token path allocates no logits
-        y, y2 = None, x.new_empty(1).expand(M, N)
+        # nothing is stored: x's first element stands in for the output (its dtype, x's, rounds
+        # the values the keys come from), so the per-token path allocates nothing
+        y, y2 = None, x2[:1, :1].expand(M, N)
     else:
         y = x.new_empty(out_shape) if out is None else out
         y2 = y.view(-1, N)
