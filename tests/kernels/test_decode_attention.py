@@ -62,7 +62,8 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
     stale = past | (torch.arange(L, device=device)[None, :] == lens[:, None] - 1)[:, None, :, None]  # the new row too
     kc.masked_fill_(stale, float("nan"))
     vc.masked_fill_(stale, float("nan"))
-    for _ in range(2):  # repeated launches reuse the arrival counters
+    # a second launch reuses the arrival counters (the default layout's alone: interpreter time)
+    for _ in range(2 if config is None else 1):
         o = kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=splits,
                                      prefetch_cache=prefetch, _config=config)
         assert torch.equal(kc.masked_fill(past, 0), expect_k.masked_fill(past, 0))
