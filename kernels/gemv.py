@@ -45,7 +45,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
 from ._fixed_merge import _add_fixed, _add_stored
-from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .argmax_key import _argmax_key, _no_token_if_nan
@@ -99,7 +98,7 @@ def _chunk_dot(x_rows, w_ptr, w_desc, w_first, n0, N, m_mask, k0, acc, stride_xk
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, part_ptr, count_ptr, words_ptr, stats_in_ptr, stats_out_ptr,
-    key_ptr, w_desc, l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes,
+    key_ptr, w_desc,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -110,7 +109,6 @@ def _gemv_kernel(
     LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr, EARLY_LAUNCH: tl.constexpr, STAGE_FIRST: tl.constexpr,
     FIXED: tl.constexpr,
     W_DESC: tl.constexpr, STORE_Y: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -155,9 +153,6 @@ def _gemv_kernel(
     if STAGE_FIRST:  # see stage_first: a product with zero rows (+0.0 exactly) before the wait
         acc0 = tl.dot(tl.full((BLOCK_M, BLOCK_K), zero, dtype=x_ptr.dtype.element_ty), w, acc0,
                       input_precision=INPUT_PRECISION)
-    if L2_AHEAD:  # a later kernel's weights, after this program's own loads (which should not queue behind them)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid_k * tl.num_programs(0) + pid,
-                       tl.num_programs(0) * tl.num_programs(1), L2_SLOTS, L2_PIECE)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
         if not EARLY_LAUNCH:
@@ -221,8 +216,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
     a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768, 17-64 of a layer in chunk
     groups) to gemv_slab.py.
-    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (the CUDA-core and the
-    split or looping tensor-core layouts; the vocabulary and slab layouts send none).
+    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     store=False (with argmax_keys): the keys alone, y2 is not written.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
@@ -266,13 +260,12 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
     if tma_weights(meta, M, TRITON_VERSION):
         w_desc, w_mode = weight_descriptor(weight, meta["BLOCK_K"], meta["BLOCK_N"])
     maxnreg = split_maxnreg(meta, x2.element_size()) if w_mode else None
-    l2_args, l2_meta = l2_launch_args(l2_ahead_ranges, y2, x2.device, meta.get("num_warps", 4))
     launch(
         _gemv_kernel, grid,
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else part,
         part, counts, words, ln_stats if ln_stats is not None else part, stats_out if stats_out is not None else part,
-        argmax_keys if argmax_keys is not None else part, w_desc, *l2_args,
+        argmax_keys if argmax_keys is not None else part, w_desc,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
@@ -280,6 +273,6 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         ARGMAX=argmax_keys is not None, STAGE_FIRST=stage_first(meta, M, K, ln_fold is not None),
         **epilogue_meta(x2, K, bias, activation, residual, ln_fold, ln_stats, stats_out, prefetch_residual,
                         early_launch, pdl),
-        FIXED=fixed, W_DESC=w_mode, STORE_Y=store, launch_pdl=pdl, **l2_meta, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
+        FIXED=fixed, W_DESC=w_mode, STORE_Y=store, launch_pdl=pdl, **meta, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return y2

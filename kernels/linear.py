@@ -146,9 +146,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     its wait, so the next one's weights stream in behind all of this one (where that pays is the
     caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
-    l2_ahead: up to two dense tensors (later kernels' weights) whose bytes decode rows ask L2 for
-    before the wait (_l2_ahead.py; Hopper only, results unchanged): the CUDA-core GEMV's and the
-    tensor-core GEMV's programs (gemv_fma.py, gemv.py); the vocabulary and slab layouts ignore them.
+    l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
+    launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
+    unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).

@@ -155,11 +155,6 @@ L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
 # keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
 HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
-# at one row past gpt2's width (the split tensor-core GEMV), which later weights a linear asks L2
-# for before its wait (l2_ahead): "mlp" fc mlp-out's, "mlp+qkv" mlp-out the next qkv's too
-L2_SPLIT = os.environ.get("MINILLM_L2_SPLIT", "0")
-if L2_SPLIT not in ("0", "mlp", "mlp+qkv"):
-    raise ValueError(f"MINILLM_L2_SPLIT: expected 0, mlp or mlp+qkv (or unset), got {L2_SPLIT!r}")
 
 
 class Block:
@@ -216,12 +211,11 @@ class GPT:
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=(), fc_l2_ahead=()):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early,
-                            l2_ahead=fc_l2_ahead)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
                                early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
@@ -308,11 +302,8 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
-            split_l2 = B == 1 and not cuda_core and L2_SPLIT != "0"
             x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=self._next_weight(i, screened) if cuda_core else
-                          self._next_weight_split(i) if split_l2 and L2_SPLIT == "mlp+qkv" else (),
-                          fc_l2_ahead=(blk.mlp_proj[0],) if split_l2 else ())
+                          l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _next_weight(self, i, screened):
@@ -327,11 +318,6 @@ class GPT:
             return (q[:rows],) if rows else ()
         w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
         return (w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))],)
-
-    def _next_weight_split(self, i):
-        """What layer i's mlp-out asks L2 for at one row past gpt2's width (L2_SPLIT): the next
-        layer's qkv weights."""
-        return (self.blocks[i + 1].attn[0],) if i + 1 < len(self.blocks) else ()
 
     def _screened(self, B, argmax_keys):
         """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""

@@ -41,40 +41,6 @@ def test_gemv_chunked_reduction(block_k, chunks, split, M, device):
         assert_rel_close(y, expect, torch.float32, f"chunks {chunks} split {split}")
 
 
-@pytest.mark.parametrize("M", [1, 5])  # the one-atomic merge; stored partials with row statistics out
-def test_gemv_l2_ahead_changes_no_bit(M, monkeypatch, device):
-    """The split programs asking L2 for later kernels' weights (model.L2_SPLIT: gpt2-xl's fc for
-    mlp-out's) leave the output, the statistics and those tensors as they are, and the launch
-    sends the requests where the device runs them (Hopper, not the interpreter)."""
-    from kernels import _l2_ahead
-    from kernels._tuning import is_hopper
-    sent, launch = [], gemv.launch
-
-    def spy(kernel, grid, *args, **kw):
-        sent.append(kw["L2_AHEAD"])
-        return launch(kernel, grid, *args, **kw)
-    monkeypatch.setattr(gemv, "launch", spy)
-    K, N = 230, 75
-    x = randn(M, K, dtype=torch.float16, device=device, scale=2.0) + 0.5
-    w = randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5)
-    res = randn(M, N, dtype=torch.float16, device=device)
-    later = randn(N, 3 * K, dtype=torch.float16, device=device).t()  # out-major, dense
-    odd = randn(1001, dtype=torch.float16, device=device)  # not a multiple of 16 bytes
-    keep = later.clone(), odd.clone()
-    cfg = _cfg(block_k=32, chunks=3)
-    runs = []
-    for ahead in ((), (later, odd)):
-        stats = torch.full((M, 2, 5), float("nan"), device=device)  # (75 columns: 5 statistics groups)
-        y = kernels.linear(x, w, activation="gelu_tanh", residual=res, out=poisoned((M, N), torch.float16, device),
-                           stats_out=stats if M > 1 else None, l2_ahead=ahead, _config=cfg)
-        runs.append((y, stats))
-    assert torch.equal(runs[0][0], runs[1][0])
-    if M > 1:
-        assert torch.equal(runs[0][1], runs[1][1])
-    assert all(torch.equal(t, k) for t, k in zip((later, odd), keep))
-    assert sent == [False, _l2_ahead.ON and is_hopper(x.device)]
-
-
 @pytest.mark.parametrize("chunks", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_layernorm_across_chunks(chunks, dtype, device):
