@@ -7,7 +7,9 @@ Used at one row of gpt2's size, where the layer's linears run on the CUDA-core G
   1.5 MB in about 4 us of latency-bound work, and the bus is free to bring fc's and mlp-out's
   9.4 MB into L2 meanwhile;
 - mlp-out (linear's l2_ahead, kept by gemv_fma): the next layer's qkv weights (3.5 MB), or the
-  lm_head's first columns after the last layer.
+  lm_head's first columns after the last layer;
+- qkv (the same, from layer 1): its layer's attention projection W_o (1.2 MB), which the fused
+  attention launch reads before its wait.
 MINILLM_L2_AHEAD=0 turns the requests off (A/B timing).
 The requests are Hopper instructions (sm_90 on): the launcher sends them only there
 (_tuning.is_hopper), and never under the interpreter, which runs no inline PTX.

@@ -155,11 +155,6 @@ L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
 # keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
 HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
-# experiment (A/B timing): at one row of gpt2's size, who asks L2 for a layer's attention
-# projection W_o: "mlp" the mlp-out before it (beside the qkv weights), "qkv" the layer's qkv
-L2_WO = os.environ.get("MINILLM_L2_WO", "0")
-if L2_WO not in ("0", "mlp", "qkv"):
-    raise ValueError(f"MINILLM_L2_WO: expected 0, mlp or qkv (or unset), got {L2_WO!r}")
 
 
 class Block:
@@ -209,8 +204,8 @@ class GPT:
         return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
 
     # early: the roles (early_roles) that let the next kernel launch at their start
-    def _attention_in(self, blk, x, stats, early=frozenset(), l2_ahead=()):
-        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early, l2_ahead=l2_ahead)  # qkv = ln_1(x) @ W + b
+    def _attention_in(self, blk, x, stats, early=frozenset(), l2_ahead=()):  # qkv = ln_1(x) @ W + b
+        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early, l2_ahead=l2_ahead)
 
     def _attention_out(self, blk, y, x, stats_out):  # prefill: x += proj(y)
         # x was last written before qkv, and attention (no dependent launch) lies between
@@ -279,7 +274,11 @@ class GPT:
         # bench/results/h200/session-71/); mlp-out's 7,813 / 7,802 -> 7,900 / 7,902 (+1.2%; fc
         # asking for them instead -0.8%, both even; bench/results/h200/session-72/), the same ids.
         # Before the tensor-core layouts the first lost in the forms timed (gpt2 batch 2 -4.2%,
-        # gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%)
+        # gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%), and so did fc asking for
+        # mlp-out's weights at gpt2-xl (-5.3%; bench/results/h200/session-92/). And qkv (from layer
+        # 1; layer 0's gathers the embedding) asks for its layer's W_o, which the attention launch
+        # reads before its wait: +0.5% (8,423 / 8,416 / 8,444 / 8,439 -> 8,451 / 8,497 / 8,471 /
+        # 8,484 tok/s), +0.3% in the call before; mlp-out asking for it beside the next qkv's -0.7%.
         # where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
@@ -292,8 +291,7 @@ class GPT:
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
             if i:
-                qkv = self._attention_in(blk, x, st_a, early,
-                                         l2_ahead=(blk.attn_proj[0],) if cuda_core and L2_WO == "qkv" else ())
+                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=(blk.attn_proj[0],) if cuda_core else ())
             qkv = qkv.view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
@@ -317,8 +315,6 @@ class GPT:
         layer's qkv weights, or after the last layer the lm_head's first columns: of its int8
         copy where the screened head runs (L2_SCREEN_BYTES; none for 0)."""
         if i + 1 < len(self.blocks):
-            if L2_WO == "mlp":
-                return self.blocks[i + 1].attn[0], self.blocks[i + 1].attn_proj[0]
             return (self.blocks[i + 1].attn[0],)
         if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
