@@ -235,7 +235,8 @@ def test_qkv_asks_l2_for_its_layers_attention_projection(tmp_path, cuda_core):
         qkv = [ahead for w, ahead in asked if w is blk.attn[0]]
         assert qkv, f"layer {i}'s qkv never ran through linear"
         if cuda_core and i:  # prefill's, then two decode steps'
-            assert qkv[0] == () and all(len(a) == 1 and a[0] is blk.attn_proj[0] for a in qkv[1:]), (i, qkv)
+            assert len(qkv) == 3 and qkv[0] == (), (i, qkv)
+            assert all(len(a) == 1 and a[0] is blk.attn_proj[0] for a in qkv[1:]), (i, qkv)
         else:  # layer 0's decode qkv gathers the embedding (embedding_linear): only prefill's here
             assert all(a == () for a in qkv), (i, qkv)
 
