@@ -235,7 +235,9 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, monkeypa
     assert rows == expect
     full = ln_linear(x, w, bias, g, b, ln_stats=stats)
     assert_rel_close(full, ln_linear_ref(x, w, bias, g, b), dtype, f"ln tall stats {with_stats}")
-    for m in (1, 8, 16, 17, 32, 40, 48):  # K = 1100: 40 rows the 16-row loop, 48 64-row tiles
+    # K = 1100: 40 rows the 16-row loop, 48 64-row tiles. The interpreter cannot show K = 320's
+    # bits (see the docstring), so there it runs one row count a layout (interpreter time)
+    for m in (1, 8, 16, 17, 32, 40, 48) if ON_GPU or K != 320 else (1, 17, 48):
         part = ln_linear(x[:m], w, bias, g, b, ln_stats=stats[:m] if with_stats else None)
         if ON_GPU:
             assert torch.equal(part, full[:m]), f"rows differ at M = {m}"
