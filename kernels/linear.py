@@ -108,6 +108,8 @@ def _check_layer(x, weight, bias, activation, ln_fold):
     """linear's checks of the layer's tensors against x; returns (K, N)."""
     check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), device=x.device)
     K, N = weight.shape
+    if x.shape[-1] == 0:  # (keys_only's stand-in output is x's first element)
+        raise ValueError(f"x: expected at least one feature in its last dim, got shape {tuple(x.shape)}")
     if x.shape[-1] != K:
         raise ValueError(f"weight: expected ({x.shape[-1]}, N) to match x's last dim, got {tuple(weight.shape)}")
     if activation not in ACTIVATIONS:

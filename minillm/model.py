@@ -279,7 +279,7 @@ class GPT:
         # 1; layer 0's gathers the embedding) asks for its layer's W_o, which the attention launch
         # reads before its wait: +0.5% (8,423 / 8,416 / 8,444 / 8,439 -> 8,451 / 8,497 / 8,471 /
         # 8,484 tok/s), +0.3% in the call before; mlp-out asking for it beside the next qkv's -0.7%.
-        # where the attention launch merges its heads in fixed point, its statistics for fc come
+        # Where the attention launch merges its heads in fixed point, its statistics for fc come
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)

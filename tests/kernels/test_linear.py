@@ -116,6 +116,8 @@ def test_linear_errors(device):
         kernels.linear(x, w.half())
     with pytest.raises(ValueError, match="ln_fold: expected shape"):
         kernels.linear(x, w, ln_fold=randn(8, device=device))
+    with pytest.raises(ValueError, match=r"^x: expected at least one feature in its last dim, got shape \(2, 0\)"):
+        kernels.linear(x[:, :0], w[:0])
 
 
 def _embedding_layer(V, P, C, N, dtype, device):
