@@ -40,8 +40,9 @@ MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1)
 BLOCK_N = 4  # output columns per program
 INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
-# elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end
-MAX_WEIGHT = 2_400_000
+# elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end.
+# MINILLM_FMA_MAX_WEIGHT=n routes layers of up to n elements here (A/B timing)
+MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 2_400_000)
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
 # the roles whose weights are converted to fp32 before the wait (early_f32's mask: 1 qkv, 2 fc,
 # 4 mlp-out and attn-out). gpt2 batch 1, H200, alternated twice, the same ids
@@ -60,8 +61,10 @@ def layout(K):
     statistics, the dot) stays inside the warp, with no shared-memory round trip: gpt2's fc
     3.52 -> 2.71 us, qkv 2.74 -> 2.36, attn-out even (H200, bench/results/h200/fma-warps.md);
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else BLOCK_N, BLOCK_K=triton.next_power_of_2(K),
-                num_warps=1 if K <= 1024 else 4)
+    block_k = triton.next_power_of_2(K)
+    block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k,
+                num_warps=1 if K <= 1024 else 4 if block_k <= 4096 else 8)
 
 
 def early_f32(N, K, activation):
@@ -84,7 +87,7 @@ def fma_config(M, N, K, stride_wk):
     rows), a weight slab too wide for registers, a large weight (more programs of wider slabs
     than fit on the GPU at once: their weights no longer all stream in before the wait), or a
     vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
-    if M > MAX_ROWS or stride_wk != 1 or BLOCK_N * triton.next_power_of_2(K) > MAX_TILE or N * K > MAX_WEIGHT \
+    if M > MAX_ROWS or stride_wk != 1 or triton.next_power_of_2(K) > MAX_TILE or N * K > MAX_WEIGHT \
             or N >= VOCAB_N:
         return None
     return layout(K)

@@ -152,6 +152,18 @@ def screen_bytes_from_env(value):
 
 
 L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
+# MINILLM_L2_AHEAD_MB=n: each layer weight the kernels ask L2 for, only its first n MB (A/B timing)
+L2_AHEAD_CAP = screen_bytes_from_env(os.environ.get("MINILLM_L2_AHEAD_MB")) if os.environ.get(
+    "MINILLM_L2_AHEAD_MB") else None
+
+
+def l2_part(w):
+    """The first L2_AHEAD_CAP bytes of an out-major (K, N) weight view: its first columns."""
+    if L2_AHEAD_CAP is None:
+        return w
+    return w[:, :max(1, L2_AHEAD_CAP // (w.shape[0] * w.element_size()))]
+
+
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
 # keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
 HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
@@ -291,7 +303,7 @@ class GPT:
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
             if i:
-                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=(blk.attn_proj[0],) if cuda_core else ())
+                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=(l2_part(blk.attn_proj[0]),) if cuda_core else ())
             qkv = qkv.view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
@@ -305,7 +317,7 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_ahead=(blk.fc[0], blk.mlp_proj[0]) if cuda_core else ())
+                                          l2_ahead=(l2_part(blk.fc[0]), l2_part(blk.mlp_proj[0])) if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
                           l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
@@ -315,7 +327,7 @@ class GPT:
         layer's qkv weights, or after the last layer the lm_head's first columns: of its int8
         copy where the screened head runs (L2_SCREEN_BYTES; none for 0)."""
         if i + 1 < len(self.blocks):
-            return (self.blocks[i + 1].attn[0],)
+            return (l2_part(self.blocks[i + 1].attn[0]),)
         if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
             rows = L2_SCREEN_BYTES // (q.shape[1] * 4)

@@ -166,7 +166,7 @@ def test_fma_routing():
     assert cfg(1, 2304, 768, 1) is not None and cfg(1, 768, 3072, 1) is not None  # gpt2's layers
     assert cfg(2, 768, 768, 1) is None  # two rows: tensor cores
     assert cfg(1, 768, 768, 768) is None  # in-major (Conv1D) storage
-    assert cfg(1, 16, 6400, 1) is None  # a slab too wide for registers (4 x 8192)
+    assert cfg(1, 16, 20000, 1) is None  # a column too wide for registers (32768 > MAX_TILE)
     assert cfg(1, 4800, 1600, 1) is None and cfg(1, 1600, 1600, 1) is None  # gpt2-xl's: lost end to end
     assert cfg(1, 50257, 32, 1) is None  # a vocabulary head
 
@@ -195,12 +195,14 @@ def test_decode_row_stats(device):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="interpreter time: a gpt2-sized layer at one row runs on the GPU only")
-@pytest.mark.parametrize("K,N", [(768, 2304), (3072, 768)])
+@pytest.mark.parametrize("K,N", [(768, 2304), (3072, 768), (1600, 4800), (6400, 1600)])
 def test_fma_gpt2_shapes(K, N, device):
+    """gpt2's layers as linear routes them; gpt2-xl's (past MAX_WEIGHT) in the forced layout."""
     x = randn(1, K, dtype=torch.float16, device=device)
     w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
     b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
-    y = ln_linear(x, w, b, g, be, activation="gelu_tanh")
+    y = poisoned((1, N), torch.float16, device)
+    ln_linear(x, w, b, g, be, activation="gelu_tanh", out=y, _config=gemv_fma.layout(K))
     assert_rel_close(y, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), torch.float16,
                      f"fma gpt2 K={K} N={N}")
 
