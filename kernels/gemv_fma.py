@@ -30,7 +30,7 @@ import triton.language as tl
 from ._epilogue import _mean_rstd, new_row_stats
 from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
-from ._tuning import INTERPRET, env_int, launch, mask_switch, use_pdl
+from ._tuning import INTERPRET, env_int, launch, layout_switch, mask_switch, use_pdl
 from .activations import _apply_activation
 from .embedding import _embedded_row
 
@@ -53,6 +53,11 @@ EARLY_F32_ROLES = 4
 FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_FMA_EARLY_F32"),
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
+# MINILLM_FMA_LAYOUT=BLOCK_KxBLOCK_NxWARPS[+...] forces those tiles where BLOCK_K is K's (A/B timing)
+FORCED_LAYOUTS = {v[0]: v[1:] for v in (
+    layout_switch("MINILLM_FMA_LAYOUT", t, "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
+    for t in os.environ.get("MINILLM_FMA_LAYOUT", "").replace("+", ",").split(",")) if v}
+
 
 def layout(K):
     """The launch layout for a K-wide layer: one row and BLOCK_N columns per program, all of K
@@ -63,8 +68,9 @@ def layout(K):
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
     block_k = triton.next_power_of_2(K)
     block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k,
-                num_warps=1 if K <= 1024 else 4 if block_k <= 4096 else 8)
+    warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
+    block_n, warps = FORCED_LAYOUTS.get(block_k, (block_n, warps))
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def early_f32(N, K, activation):
