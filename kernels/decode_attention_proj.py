@@ -11,7 +11,7 @@ prologue of the projection, so a layer runs four:
   first read), which costs less than a kernel boundary while the cache is short;
 - the heads' partials meet in one of two ways, both deterministic, and a row's result does not
   depend on the batch:
-  - without row statistics (one row of gpt2's size, where the CUDA-core linears read whole
+  - without row statistics (one row on the CUDA-core linears, gpt2 to gpt2-xl, which read whole
     rows), by the one-atomic merge (_fixed_merge.py): each program adds its partial to one
     int64 word per (row, column) in fixed point, and the program that completes a column runs
     its epilogue (bias, residual). One round trip, where storing partials, passing an arrival

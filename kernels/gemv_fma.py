@@ -40,9 +40,19 @@ MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1)
 BLOCK_N = 4  # output columns per program
 INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
-# elements: every gpt2 layer (at most 2.36M) gains; gpt2-xl's (2.56M to 10.2M) lost end to end.
+# elements: gpt2's layers (at most 2.36M) gained first (bench/results/h200/fma-gemv-experiment.md);
+# gpt2-medium's and gpt2-xl's (3.1M to 10.2M) once their weights stayed fp16 until after the wait
+# (early_f32) and the L2 requests before them were capped (minillm.model.L2_WIDE_CAP). H200,
+# batch 1, the same ids (bench/results/h200/session-93/): gpt2-xl 757 -> 835 tok/s (+10.4%; with
+# fp32 weights early 763, with uncapped requests 697), gpt2-medium 2,331 -> 3,071 (+31.7%).
 # MINILLM_FMA_MAX_WEIGHT=n routes layers of up to n elements here (A/B timing)
-MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 2_400_000)
+MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 11_000_000)
+# elements of gpt2's largest layers (2.36M), the rules below were timed on
+GPT2_MAX_WEIGHT = 2_400_000
+# past GPT2_MAX_WEIGHT, the largest part of a tile past K (padded to a power of two) routed here:
+# padded lanes hold registers, so fewer programs (and fewer of a layer's bytes) are resident at
+# once. gpt2-large's K = 1280 and 5120 (37.5% padded) lost 3.3% (session 93), gpt2-xl's (22%) gained
+MAX_PAD = 0.25
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
 # the roles whose weights are converted to fp32 before the wait (early_f32's mask: 1 qkv, 2 fc,
 # 4 mlp-out and attn-out). gpt2 batch 1, H200, alternated twice, the same ids
@@ -54,6 +64,8 @@ FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
 # MINILLM_FMA_LAYOUT=BLOCK_KxBLOCK_NxWARPS[+...] forces those tiles where BLOCK_K is K's (A/B timing)
+# MINILLM_FMA_PIECES=1: tiles of exactly K in up to three pieces (k_pieces), not padded (A/B timing)
+PIECES = env_int("MINILLM_FMA_PIECES", 0) == 1
 FORCED_LAYOUTS = {v[0]: v[1:] for v in (
     layout_switch("MINILLM_FMA_LAYOUT", t, "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
     for t in os.environ.get("MINILLM_FMA_LAYOUT", "").replace("+", ",").split(",")) if v}
@@ -70,7 +82,18 @@ def layout(K):
     block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
     block_n, warps = FORCED_LAYOUTS.get(block_k, (block_n, warps))
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps)
+    k1, k2, k3 = k_pieces(K) if PIECES else (block_k, 0, 0)
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=k1, BLOCK_K2=k2, BLOCK_K3=k3,
+                num_warps=warps)
+
+
+def k_pieces(K):
+    """K as up to three powers of two of at least 16 (largest first, zeros for the unused), so
+    that a program's tile holds exactly K; or (next_power_of_2(K), 0, 0), the tile padded."""
+    bits = [1 << b for b in reversed(range(K.bit_length())) if K >> b & 1]
+    if len(bits) > 3 or bits[-1] < 16:
+        return triton.next_power_of_2(K), 0, 0
+    return tuple(bits + [0] * (3 - len(bits)))
 
 
 def early_f32(N, K, activation):
@@ -81,20 +104,24 @@ def early_f32(N, K, activation):
     wait (Triton 3.6, scripts/inspect_sass.py). Before it they hold twice the registers (126
     against 78 at mlp-out) and run beside the kernel before; where that is a loss is timed, not
     derived: the roles did not add up (fc and mlp-out each gained alone, and lost together), and
-    qkv's early conversions held back the attention launch's start by 0.26 us (traced)."""
+    qkv's early conversions held back the attention launch's start by 0.26 us (traced). Wider
+    layers (past GPT2_MAX_WEIGHT) keep fp16: gpt2-xl batch 1 763 -> 835 tok/s without them."""
     role = 4 if N <= K else (2 if activation else 1)
-    return bool((EARLY_F32_ROLES if FORCED_EARLY_F32 is None else FORCED_EARLY_F32) & role)
+    if FORCED_EARLY_F32 is not None:
+        return bool(FORCED_EARLY_F32 & role)
+    return N * K <= GPT2_MAX_WEIGHT and bool(EARLY_F32_ROLES & role)
 
 
 def fma_config(M, N, K, stride_wk):
     """Launch parameters for M rows of a (K -> N) layer, or None where the tensor-core GEMV is
     the faster one (H200 timings: bench/results/h200/fma-gemv-experiment.md): past MAX_ROWS
     rows, weights not out-major (stride_wk != 1: a program would read 8-byte pieces of many
-    rows), a weight slab too wide for registers, a large weight (more programs of wider slabs
-    than fit on the GPU at once: their weights no longer all stream in before the wait), or a
-    vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
-    if M > MAX_ROWS or stride_wk != 1 or triton.next_power_of_2(K) > MAX_TILE or N * K > MAX_WEIGHT \
-            or N >= VOCAB_N:
+    rows), a weight column too wide for registers, a large layer's tile padded past MAX_PAD, a
+    weight past MAX_WEIGHT, or a vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
+    block_k = triton.next_power_of_2(K)
+    tile = sum(k_pieces(K)) if PIECES else block_k
+    padded = tile - K > MAX_PAD * tile and N * K > GPT2_MAX_WEIGHT
+    if M > MAX_ROWS or stride_wk != 1 or block_k > MAX_TILE or padded or N * K > MAX_WEIGHT or N >= VOCAB_N:
         return None
     return layout(K)
 
@@ -104,10 +131,41 @@ def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
     """x . w for each of w's rows (out-major columns, (BLOCK_N, BLOCK_K)) with x in fp32
     (BLOCK_K,), zero past K; a folded layernorm applied as _fold_ln: rstd * (acc - mean * colsum).
     fp16 x fp16 products are exact in fp32; one reduction over K per output."""
-    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
+    return _fold(tl.sum(w.to(tl.float32) * xf[None, :], axis=1), colsum, mean, rstd, LN_FOLD)  # (BLOCK_N,)
+
+
+@triton.jit
+def _fold(acc, colsum, mean, rstd, LN_FOLD: tl.constexpr):
     if LN_FOLD:
         acc = tl.fma(-mean, colsum, acc) * rstd
     return acc
+
+
+@triton.jit
+def _w_piece(w_ptr, rn, n_mask, k0, K, stride_wn, stride_wk, BLOCK: tl.constexpr):
+    """Columns rn's weights at K indices k0 .. k0 + BLOCK - 1 (zero past K): (BLOCK_N, BLOCK)."""
+    rk = k0 + tl.arange(0, BLOCK)
+    return tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
+                   mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _x_piece(x_ptr, row, stride_xm, stride_xk, k0, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab, n_pos,
+             stride_te, stride_pe, store, EMBED: tl.constexpr, BLOCK: tl.constexpr):
+    """x's row at K indices k0 .. k0 + BLOCK - 1 in fp32 (zero past K). With EMBED it is
+    gathered (embedding_linear) and, where `store`, written with the row's length."""
+    rk = k0 + tl.arange(0, BLOCK)
+    k_mask = rk < K
+    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
+    if EMBED:
+        e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
+                               stride_pe)
+        x = e.to(x_ptr.dtype.element_ty)
+        if store:  # every program gathers the same bits; one a row stores them
+            tl.store(x_ptrs, x, mask=k_mask)
+            tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
+        return x.to(tl.float32)
+    return tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)
 
 
 # M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions
@@ -122,7 +180,8 @@ def _gemv_fma_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, BLOCK_K2: tl.constexpr,
+    BLOCK_K3: tl.constexpr, EMBED: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -130,15 +189,18 @@ def _gemv_fma_kernel(
     pid = tl.program_id(0)
     row = pid % M
     rn = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
-    k_mask = rk < K
 
     # everything that does not come from the previous kernel, before waiting on it. Every
     # vector is a slice of the weight tile's layout, so nothing changes layout after the wait
-    # (a (rows, columns, K) product made Triton move the whole slab through shared memory there)
-    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
-                mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
+    # (a (rows, columns, K) product made Triton move the whole slab through shared memory there).
+    # K in up to three pieces (k_pieces): BLOCK_K, then BLOCK_K2 and BLOCK_K3 where not 0
+    w = _w_piece(w_ptr, rn, n_mask, 0, K, stride_wn, stride_wk, BLOCK_K)  # (BLOCK_N, BLOCK_K)
+    w2, w3 = 0.0, 0.0
+    if BLOCK_K2 > 0:
+        w2 = _w_piece(w_ptr, rn, n_mask, BLOCK_K, K, stride_wn, stride_wk, BLOCK_K2)
+    if BLOCK_K3 > 0:
+        w3 = _w_piece(w_ptr, rn, n_mask, BLOCK_K + BLOCK_K2, K, stride_wn, stride_wk, BLOCK_K3)
     colsum = 0.0
     if LN_FOLD:
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
@@ -154,29 +216,37 @@ def _gemv_fma_kernel(
     if USE_PDL:
         if EARLY_F32:  # the weights in fp32 before the wait (early_f32)
             w, chk = _in_f32(w, 0.0)
+            if BLOCK_K2 > 0:
+                w2, chk = _in_f32(w2, chk)
+            if BLOCK_K3 > 0:
+                w3, chk = _in_f32(w3, chk)
             _gdc_wait_after(chk)  # x (and a late residual) are written by now
         else:
             tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
-    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
-    if EMBED:  # x is the row's embedding (embedding_linear): gathered here, kept by column block 0
-        e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
-                               stride_pe)
-        x = e.to(x_ptr.dtype.element_ty)
-        if pid < M:  # every program gathers the same bits; one a row stores them
-            tl.store(x_ptrs, x, mask=k_mask)
-            tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
-        xf = x.to(tl.float32)  # (BLOCK_K,)
-    else:
-        xf = tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    # x is read, or with EMBED the row's embedding gathered here (embedding_linear), kept by column block 0
+    xf = _x_piece(x_ptr, row, stride_xm, stride_xk, 0, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab,
+                  n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K)  # (BLOCK_K,)
+    s1, s2 = tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0)
+    dot = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
+    if BLOCK_K2 > 0:  # the pieces' sums added in order
+        xf2 = _x_piece(x_ptr, row, stride_xm, stride_xk, BLOCK_K, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr,
+                       n_vocab, n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K2)
+        s1, s2 = s1 + tl.sum(xf2, axis=0), s2 + tl.sum(xf2 * xf2, axis=0)
+        dot += tl.sum(w2.to(tl.float32) * xf2[None, :], axis=1)
+    if BLOCK_K3 > 0:
+        xf3 = _x_piece(x_ptr, row, stride_xm, stride_xk, BLOCK_K + BLOCK_K2, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr,
+                       lens_ptr, n_vocab, n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K3)
+        s1, s2 = s1 + tl.sum(xf3, axis=0), s2 + tl.sum(xf3 * xf3, axis=0)
+        dot += tl.sum(w3.to(tl.float32) * xf3[None, :], axis=1)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
-        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
-    acc = _row_dot(w, xf, colsum, mean, rstd, LN_FOLD)
+        mean, rstd = _mean_rstd(s1, s2, K, ln_eps)
+    acc = _fold(dot, colsum, mean, rstd, LN_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
@@ -201,7 +271,7 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     read, and lens_out gets pos + 1."""
     M, K = x2.shape
     N = weight.shape[1]
-    meta = dict(config)
+    meta = {"BLOCK_K2": 0, "BLOCK_K3": 0, **config}
     early = meta.pop("EARLY_F32", None)
     if meta.pop("ROWS") != 1:
         raise ValueError(f"_config: the CUDA-core layout runs one row per program, got ROWS={config['ROWS']}")

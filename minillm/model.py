@@ -77,7 +77,7 @@ def early_roles(rows, cuda_core, width):
     qkv is late, and the model asks it for that). Separate decode attention is always late.
     Where it pays was timed end to end (same-call A/Bs on an H100,
     bench/results/h100/early-roles.md and fused-attention-proj.md):
-    - one row on the CUDA-core GEMV (gpt2's size): fc (+2.9%; attn-out too -1.5%) and qkv, so
+    - one row on the CUDA-core GEMV (timed at gpt2's size): fc (+2.9%; attn-out too -1.5%) and qkv, so
       the fused launch reads its cache tile and W during qkv (5,468 -> 5,540 tok/s; at 2 rows
       -5%, gpt2-medium -3.7%, gpt2-xl -1.6%); mlp-out too once the CUDA-core kernel's work
       after its wait got short (5,929 -> 5,991; it had lost 3% before);
@@ -142,26 +142,31 @@ L2_LM_HEAD_BYTES = 4 << 20
 # (bench/results/h200/session-79/). Against none, H200, gpt2 batch 1, alternated twice, the same ids
 # (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
 # MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
-def screen_bytes_from_env(value):
-    """MINILLM_L2_SCREEN_MB's value (None or empty: unset) -> bytes; one error naming it otherwise."""
+def screen_bytes_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
+    """A number of MB from the environment variable `name`'s value (None or empty: default) ->
+    bytes; one error naming it otherwise."""
     if not value:
-        return 4 << 20
+        return default
     if not value.isdigit():
-        raise ValueError(f"MINILLM_L2_SCREEN_MB: expected a whole number of MB (0: none), got {value!r}")
+        raise ValueError(f"{name}: expected a whole number of MB (0: none), got {value!r}")
     return int(value) << 20
 
 
 L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
-# MINILLM_L2_AHEAD_MB=n: each layer weight the kernels ask L2 for, only its first n MB (A/B timing)
-L2_AHEAD_CAP = screen_bytes_from_env(os.environ.get("MINILLM_L2_AHEAD_MB")) if os.environ.get(
-    "MINILLM_L2_AHEAD_MB") else None
+# past gpt2's width each layer weight the CUDA-core GEMV's chain asks L2 for (decode's l2_ahead) is
+# asked for only up to its first 4 MB. gpt2-xl batch 1, H200 (bench/results/h200/session-93/):
+# 835 tok/s, 832 with no requests, 801 with 8 MB, 697 whole (fc's and mlp-out's 41 MB at once).
+# MINILLM_L2_AHEAD_MB=n caps them at n MB at every width (A/B timing)
+GPT2_WIDTH = 768
+L2_WIDE_CAP = 4 << 20
+L2_CAP_ENV = screen_bytes_from_env(os.environ.get("MINILLM_L2_AHEAD_MB"), "MINILLM_L2_AHEAD_MB", None)
 
 
-def l2_part(w):
-    """The first L2_AHEAD_CAP bytes of an out-major (K, N) weight view: its first columns."""
-    if L2_AHEAD_CAP is None:
-        return w
-    return w[:, :max(1, L2_AHEAD_CAP // (w.shape[0] * w.element_size()))]
+def l2_part(w, width):
+    """What of an out-major (K, N) layer weight a model `width` wide asks L2 for: all of it, or
+    its first columns up to the cap."""
+    cap = L2_CAP_ENV if L2_CAP_ENV is not None else L2_WIDE_CAP if width > GPT2_WIDTH else None
+    return w if cap is None else w[:, :max(1, cap // (w.shape[0] * w.element_size()))]
 
 
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
@@ -276,9 +281,10 @@ class GPT:
         B = tokens.shape[0]
         H, D, C = c.n_head, c.head_dim, c.n_embd
         seq_lens = torch.empty_like(pos)  # pos + 1, written with the embedding
-        # None at one row of gpt2's size: the CUDA-core GEMV reads whole rows, writes no statistics
+        # None at one row where the layers run on the CUDA-core GEMV (gemv_fma.fma_config: gpt2,
+        # gpt2-medium, gpt2-xl), which reads whole rows and writes no statistics
         st_a, st_b = ops.decode_row_stats(B, C, tokens.device), ops.decode_row_stats(B, C, tokens.device)
-        cuda_core = st_a is None  # the layer linears on the CUDA-core GEMV (one row of gpt2's size)
+        cuda_core = st_a is None  # the layer linears on the CUDA-core GEMV
         early = early_roles(B, cuda_core=cuda_core, width=C)
         # there the fused attention launch asks L2 for fc's and mlp-out's weights before its wait,
         # and mlp-out for the next layer's qkv weights (l2_ahead). H200, alternated in one call:
@@ -295,7 +301,7 @@ class GPT:
         # in fixed point too: a zeroed buffer a layer, added into (None: st_b as it is)
         st_fixed = None if st_b is None else ops.fixed_row_stats(
             c.n_layer, B, C, cache.layer(0, B, max_len)[0].shape[2], D, H, self.dtype, tokens.device)
-        # x (B, C) and layer 0's qkv; one launch at one row of gpt2's size (its programs gather x)
+        # x (B, C) and layer 0's qkv; one launch where qkv is the CUDA-core GEMV (its programs gather x)
         w, b, colsum = self.blocks[0].attn
         x, qkv = ops.embedding_linear(tokens, pos, self.wte, self.wpe, w, b, ln_fold=colsum,
                                       ln_eps=c.layer_norm_epsilon, stats=st_a, lens_out=seq_lens,
@@ -303,7 +309,8 @@ class GPT:
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
             if i:
-                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=(l2_part(blk.attn_proj[0]),) if cuda_core else ())
+                w_o = (l2_part(blk.attn_proj[0], C),) if cuda_core else ()
+                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=w_o)
             qkv = qkv.view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
@@ -317,17 +324,18 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_ahead=(l2_part(blk.fc[0]), l2_part(blk.mlp_proj[0])) if cuda_core else ())
+                                          l2_ahead=(l2_part(blk.fc[0], C), l2_part(blk.mlp_proj[0], C))
+                                          if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
                           l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _next_weight(self, i, screened):
-        """What layer i's mlp-out asks L2 for (one row of gpt2's size), as l2_ahead: the next
+        """What layer i's mlp-out asks L2 for (one row on the CUDA-core GEMV), as l2_ahead: the next
         layer's qkv weights, or after the last layer the lm_head's first columns: of its int8
         copy where the screened head runs (L2_SCREEN_BYTES; none for 0)."""
         if i + 1 < len(self.blocks):
-            return (l2_part(self.blocks[i + 1].attn[0]),)
+            return (l2_part(self.blocks[i + 1].attn[0], self.config.n_embd),)
         if screened:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
             rows = L2_SCREEN_BYTES // (q.shape[1] * 4)

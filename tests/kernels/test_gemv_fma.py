@@ -112,6 +112,7 @@ def test_fma_early_f32_roles(monkeypatch):
     roles = [(2304, 768, None), (3072, 768, "gelu_tanh"), (768, 3072, None), (768, 768, None)]
     monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", None)
     assert [int(gemv_fma.early_f32(*r)) for r in roles] == [0, 0, 1, 1]
+    assert not gemv_fma.early_f32(1600, 6400, None) and not gemv_fma.early_f32(1024, 4096, None)  # wider: fp16
     for mask, expect in [(0, [0, 0, 0, 0]), (1, [1, 0, 0, 0]), (2, [0, 1, 0, 0]), (4, [0, 0, 1, 1]),
                          (7, [1, 1, 1, 1])]:
         monkeypatch.setattr(gemv_fma, "FORCED_EARLY_F32", mask)
@@ -167,7 +168,9 @@ def test_fma_routing():
     assert cfg(2, 768, 768, 1) is None  # two rows: tensor cores
     assert cfg(1, 768, 768, 768) is None  # in-major (Conv1D) storage
     assert cfg(1, 16, 20000, 1) is None  # a column too wide for registers (32768 > MAX_TILE)
-    assert cfg(1, 4800, 1600, 1) is None and cfg(1, 1600, 1600, 1) is None  # gpt2-xl's: lost end to end
+    assert cfg(1, 4800, 1600, 1) is not None and cfg(1, 1600, 6400, 1) is not None  # gpt2-xl's (22% padded)
+    assert cfg(1, 3840, 1280, 1) is None and cfg(1, 1280, 5120, 1) is None  # gpt2-large's: 37.5% padded
+    assert cfg(1, 1024, 16384, 1) is None  # past MAX_WEIGHT
     assert cfg(1, 50257, 32, 1) is None  # a vocabulary head
 
 
@@ -190,7 +193,8 @@ def test_decode_row_stats(device):
     dev = torch.device(device)
     assert kernels.decode_row_stats(1, 768, dev) is None
     assert kernels.decode_row_stats(2, 768, dev).shape == (2, 2, 48)
-    assert kernels.decode_row_stats(1, 1600, dev).shape == (1, 2, 100)  # gpt2-xl: tensor cores
+    assert kernels.decode_row_stats(1, 1600, dev) is None  # gpt2-xl too
+    assert kernels.decode_row_stats(1, 1280, dev).shape == (1, 2, 80)  # gpt2-large: tensor cores
     assert ref.decode_row_stats(1, 768, dev).shape == (1, 2, 48)
 
 
@@ -220,3 +224,20 @@ def test_rows_alike_within_each_decode_path(dtype, device):
         assert torch.equal(kernels.linear(x[:m], w, b, activation="gelu_tanh"), full[:m])
     alone = kernels.linear(x[:1], w, b, activation="gelu_tanh")
     assert_rel_close(alone, full[:1], dtype, "a CUDA-core row against the tensor-core row")
+
+
+@pytest.mark.parametrize("K", [112, 80])
+@pytest.mark.parametrize("early", [False, True])
+def test_fma_k_pieces(K, early, device):
+    """A tile of exactly K in pieces (k_pieces: 64 + 32 + 16, 64 + 16) gives the padded tile's
+    values within rounding, with the folded layernorm, and the gathered embedding too."""
+    N = 40
+    pieces = gemv_fma.k_pieces(K)
+    assert sum(pieces) == K and pieces[1] > 0
+    x = randn(1, K, dtype=torch.float16, device=device, scale=3.0) + 1.5
+    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
+    b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
+    cfg = dict(gemv_fma.layout(K), BLOCK_K=pieces[0], BLOCK_K2=pieces[1], BLOCK_K3=pieces[2], EARLY_F32=early)
+    out = poisoned((1, N), torch.float16, device)
+    ln_linear(x, w, b, g, be, activation="gelu_tanh", out=out, _config=cfg)
+    assert_rel_close(out, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), torch.float16, f"pieces K={K}")

@@ -266,3 +266,18 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
+
+
+def test_l2_requests_capped_past_gpt2_width():
+    """Past gpt2's width a layer weight is asked for only up to its first L2_WIDE_CAP bytes (its
+    first columns, a dense view: l2_ranges' requirement); at gpt2's width whole."""
+    from kernels._l2_ahead import l2_ranges
+    from minillm.model import L2_WIDE_CAP, l2_part
+    for K, N in [(1600, 6400), (6400, 1600)]:
+        w = torch.randn(N, K, dtype=torch.float16).t()  # out-major (K, N)
+        part = l2_part(w, 1600)
+        assert part.data_ptr() == w.data_ptr() and part.shape[0] == K
+        assert L2_WIDE_CAP - K * 2 < part.numel() * 2 <= L2_WIDE_CAP
+        assert l2_ranges("t", (part,), part.device)[0][1] == part.numel() * 2
+    w = torch.randn(3072, 768, dtype=torch.float16).t()
+    assert l2_part(w, 768) is w
