@@ -51,7 +51,9 @@ MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 11_000_000)
 GPT2_MAX_WEIGHT = 2_400_000
 # past GPT2_MAX_WEIGHT, the largest part of a tile past K (padded to a power of two) routed here:
 # padded lanes hold registers, so fewer programs (and fewer of a layer's bytes) are resident at
-# once. gpt2-large's K = 1280 and 5120 (37.5% padded) lost 3.3% (session 93), gpt2-xl's (22%) gained
+# once. gpt2-large's K = 1280 and 5120 (37.5% padded) lost 3.3%, gpt2-xl's (22%) gained (session
+# 93). Tiles of exactly K in up to three power-of-two pieces lost at every width (gpt2-xl -16%,
+# gpt2-large -2.7%, gpt2-medium -0.9%; k-pieces-experiment.patch there)
 MAX_PAD = 0.25
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
 # the roles whose weights are converted to fp32 before the wait (early_f32's mask: 1 qkv, 2 fc,
@@ -64,8 +66,6 @@ FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
 # MINILLM_FMA_LAYOUT=BLOCK_KxBLOCK_NxWARPS[+...] forces those tiles where BLOCK_K is K's (A/B timing)
-# MINILLM_FMA_PIECES=1: tiles of exactly K in up to three pieces (k_pieces), not padded (A/B timing)
-PIECES = env_int("MINILLM_FMA_PIECES", 0) == 1
 FORCED_LAYOUTS = {v[0]: v[1:] for v in (
     layout_switch("MINILLM_FMA_LAYOUT", t, "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
     for t in os.environ.get("MINILLM_FMA_LAYOUT", "").replace("+", ",").split(",")) if v}
@@ -77,23 +77,15 @@ def layout(K):
     columns of K one warp holds the slab (128 fp16 a thread) and every reduction (layernorm
     statistics, the dot) stays inside the warp, with no shared-memory round trip: gpt2's fc
     3.52 -> 2.71 us, qkv 2.74 -> 2.36, attn-out even (H200, bench/results/h200/fma-warps.md);
-    wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one)."""
+    wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one), and past 4096 two
+    columns over 8 warps (gpt2-xl's mlp-out). gpt2-xl batch 1 (H200, session 93, one round):
+    834 tok/s as here; its mlp-out on 1 column x 4 warps 812, 2 x 4 816; its qkv and fc on 2 x 2
+    810, 8 x 8 771."""
     block_k = triton.next_power_of_2(K)
     block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
     block_n, warps = FORCED_LAYOUTS.get(block_k, (block_n, warps))
-    k1, k2, k3 = k_pieces(K) if PIECES else (block_k, 0, 0)
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=k1, BLOCK_K2=k2, BLOCK_K3=k3,
-                num_warps=warps)
-
-
-def k_pieces(K):
-    """K as up to three powers of two of at least 16 (largest first, zeros for the unused), so
-    that a program's tile holds exactly K; or (next_power_of_2(K), 0, 0), the tile padded."""
-    bits = [1 << b for b in reversed(range(K.bit_length())) if K >> b & 1]
-    if len(bits) > 3 or bits[-1] < 16:
-        return triton.next_power_of_2(K), 0, 0
-    return tuple(bits + [0] * (3 - len(bits)))
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def early_f32(N, K, activation):
@@ -117,10 +109,10 @@ def fma_config(M, N, K, stride_wk):
     the faster one (H200 timings: bench/results/h200/fma-gemv-experiment.md): past MAX_ROWS
     rows, weights not out-major (stride_wk != 1: a program would read 8-byte pieces of many
     rows), a weight column too wide for registers, a large layer's tile padded past MAX_PAD, a
-    weight past MAX_WEIGHT, or a vocabulary head (tensor-core column blocks fill the GPU there, no merge)."""
+    weight past MAX_WEIGHT, or a vocabulary head (tensor-core column blocks fill the GPU there,
+    no merge)."""
     block_k = triton.next_power_of_2(K)
-    tile = sum(k_pieces(K)) if PIECES else block_k
-    padded = tile - K > MAX_PAD * tile and N * K > GPT2_MAX_WEIGHT
+    padded = block_k - K > MAX_PAD * block_k and N * K > GPT2_MAX_WEIGHT
     if M > MAX_ROWS or stride_wk != 1 or block_k > MAX_TILE or padded or N * K > MAX_WEIGHT or N >= VOCAB_N:
         return None
     return layout(K)
@@ -131,41 +123,10 @@ def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
     """x . w for each of w's rows (out-major columns, (BLOCK_N, BLOCK_K)) with x in fp32
     (BLOCK_K,), zero past K; a folded layernorm applied as _fold_ln: rstd * (acc - mean * colsum).
     fp16 x fp16 products are exact in fp32; one reduction over K per output."""
-    return _fold(tl.sum(w.to(tl.float32) * xf[None, :], axis=1), colsum, mean, rstd, LN_FOLD)  # (BLOCK_N,)
-
-
-@triton.jit
-def _fold(acc, colsum, mean, rstd, LN_FOLD: tl.constexpr):
+    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
     if LN_FOLD:
         acc = tl.fma(-mean, colsum, acc) * rstd
     return acc
-
-
-@triton.jit
-def _w_piece(w_ptr, rn, n_mask, k0, K, stride_wn, stride_wk, BLOCK: tl.constexpr):
-    """Columns rn's weights at K indices k0 .. k0 + BLOCK - 1 (zero past K): (BLOCK_N, BLOCK)."""
-    rk = k0 + tl.arange(0, BLOCK)
-    return tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
-                   mask=n_mask[:, None] & (rk < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _x_piece(x_ptr, row, stride_xm, stride_xk, k0, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab, n_pos,
-             stride_te, stride_pe, store, EMBED: tl.constexpr, BLOCK: tl.constexpr):
-    """x's row at K indices k0 .. k0 + BLOCK - 1 in fp32 (zero past K). With EMBED it is
-    gathered (embedding_linear) and, where `store`, written with the row's length."""
-    rk = k0 + tl.arange(0, BLOCK)
-    k_mask = rk < K
-    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
-    if EMBED:
-        e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
-                               stride_pe)
-        x = e.to(x_ptr.dtype.element_ty)
-        if store:  # every program gathers the same bits; one a row stores them
-            tl.store(x_ptrs, x, mask=k_mask)
-            tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
-        return x.to(tl.float32)
-    return tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)
 
 
 # M is not specialized: at M = 1 Triton would compile a second kernel whose fp32 contractions
@@ -180,8 +141,7 @@ def _gemv_fma_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, BLOCK_K2: tl.constexpr,
-    BLOCK_K3: tl.constexpr, EMBED: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -189,18 +149,15 @@ def _gemv_fma_kernel(
     pid = tl.program_id(0)
     row = pid % M
     rn = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
+    k_mask = rk < K
 
     # everything that does not come from the previous kernel, before waiting on it. Every
     # vector is a slice of the weight tile's layout, so nothing changes layout after the wait
-    # (a (rows, columns, K) product made Triton move the whole slab through shared memory there).
-    # K in up to three pieces (k_pieces): BLOCK_K, then BLOCK_K2 and BLOCK_K3 where not 0
-    w = _w_piece(w_ptr, rn, n_mask, 0, K, stride_wn, stride_wk, BLOCK_K)  # (BLOCK_N, BLOCK_K)
-    w2, w3 = 0.0, 0.0
-    if BLOCK_K2 > 0:
-        w2 = _w_piece(w_ptr, rn, n_mask, BLOCK_K, K, stride_wn, stride_wk, BLOCK_K2)
-    if BLOCK_K3 > 0:
-        w3 = _w_piece(w_ptr, rn, n_mask, BLOCK_K + BLOCK_K2, K, stride_wn, stride_wk, BLOCK_K3)
+    # (a (rows, columns, K) product made Triton move the whole slab through shared memory there)
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk,
+                mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K)
     colsum = 0.0
     if LN_FOLD:
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
@@ -216,37 +173,29 @@ def _gemv_fma_kernel(
     if USE_PDL:
         if EARLY_F32:  # the weights in fp32 before the wait (early_f32)
             w, chk = _in_f32(w, 0.0)
-            if BLOCK_K2 > 0:
-                w2, chk = _in_f32(w2, chk)
-            if BLOCK_K3 > 0:
-                w3, chk = _in_f32(w3, chk)
             _gdc_wait_after(chk)  # x (and a late residual) are written by now
         else:
             tl.extra.cuda.gdc_wait()  # x (and a late residual) are written by now
         if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
-    # x is read, or with EMBED the row's embedding gathered here (embedding_linear), kept by column block 0
-    xf = _x_piece(x_ptr, row, stride_xm, stride_xk, 0, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr, n_vocab,
-                  n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K)  # (BLOCK_K,)
-    s1, s2 = tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0)
-    dot = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
-    if BLOCK_K2 > 0:  # the pieces' sums added in order
-        xf2 = _x_piece(x_ptr, row, stride_xm, stride_xk, BLOCK_K, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr, lens_ptr,
-                       n_vocab, n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K2)
-        s1, s2 = s1 + tl.sum(xf2, axis=0), s2 + tl.sum(xf2 * xf2, axis=0)
-        dot += tl.sum(w2.to(tl.float32) * xf2[None, :], axis=1)
-    if BLOCK_K3 > 0:
-        xf3 = _x_piece(x_ptr, row, stride_xm, stride_xk, BLOCK_K + BLOCK_K2, K, ids_ptr, pos_ptr, wte_ptr, wpe_ptr,
-                       lens_ptr, n_vocab, n_pos, stride_te, stride_pe, pid < M, EMBED, BLOCK_K3)
-        s1, s2 = s1 + tl.sum(xf3, axis=0), s2 + tl.sum(xf3 * xf3, axis=0)
-        dot += tl.sum(w3.to(tl.float32) * xf3[None, :], axis=1)
+    x_ptrs = x_ptr + row * stride_xm + rk * stride_xk
+    if EMBED:  # x is the row's embedding (embedding_linear): gathered here, kept by column block 0
+        e, pos = _embedded_row(ids_ptr, pos_ptr, wte_ptr, wpe_ptr, row, rk, k_mask, n_vocab, n_pos, stride_te,
+                               stride_pe)
+        x = e.to(x_ptr.dtype.element_ty)
+        if pid < M:  # every program gathers the same bits; one a row stores them
+            tl.store(x_ptrs, x, mask=k_mask)
+            tl.store(lens_ptr + row, (pos + 1).to(lens_ptr.dtype.element_ty))
+        xf = x.to(tl.float32)  # (BLOCK_K,)
+    else:
+        xf = tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
-        mean, rstd = _mean_rstd(s1, s2, K, ln_eps)
-    acc = _fold(dot, colsum, mean, rstd, LN_FOLD)
+        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
+    acc = _row_dot(w, xf, colsum, mean, rstd, LN_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
@@ -271,7 +220,7 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
     read, and lens_out gets pos + 1."""
     M, K = x2.shape
     N = weight.shape[1]
-    meta = {"BLOCK_K2": 0, "BLOCK_K3": 0, **config}
+    meta = dict(config)
     early = meta.pop("EARLY_F32", None)
     if meta.pop("ROWS") != 1:
         raise ValueError(f"_config: the CUDA-core layout runs one row per program, got ROWS={config['ROWS']}")

@@ -95,7 +95,7 @@ PATCHES = {
         ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),
         (" EMBED: tl.constexpr,\n):", " EMBED: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
-        ("    # x is read, or with EMBED", "    t2 = _now()\n" + SUM_W + "    # x is read, or with EMBED"),
+        ("    x_ptrs = x_ptr + row", "    t2 = _now()\n" + SUM_W + "    x_ptrs = x_ptr + row"),
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",
          "    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n"
          "    _record(trace_ptr, pid, t0, t1, t2)\n"),

@@ -225,19 +225,3 @@ def test_rows_alike_within_each_decode_path(dtype, device):
     alone = kernels.linear(x[:1], w, b, activation="gelu_tanh")
     assert_rel_close(alone, full[:1], dtype, "a CUDA-core row against the tensor-core row")
 
-
-@pytest.mark.parametrize("K", [112, 80])
-@pytest.mark.parametrize("early", [False, True])
-def test_fma_k_pieces(K, early, device):
-    """A tile of exactly K in pieces (k_pieces: 64 + 32 + 16, 64 + 16) gives the padded tile's
-    values within rounding, with the folded layernorm, and the gathered embedding too."""
-    N = 40
-    pieces = gemv_fma.k_pieces(K)
-    assert sum(pieces) == K and pieces[1] > 0
-    x = randn(1, K, dtype=torch.float16, device=device, scale=3.0) + 1.5
-    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
-    b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
-    cfg = dict(gemv_fma.layout(K), BLOCK_K=pieces[0], BLOCK_K2=pieces[1], BLOCK_K3=pieces[2], EARLY_F32=early)
-    out = poisoned((1, N), torch.float16, device)
-    ln_linear(x, w, b, g, be, activation="gelu_tanh", out=out, _config=cfg)
-    assert_rel_close(out, ln_linear_ref(x, w, b, g, be, activation="gelu_tanh"), torch.float16, f"pieces K={K}")

@@ -180,22 +180,3 @@ def test_embedding_linear_errors(device):
         kernels.embedding_linear(ids, ids, wte, wpe, w[:4], b, ln_fold=colsum)
     with pytest.raises(ValueError, match="ln_fold: expected shape"):
         kernels.embedding_linear(ids, ids, wte, wpe, w, b, ln_fold=colsum[:5])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_embedding_linear_in_k_pieces(dtype, device, monkeypatch):
-    """The gathering programs with a tile of exactly K in pieces (gemv_fma.k_pieces, C = 112:
-    64 + 32 + 16): each piece's x is gathered and stored, and x, y and the lengths are the two
-    ops' bits."""
-    from kernels import gemv_fma
-    monkeypatch.setattr(gemv_fma, "PIECES", True)
-    wte, wpe, w, b, colsum = _embedding_layer(60, 20, 112, 44, dtype, device)
-    ids = torch.randint(0, 60, (1,), device=device)
-    pos = torch.randint(0, 20, (1,), device=device, dtype=torch.int32)
-    lens = torch.full((1,), -7, dtype=torch.int32, device=device)
-    assert gemv_fma.layout(112)["BLOCK_K3"] == 16
-    x0 = kernels.embedding(ids, pos, wte, wpe)
-    y0 = kernels.linear(x0, w, b, ln_fold=colsum)
-    x, y = kernels.embedding_linear(ids, pos, wte, wpe, w, b, ln_fold=colsum, lens_out=lens)
-    assert torch.equal(x, x0) and torch.equal(y, y0) and torch.equal(lens, pos + 1)
-    assert_rel_close(y, _ref(x0, w, bias=b, ln_fold=colsum), dtype, "embedding_linear in pieces")
