@@ -201,7 +201,7 @@ def test_decode_row_stats(device):
 @pytest.mark.skipif(not ON_GPU, reason="interpreter time: a gpt2-sized layer at one row runs on the GPU only")
 @pytest.mark.parametrize("K,N", [(768, 2304), (3072, 768), (1600, 4800), (6400, 1600)])
 def test_fma_gpt2_shapes(K, N, device):
-    """gpt2's layers as linear routes them; gpt2-xl's (past MAX_WEIGHT) in the forced layout."""
+    """gpt2's and gpt2-xl's layers (K padded to 1024, 4096, 2048 and 8192) in their layouts."""
     x = randn(1, K, dtype=torch.float16, device=device)
     w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
     b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
