@@ -77,8 +77,8 @@ def early_roles(rows, cuda_core, width):
     qkv is late, and the model asks it for that). Separate decode attention is always late.
     Where it pays was timed end to end (same-call A/Bs on an H100,
     bench/results/h100/early-roles.md and fused-attention-proj.md):
-    - one row on the CUDA-core GEMV (timed at gpt2's size): fc (+2.9%; attn-out too -1.5%) and qkv, so
-      the fused launch reads its cache tile and W during qkv (5,468 -> 5,540 tok/s; at 2 rows
+    - one row on the CUDA-core GEMV (timed at gpt2's size): fc (+2.9%; attn-out too -1.5%) and
+      qkv, so the fused launch reads its cache tile and W during qkv (5,468 -> 5,540 tok/s; at 2 rows
       -5%, gpt2-medium -3.7%, gpt2-xl -1.6%); mlp-out too once the CUDA-core kernel's work
       after its wait got short (5,929 -> 5,991; it had lost 3% before);
     - one row on the split tensor-core layouts, attn-out fused: attn-out, fc and mlp-out
@@ -166,7 +166,7 @@ def l2_part(w, width):
     """What of an out-major (K, N) layer weight a model `width` wide asks L2 for: all of it, or
     its first columns up to the cap."""
     cap = L2_CAP_ENV if L2_CAP_ENV is not None else L2_WIDE_CAP if width > GPT2_WIDTH else None
-    return w if cap is None else w[:, :max(1, cap // (w.shape[0] * w.element_size()))]
+    return w if cap is None else w[:, :cap // (w.shape[0] * w.element_size())]  # (0 MB: no columns, no request)
 
 
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's

@@ -224,4 +224,3 @@ def test_rows_alike_within_each_decode_path(dtype, device):
         assert torch.equal(kernels.linear(x[:m], w, b, activation="gelu_tanh"), full[:m])
     alone = kernels.linear(x[:1], w, b, activation="gelu_tanh")
     assert_rel_close(alone, full[:1], dtype, "a CUDA-core row against the tensor-core row")
-

@@ -268,7 +268,7 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     assert head.t().is_contiguous()
 
 
-def test_l2_requests_capped_past_gpt2_width():
+def test_l2_requests_capped_past_gpt2_width(monkeypatch):
     """Past gpt2's width a layer weight is asked for only up to its first L2_WIDE_CAP bytes (its
     first columns, a dense view: l2_ranges' requirement); at gpt2's width whole."""
     from kernels._l2_ahead import l2_ranges
@@ -281,3 +281,5 @@ def test_l2_requests_capped_past_gpt2_width():
         assert l2_ranges("t", (part,), part.device)[0][1] == part.numel() * 2
     w = torch.randn(3072, 768, dtype=torch.float16).t()
     assert l2_part(w, 768) is w
+    monkeypatch.setattr(minillm.model, "L2_CAP_ENV", 0)  # MINILLM_L2_AHEAD_MB=0: nothing asked for
+    assert l2_ranges("t", (l2_part(w, 768),), w.device)[0][1] == 0
