@@ -142,7 +142,7 @@ L2_LM_HEAD_BYTES = 4 << 20
 # (bench/results/h200/session-79/). Against none, H200, gpt2 batch 1, alternated twice, the same ids
 # (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
 # MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
-def screen_bytes_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
+def mb_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
     """A number of MB from the environment variable `name`'s value (None or empty: default) ->
     bytes; one error naming it otherwise."""
     if not value:
@@ -152,21 +152,27 @@ def screen_bytes_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
     return int(value) << 20
 
 
-L2_SCREEN_BYTES = screen_bytes_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
+L2_SCREEN_BYTES = mb_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 # past gpt2's width each layer weight the CUDA-core GEMV's chain asks L2 for (decode's l2_ahead) is
 # asked for only up to its first 4 MB. gpt2-xl batch 1, H200 (bench/results/h200/session-93/):
 # 835 tok/s, 832 with no requests, 801 with 8 MB, 697 whole (fc's and mlp-out's 41 MB at once).
 # MINILLM_L2_AHEAD_MB=n caps them at n MB at every width (A/B timing)
 GPT2_WIDTH = 768
 L2_WIDE_CAP = 4 << 20
-L2_CAP_ENV = screen_bytes_from_env(os.environ.get("MINILLM_L2_AHEAD_MB"), "MINILLM_L2_AHEAD_MB", None)
+L2_CAP_ENV = mb_from_env(os.environ.get("MINILLM_L2_AHEAD_MB"), "MINILLM_L2_AHEAD_MB", None)
+
+
+def first_columns(w, nbytes):
+    """An out-major (K, N) weight's first columns within nbytes: a dense view of its first bytes
+    (none for fewer than a column's)."""
+    return w[:, :nbytes // (w.shape[0] * w.element_size())]
 
 
 def l2_part(w, width):
     """What of an out-major (K, N) layer weight a model `width` wide asks L2 for: all of it, or
     its first columns up to the cap."""
     cap = L2_CAP_ENV if L2_CAP_ENV is not None else L2_WIDE_CAP if width > GPT2_WIDTH else None
-    return w if cap is None else w[:, :cap // (w.shape[0] * w.element_size())]  # (0 MB: no columns, no request)
+    return w if cap is None else first_columns(w, cap)  # (0 MB: no columns, no request)
 
 
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
@@ -340,8 +346,7 @@ class GPT:
             q = self.lm_screen.q  # (V, C // 4) int32 words: a column's bytes contiguous
             rows = L2_SCREEN_BYTES // (q.shape[1] * 4)
             return (q[:rows],) if rows else ()
-        w = self.lm_head[0]  # (C, V), out-major: the first columns are the first bytes
-        return (w[:, :max(1, L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))],)
+        return (first_columns(self.lm_head[0], L2_LM_HEAD_BYTES),)  # (C, V), out-major
 
     def _screened(self, B, argmax_keys):
         """Whether this step's lm_head is the screened head (kernels.vocab_screen)."""

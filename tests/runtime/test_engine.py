@@ -10,7 +10,7 @@ import kernels.vocab_screen
 import minillm.model
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
-from minillm.model import early_roles, roles_from_env, screen_bytes_from_env
+from minillm.model import early_roles, mb_from_env, roles_from_env
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -200,11 +200,11 @@ def test_early_roles_rule_and_its_switch(monkeypatch):
 
 def test_l2_screen_switch():
     """MINILLM_L2_SCREEN_MB: 4 MB unset, whole MB (0: none) when set, one error naming it otherwise."""
-    assert screen_bytes_from_env(None) == screen_bytes_from_env("") == screen_bytes_from_env("4") == 4 << 20
-    assert screen_bytes_from_env("0") == 0 and screen_bytes_from_env("12") == 12 << 20
+    assert mb_from_env(None) == mb_from_env("") == mb_from_env("4") == 4 << 20
+    assert mb_from_env("0") == 0 and mb_from_env("12") == 12 << 20
     for bad in ("-1", "4.5", "four"):
         with pytest.raises(ValueError, match=r"^MINILLM_L2_SCREEN_MB: expected a whole number of MB"):
-            screen_bytes_from_env(bad)
+            mb_from_env(bad)
 
 
 @pytest.mark.parametrize("cuda_core", [True, False])
