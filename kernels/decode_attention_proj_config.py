@@ -78,7 +78,11 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
       +11%, batch 2 +6.5%, gpt2-medium +14.7% and +5.5%, gpt2-xl batch 1 +3.2%, gpt2-large
       batch 1 +0.6% (even). Why is not profiled;
     - one row of a width in WIDE_BLOCK_N (gpt2-large's) over a 256-position tile: wider column
-      blocks (H200; a table of the timed widths, as no layout property seen separates them)."""
+      blocks (H200; a table of the timed widths, as no layout property seen separates them).
+    Re-timed at gpt2-xl's one row with its layers on CUDA cores (H200, ninety-fourth session, one
+    round, bench/results/h200/session-94/call3-*), against 256 x 128 x 4: 512 x 128 x 4 -1.1%,
+    256 x 256 x 8 -5.4%, 512 x 256 x 8 -0.9%, 256 x 128 x 8 +0.3% (inside the spread); the two
+    kernels -2.5%."""
     if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
             or head_dim > 128):
         return None

@@ -79,8 +79,9 @@ def layout(K):
     3.52 -> 2.71 us, qkv 2.74 -> 2.36, attn-out even (H200, bench/results/h200/fma-warps.md);
     wider slabs spread over 4 warps (mlp-out: 2.52 against 3.58 us with one), and past 4096 two
     columns over 8 warps (gpt2-xl's mlp-out). gpt2-xl batch 1 (H200, session 93, one round):
-    834 tok/s as here; its mlp-out on 1 column x 4 warps 812, 2 x 4 816; its qkv and fc on 2 x 2
-    810, 8 x 8 771."""
+    834 tok/s as here; its mlp-out on 1 column x 4 warps 812, 2 x 4 816, 1 x 2 793; its qkv and
+    fc on 2 x 2 810, 8 x 8 771, and on one warp, whose programs have no barriers after the wait,
+    1 column 747, 2 columns 817 (session 94)."""
     block_k = triton.next_power_of_2(K)
     block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8

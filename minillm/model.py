@@ -102,7 +102,10 @@ def early_roles(rows, cuda_core, width):
       -1.8%: bench/results/h200/session-84/call6-ab.log).
     Re-timed at one row on the H200 (sixty-seventh session, MINILLM_EARLY_ROLES, alternated
     twice, the same ids; bench/results/h200/fused-attn-ab/call4-*): gpt2 without qkv -1.0%, with
-    attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%."""
+    attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%.
+    gpt2-xl's one row on the CUDA-core GEMV (ninety-fourth session, one round,
+    bench/results/h200/session-94/): without qkv -1.5%, without fc -2.0%, without mlp-out -2.8%,
+    attn-out too -0.1%."""
     if EARLY_ROLES_ENV is not None:
         return EARLY_ROLES_ENV
     if cuda_core:
