@@ -69,6 +69,13 @@ FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_
 FORCED_LAYOUTS = {v[0]: v[1:] for v in (
     layout_switch("MINILLM_FMA_LAYOUT", t, "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
     for t in os.environ.get("MINILLM_FMA_LAYOUT", "").replace("+", ",").split(",")) if v}
+# MINILLM_FMA_MAXNREG=BLOCK_KxREGS[+...] caps a thread's registers where BLOCK_K is K's (A/B timing):
+# at 4 warps a program of 72 registers leaves 7 resident an SM, of 64 8, of 48 10 (gpt2-xl's qkv
+# has 1,200 programs on 132 SMs). Not timed yet (session 94); gemv_config.split_maxnreg is the
+# same lever on the split tensor-core tiles, where it gained
+FORCED_MAXNREG = dict(v for v in (
+    layout_switch("MINILLM_FMA_MAXNREG", t, "BLOCK_KxREGS", "2048x64", pow2=1)
+    for t in os.environ.get("MINILLM_FMA_MAXNREG", "").replace("+", ",").split(",")) if v)
 
 
 def layout(K):
@@ -86,7 +93,8 @@ def layout(K):
     block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
     block_n, warps = FORCED_LAYOUTS.get(block_k, (block_n, warps))
-    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps)
+    cap = {} if INTERPRET or block_k not in FORCED_MAXNREG else {"maxnreg": FORCED_MAXNREG[block_k]}
+    return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps, **cap)
 
 
 def early_f32(N, K, activation):

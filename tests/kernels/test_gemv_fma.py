@@ -119,6 +119,16 @@ def test_fma_early_f32_roles(monkeypatch):
         assert [int(gemv_fma.early_f32(*r)) for r in roles] == expect
 
 
+def test_fma_register_cap(monkeypatch):
+    """MINILLM_FMA_MAXNREG's caps (BLOCK_K -> registers a thread) go to the launches of tiles that
+    wide as maxnreg, and nowhere else; the interpreter, which allocates no registers, gets none."""
+    monkeypatch.setattr(gemv_fma, "FORCED_MAXNREG", {2048: 64})
+    monkeypatch.setattr(gemv_fma, "INTERPRET", False)
+    assert gemv_fma.layout(1600)["maxnreg"] == 64 and "maxnreg" not in gemv_fma.layout(6400)
+    monkeypatch.setattr(gemv_fma, "INTERPRET", True)
+    assert "maxnreg" not in gemv_fma.layout(1600)
+
+
 def test_fma_l2_ahead_changes_no_bit(device):
     """Asking L2 for other tensors' bytes (a later layer's out-major weight; a tensor whose size
     is not a multiple of 16 bytes; a slice that starts off a 16-byte boundary) leaves the result

@@ -160,6 +160,9 @@ def test_layout_switch():
         with pytest.raises(ValueError, match=r"^MINILLM_X: expected AxBxC, 3 positive integers \(.*powers of two\) "
                                              r"such as 2x2x3, got"):
             switch("MINILLM_X", bad, "AxBxC", "2x2x3", pow2=pow2)
+    assert switch("MINILLM_X", "2048x56", "AxB", "2048x64", pow2=1) == (2048, 56)  # MINILLM_FMA_MAXNREG's form
+    with pytest.raises(ValueError, match=r"2 positive integers \(the first a power of two\) such as 2048x64, got '2000x64'"):
+        switch("MINILLM_X", "2000x64", "AxB", "2048x64", pow2=1)
 
 
 def test_programs_by_registers():
