@@ -65,17 +65,22 @@ EARLY_F32_ROLES = 4
 FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_FMA_EARLY_F32"),
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
 
+
+def by_block_k(name, fields, example, pow2=3):
+    """A switch of tiles joined by + or , (A/B timing), each `fields` with BLOCK_K first:
+    {BLOCK_K: the other fields}."""
+    texts = os.environ.get(name, "").replace("+", ",").split(",")
+    tiles = (layout_switch(name, t, fields, example, pow2) for t in texts)
+    return {v[0]: v[1:] for v in tiles if v}
+
+
 # MINILLM_FMA_LAYOUT=BLOCK_KxBLOCK_NxWARPS[+...] forces those tiles where BLOCK_K is K's (A/B timing)
-FORCED_LAYOUTS = {v[0]: v[1:] for v in (
-    layout_switch("MINILLM_FMA_LAYOUT", t, "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
-    for t in os.environ.get("MINILLM_FMA_LAYOUT", "").replace("+", ",").split(",")) if v}
+FORCED_LAYOUTS = by_block_k("MINILLM_FMA_LAYOUT", "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
 # MINILLM_FMA_MAXNREG=BLOCK_KxREGS[+...] caps a thread's registers where BLOCK_K is K's (A/B timing):
 # at 4 warps a program of 72 registers leaves 7 resident an SM, of 64 8, of 48 10 (gpt2-xl's qkv
 # has 1,200 programs on 132 SMs). Not timed yet (session 94); gemv_config.split_maxnreg is the
 # same lever on the split tensor-core tiles, where it gained
-FORCED_MAXNREG = dict(v for v in (
-    layout_switch("MINILLM_FMA_MAXNREG", t, "BLOCK_KxREGS", "2048x64", pow2=1)
-    for t in os.environ.get("MINILLM_FMA_MAXNREG", "").replace("+", ",").split(",")) if v)
+FORCED_MAXNREG = {k: regs for k, (regs,) in by_block_k("MINILLM_FMA_MAXNREG", "BLOCK_KxREGS", "2048x64", 1).items()}
 
 
 def layout(K):
