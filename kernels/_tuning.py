@@ -48,7 +48,7 @@ def layout_switch(name, text, fields, example, pow2=3):
     values = tuple(int(p) for p in parts if p.isdigit())
     n = len(fields.split("x"))
     if len(parts) != n or len(values) != n or min(values) < 1 or any(v & (v - 1) for v in values[:pow2]):
-        what = "powers of two" if pow2 >= n else "the first a power of two" if pow2 == 1 else \
+        what = "powers of two" if pow2 >= n else "the first one a power of two" if pow2 == 1 else \
             f"the first {pow2} powers of two"
         raise ValueError(f"{name}: expected {fields}, {n} positive integers ({what}) such as {example}, "
                          f"got {text!r}")
