@@ -161,7 +161,8 @@ def test_layout_switch():
                                              r"such as 2x2x3, got"):
             switch("MINILLM_X", bad, "AxBxC", "2x2x3", pow2=pow2)
     assert switch("MINILLM_X", "2048x56", "AxB", "2048x64", pow2=1) == (2048, 56)  # MINILLM_FMA_MAXNREG's form
-    with pytest.raises(ValueError, match=r"2 positive integers \(the first one a power of two\) such as 2048x64, got '2000x64'"):
+    one_pow2 = r"2 positive integers \(the first one a power of two\) such as 2048x64, got '2000x64'"
+    with pytest.raises(ValueError, match=one_pow2):
         switch("MINILLM_X", "2000x64", "AxB", "2048x64", pow2=1)
 
 
