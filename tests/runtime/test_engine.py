@@ -209,7 +209,7 @@ def test_l2_screen_switch():
 
 @pytest.mark.parametrize("cuda_core", [True, False])
 def test_qkv_asks_l2_for_its_layers_attention_projection(tmp_path, cuda_core):
-    """Where the layer linears run the CUDA-core GEMV (one row of gpt2's size: no statistics
+    """Where the layer linears run the CUDA-core GEMV (one row, gpt2 to gpt2-xl: no statistics
     buffers), each decode step's qkv from layer 1 on asks L2 for its layer's W_o, which the
     attention launch after it reads before its wait; elsewhere (and in prefill) qkv asks for
     nothing. The plain-torch backend with the kernels' buffer rule stood in."""
