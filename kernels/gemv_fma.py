@@ -5,8 +5,9 @@ At one row the tensor-core GEMV (gemv.py) spends more time on latency than on by
 K-chunks meet in a merge (partials stored, an arrival counter, the partials read back) after
 the products. Here a program owns BLOCK_N output columns over the whole of K and reduces over K
 itself:
-- BLOCK_N is 4, so N / 4 programs cover the GPU even for a 768-wide output, and a program's
-  weights (BLOCK_N x K, at most 16K elements) sit in registers. The weight must be stored
+- BLOCK_N is 4 up to K = 1024, so N / 4 programs cover the GPU even for a 768-wide output;
+  wider slabs fill MAX_TILE (layout). A program's weights (BLOCK_N x K, at most 16K elements)
+  sit in registers. The weight must be stored
   out-major (stride_wk == 1: each output's K weights contiguous, nn.Linear's layout), or a
   program would read 8-byte pieces of K rows. The weights, the folded layernorm's column sums,
   the bias (and a residual the caller vouches for) are requested before the programmatic-
@@ -37,7 +38,7 @@ from .embedding import _embedded_row
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
 # (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
 MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1)
-BLOCK_N = 4  # output columns per program
+BLOCK_N = 4  # output columns per one-warp program (K up to 1024; layout() past it)
 INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
 # elements: gpt2's layers (at most 2.36M) gained first (bench/results/h200/fma-gemv-experiment.md);
@@ -78,8 +79,9 @@ def by_block_k(name, fields, example, pow2=3):
 FORCED_LAYOUTS = by_block_k("MINILLM_FMA_LAYOUT", "BLOCK_KxBLOCK_NxWARPS", "2048x2x4")
 # MINILLM_FMA_MAXNREG=BLOCK_KxREGS[+...] caps a thread's registers where BLOCK_K is K's (A/B timing):
 # at 4 warps a program of 72 registers leaves 7 resident an SM, of 64 8, of 48 10 (gpt2-xl's qkv
-# has 1,200 programs on 132 SMs). Not timed yet (session 94); gemv_config.split_maxnreg is the
-# same lever on the split tensor-core tiles, where it gained
+# has 1,200 programs on 132 SMs). It lost at gpt2-xl batch 1 (H200, session 95, 4 x 4 tiles, alternated
+# twice): 2048x64 -1.6%, 2048x56 -5.3%, 2048x64+8192x48 -11.3%; gemv_config.split_maxnreg, the same
+# lever on the split tensor-core tiles, gained
 FORCED_MAXNREG = {k: regs for k, (regs,) in by_block_k("MINILLM_FMA_MAXNREG", "BLOCK_KxREGS", "2048x64", 1).items()}
 
 
@@ -93,10 +95,17 @@ def layout(K):
     columns over 8 warps (gpt2-xl's mlp-out). gpt2-xl batch 1 (H200, session 93, one round):
     834 tok/s as here; its mlp-out on 1 column x 4 warps 812, 2 x 4 816, 1 x 2 793; its qkv and
     fc on 2 x 2 810, 8 x 8 771, and on one warp, whose programs have no barriers after the wait,
-    1 column 747, 2 columns 817 (session 94)."""
+    1 column 747, 2 columns 817 (session 94). Past one warp a program holds MAX_TILE elements:
+    gpt2-xl's qkv and fc on 8 columns x 4 warps (600 and 800 programs of 127 registers) against
+    4 x 4: 838 -> 841 tok/s, then 837 / 837 -> 839 / 840 alternated twice (+0.3%; the A/A +0.1%).
+    In the profile qkv took 0.7 us less a layer and the two launches after it 0.4 more each, the
+    step even (session 95). There, too, 4 x 8 lost 4.8%, mlp-out on 4 x 8 1.0% and 1 x 8 2.4%;
+    qkv and fc capped at 64 registers (8 programs an SM where 72 leave 7) lost 1.6%, at 56 5.3%
+    (MINILLM_FMA_MAXNREG)."""
     block_k = triton.next_power_of_2(K)
-    block_n = max(1, min(BLOCK_N, MAX_TILE // block_k))  # past 4096 fewer columns: the slab stays in registers
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
+    # past 1024 as many columns as MAX_TILE holds: 8 to 2048, past 4096 fewer (the slab stays in registers)
+    block_n = BLOCK_N if warps == 1 else max(1, MAX_TILE // block_k)
     block_n, warps = FORCED_LAYOUTS.get(block_k, (block_n, warps))
     cap = {} if INTERPRET or block_k not in FORCED_MAXNREG else {"maxnreg": FORCED_MAXNREG[block_k]}
     return dict(ROWS=1, BLOCK_N=INTERPRET_BLOCK_N if INTERPRET else block_n, BLOCK_K=block_k, num_warps=warps, **cap)

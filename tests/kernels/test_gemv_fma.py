@@ -119,6 +119,22 @@ def test_fma_early_f32_roles(monkeypatch):
         assert [int(gemv_fma.early_f32(*r)) for r in roles] == expect
 
 
+def test_fma_layouts(monkeypatch):
+    """The rule's tiles (columns x warps) by K: 4 columns on one warp up to 1024, past it as many
+    columns as MAX_TILE holds (gpt2-xl's qkv and fc 8 x 4, its mlp-out 2 x 8); the interpreter's
+    columns apart. A forced tile replaces only its own width's."""
+    monkeypatch.setattr(gemv_fma, "INTERPRET", False)
+    monkeypatch.setattr(gemv_fma, "FORCED_LAYOUTS", {})
+    tiles = {K: (c["BLOCK_N"], c["num_warps"], c["BLOCK_K"]) for K in (96, 768, 1024, 1600, 3072, 6400)
+             for c in [gemv_fma.layout(K)]}
+    assert tiles == {96: (4, 1, 128), 768: (4, 1, 1024), 1024: (4, 1, 1024), 1600: (8, 4, 2048),
+                     3072: (4, 4, 4096), 6400: (2, 8, 8192)}
+    monkeypatch.setattr(gemv_fma, "FORCED_LAYOUTS", {2048: (4, 4)})
+    assert (gemv_fma.layout(1600)["BLOCK_N"], gemv_fma.layout(6400)["BLOCK_N"]) == (4, 2)
+    monkeypatch.setattr(gemv_fma, "INTERPRET", True)
+    assert gemv_fma.layout(1600)["BLOCK_N"] == gemv_fma.INTERPRET_BLOCK_N
+
+
 def test_fma_register_cap(monkeypatch):
     """MINILLM_FMA_MAXNREG's caps (BLOCK_K -> registers a thread) go to the launches of tiles that
     wide as maxnreg, and nowhere else; the interpreter, which allocates no registers, gets none."""
