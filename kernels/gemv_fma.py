@@ -7,11 +7,11 @@ the products. Here a program owns BLOCK_N output columns over the whole of K and
 itself:
 - BLOCK_N is 4 up to K = 1024, so N / 4 programs cover the GPU even for a 768-wide output;
   wider slabs fill MAX_TILE (layout). A program's weights (BLOCK_N x K, at most 16K elements)
-  sit in registers. The weight must be stored
-  out-major (stride_wk == 1: each output's K weights contiguous, nn.Linear's layout), or a
-  program would read 8-byte pieces of K rows. The weights, the folded layernorm's column sums,
-  the bias (and a residual the caller vouches for) are requested before the programmatic-
-  dependent-launch wait, so they stream in behind the previous kernel;
+  sit in registers. The weight must be stored out-major (stride_wk == 1: each output's K
+  weights contiguous, nn.Linear's layout), or a program would read 8-byte pieces of K rows.
+  The weights, the folded layernorm's column sums, the bias (and a residual the caller vouches
+  for) are requested before the programmatic-dependent-launch wait, so they stream in behind
+  the previous kernel;
 - after the wait: the row of x, multiply-adds in fp32 and one reduction over K, beside them the
   row's statistics for a folded layernorm (every program holds the whole row anyway; no
   partial statistics in or out), the epilogue;
@@ -99,7 +99,7 @@ def layout(K):
     gpt2-xl's qkv and fc on 8 columns x 4 warps (600 and 800 programs of 127 registers) against
     4 x 4: 838 -> 841 tok/s, then 837 / 837 -> 839 / 840 alternated twice (+0.3%; the A/A +0.1%).
     In the profile qkv took 0.7 us less a layer and the two launches after it 0.4 more each, the
-    step even (session 95). There, too, 4 x 8 lost 4.8%, mlp-out on 4 x 8 1.0% and 1 x 8 2.4%;
+    step even, and the benchmark too: 836 tok/s either way (session 95). There, too, 4 x 8 lost 4.8%, mlp-out on 4 x 8 1.0% and 1 x 8 2.4%;
     qkv and fc capped at 64 registers (8 programs an SM where 72 leave 7) lost 1.6%, at 56 5.3%
     (MINILLM_FMA_MAXNREG)."""
     block_k = triton.next_power_of_2(K)
