@@ -57,6 +57,9 @@ GPT2_MAX_WEIGHT = 2_400_000
 # gpt2-large -2.7%, gpt2-medium -0.9%; k-pieces-experiment.patch there)
 MAX_PAD = 0.25
 VOCAB_N = 16384  # output width from which a layer is a vocabulary head (gemv_config.decode_config has its layouts)
+# the padded lanes' terms as -0.0 where the compiler can drop them (pad_fold); MINILLM_FMA_PAD_FOLD=0
+# keeps them as products of zeros (A/B timing)
+PAD_FOLD = os.environ.get("MINILLM_FMA_PAD_FOLD", "1") != "0"
 # the roles whose weights are converted to fp32 before the wait (early_f32's mask: 1 qkv, 2 fc,
 # 4 mlp-out and attn-out). gpt2 batch 1, H200, alternated twice, the same ids
 # (bench/results/h200/session-76/): mlp-out 7,897 / 7,913 -> 7,955 / 7,947 tok/s (+0.6%), in a
@@ -141,12 +144,37 @@ def fma_config(M, N, K, stride_wk):
     return layout(K)
 
 
+def pad_fold(K, block_k, warps):
+    """Whether a kernel over a (.., block_k) tile of K columns adds -0.0 for the lanes past K
+    (PAD_FOLD). x + -0.0 is x exactly (x + 0.0 is not, at x = -0.0), so where a lane's padding is
+    known when compiling the compiler drops those adds and the products beside them: where the
+    padding is whole repeats of the warps' 16-byte loads along K (256 columns a warp), as at
+    gpt2's K = 768 and 3072, a quarter of the products after the wait (Triton 3.6's SASS:
+    164 -> 124 FFMAs at qkv). Elsewhere (gpt2-xl's K = 1600) the select would cost an
+    instruction a term; those keep the plain products. Only zeros' signs can differ."""
+    return PAD_FOLD and K < block_k and K % (256 * warps) == 0
+
+
 @triton.jit
-def _row_dot(w, xf, colsum, mean, rstd, LN_FOLD: tl.constexpr):
+def _unpadded(v, k_mask, PAD_FOLD: tl.constexpr):
+    """v, with -0.0 past K where PAD_FOLD (pad_fold): terms a sum drops when compiled."""
+    if PAD_FOLD:
+        v = tl.where(k_mask, v, -0.0)
+    return v
+
+
+@triton.jit
+def _row_sums(xf, k_mask, PAD_FOLD: tl.constexpr):
+    """A row's sum and sum of squares (fp32; x zero past K) for its layernorm statistics."""
+    return tl.sum(_unpadded(xf, k_mask, PAD_FOLD), axis=0), tl.sum(_unpadded(xf * xf, k_mask, PAD_FOLD), axis=0)
+
+
+@triton.jit
+def _row_dot(w, xf, k_mask, colsum, mean, rstd, LN_FOLD: tl.constexpr, PAD_FOLD: tl.constexpr):
     """x . w for each of w's rows (out-major columns, (BLOCK_N, BLOCK_K)) with x in fp32
     (BLOCK_K,), zero past K; a folded layernorm applied as _fold_ln: rstd * (acc - mean * colsum).
     fp16 x fp16 products are exact in fp32; one reduction over K per output."""
-    acc = tl.sum(w.to(tl.float32) * xf[None, :], axis=1)  # (BLOCK_N,)
+    acc = tl.sum(_unpadded(w.to(tl.float32) * xf[None, :], k_mask[None, :], PAD_FOLD), axis=1)  # (BLOCK_N,)
     if LN_FOLD:
         acc = tl.fma(-mean, colsum, acc) * rstd
     return acc
@@ -165,6 +193,7 @@ def _gemv_fma_kernel(
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
+    PAD_FOLD: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -217,8 +246,8 @@ def _gemv_fma_kernel(
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
-        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
-    acc = _row_dot(w, xf, colsum, mean, rstd, LN_FOLD)
+        mean, rstd = _mean_rstd(*_row_sums(xf, k_mask, PAD_FOLD), K, ln_eps)
+    acc = _row_dot(w, xf, k_mask, colsum, mean, rstd, LN_FOLD, PAD_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
@@ -262,7 +291,7 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early),
-        EMBED=embed is not None, launch_pdl=pdl,
+        EMBED=embed is not None, PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), launch_pdl=pdl,
         **l2_meta, **meta,
     )
     return y2

@@ -28,7 +28,7 @@ import triton.language as tl
 from ._epilogue import _mean_rstd
 from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, programs_by_registers, sm_count, use_pdl
 from .argmax_key import _argmax_key, _no_token_if_nan
-from .gemv_fma import VOCAB_N, _row_dot
+from .gemv_fma import VOCAB_N, _row_dot, _row_sums, pad_fold
 
 # MINILLM_FMA_VOCAB=0 sends vocabulary heads back to the tensor-core GEMV (A/B timing)
 ENABLED = os.environ.get("MINILLM_FMA_VOCAB", "1") != "0"
@@ -73,8 +73,8 @@ def vocab_config(M, N, K, stride_wk, *, sms):
 
 
 @triton.jit
-def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS: tl.constexpr,
-                  LN_FOLD: tl.constexpr, STORE: tl.constexpr):
+def _block_logits(w, xf, k_mask, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS: tl.constexpr,
+                  LN_FOLD: tl.constexpr, STORE: tl.constexpr, PAD_FOLD: tl.constexpr):
     """One block's logits (BLOCK_N,) from its weights w (BLOCK_N, BLOCK_K), rounded to y's dtype:
     stored (STORE), and returned as stored, in fp32."""
     # the column sums and the bias first, so their round trip overlaps the reduction (loaded
@@ -84,7 +84,7 @@ def _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    y = (_row_dot(w, xf, colsum, mean, rstd, LN_FOLD) + bias).to(y_ptr.dtype.element_ty)
+    y = (_row_dot(w, xf, k_mask, colsum, mean, rstd, LN_FOLD, PAD_FOLD) + bias).to(y_ptr.dtype.element_ty)
     if STORE:
         tl.store(y_ptr + rn, y, mask=n_mask)
     return y.to(tl.float32)
@@ -95,7 +95,7 @@ def _vocab_fma_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, fold_ptr, key_ptr,
     N, ln_eps, stride_xk, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, LN_FOLD: tl.constexpr, ARGMAX: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr, PAD_FOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -112,7 +112,7 @@ def _vocab_fma_kernel(
     xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
-        mean, rstd = _mean_rstd(tl.sum(xf, axis=0), tl.sum(xf * xf, axis=0), K, ln_eps)
+        mean, rstd = _mean_rstd(*_row_sums(xf, k_mask, PAD_FOLD), K, ln_eps)
     # per lane the first maximum over the program's blocks (columns rise block by block); the
     # first block's columns stand for lanes whose values are all -inf
     best = tl.full((BLOCK_N,), float("-inf"), tl.float32)
@@ -123,7 +123,8 @@ def _vocab_fma_kernel(
         rn_next = rn + step  # requested before this block is reduced: two blocks in flight
         w_next = tl.load(w_rows + rn_next[:, None] * stride_wn, mask=(rn_next < N)[:, None] & k_mask[None, :],
                          other=0.0)
-        y = _block_logits(w, xf, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD, STORE_Y)
+        y = _block_logits(w, xf, k_mask, rn, n_mask, bias_ptr, fold_ptr, mean, rstd, y_ptr, HAS_BIAS, LN_FOLD, STORE_Y,
+                          PAD_FOLD)
         if ARGMAX:
             v = tl.where(n_mask, y, float("-inf"))
             better = v > best  # NaN never wins: a NaN row is told by its input (below)
@@ -181,7 +182,8 @@ def vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, config, store=
     args = (x2, weight, bias if bias is not None else y2, y2, ln_fold if ln_fold is not None else y2,
             argmax_keys if argmax_keys is not None else y2, N, ln_eps, x2.stride(1), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, LN_FOLD=ln_fold is not None, ARGMAX=argmax_keys is not None,
-                USE_PDL=pdl, STORE_Y=store, num_stages=1, launch_pdl=pdl)
+                USE_PDL=pdl, STORE_Y=store, PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), num_stages=1,
+                launch_pdl=pdl)
     key = (x2.dtype, weight.dtype, y2.dtype, N % 16, x2.stride(1), weight.stride(1) % 16)
     programs = fitted_programs(_vocab_fma_kernel, programs, per_sm, x2.device, key, args, meta)
     launch(_vocab_fma_kernel, (programs,), *args, **meta)

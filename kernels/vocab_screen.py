@@ -31,7 +31,7 @@ import triton.language as tl
 from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
-from .gemv_fma import VOCAB_N
+from .gemv_fma import VOCAB_N, _row_sums, pad_fold
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_logits, fitted_programs
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
@@ -112,7 +112,7 @@ def _vocab_screen_kernel(
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr,
+    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -129,8 +129,8 @@ def _vocab_screen_kernel(
     rk = tl.arange(0, BLOCK_K)
     k_mask = rk < K
     xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
-    row_sq = tl.sum(xf * xf, axis=0)
-    mean, rstd = _mean_rstd(tl.sum(xf, axis=0), row_sq, K, ln_eps)  # as vocab_fma: the same bits
+    row_sum, row_sq = _row_sums(xf, k_mask, PAD_FOLD)
+    mean, rstd = _mean_rstd(row_sum, row_sq, K, ln_eps)  # as vocab_fma: the same bits
     # The bound. With u = rstd * (x - mean) (u' its fp32 value), u' = su * xq + d (xq int8) and a
     # column's w = s * q + e (q int8), the full head's logit without its rounding is
     #   u . w + bias = su * s * (xq . q) + su * xq . e + d . w + (u - u') . w + bias
@@ -209,7 +209,8 @@ def _vocab_screen_kernel(
         n_left -= EXACT_N
         c_mask = rc < N
         w = tl.load(w_ptr + rc[:, None] * stride_wn + rk[None, :], mask=c_mask[:, None] & k_mask[None, :], other=0.0)
-        y = _block_logits(w, xf, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, up_ptr, HAS_BIAS, True, False)
+        y = _block_logits(w, xf, k_mask, rc, c_mask, bias_ptr, fold_ptr, mean, rstd, up_ptr, HAS_BIAS, True, False,
+                          PAD_FOLD)
         v = tl.where(c_mask, y, float("-inf"))
         better = v > best  # per lane the first maximum: its columns rise
         best = tl.where(better, v, best)
@@ -247,7 +248,8 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     pdl = use_pdl(x2.device)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
-    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl)
+    meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
+                PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]))
     # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
     # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
     # programs take more blocks, which may take more registers, so the count only falls (a few rounds)

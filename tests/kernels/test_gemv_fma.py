@@ -135,6 +135,38 @@ def test_fma_layouts(monkeypatch):
     assert gemv_fma.layout(1600)["BLOCK_N"] == gemv_fma.INTERPRET_BLOCK_N
 
 
+def test_fma_pad_fold_rule(monkeypatch):
+    """-0.0 past K only where the padding is whole 256-column repeats of every warp's loads
+    (gpt2's K = 768 at one warp, 3072 at four); never without padding, at gpt2-xl's K, or with
+    MINILLM_FMA_PAD_FOLD=0."""
+    monkeypatch.setattr(gemv_fma, "PAD_FOLD", True)
+    assert gemv_fma.pad_fold(768, 1024, 1) and gemv_fma.pad_fold(3072, 4096, 4)
+    assert not any(gemv_fma.pad_fold(*c) for c in [(1024, 1024, 1), (96, 128, 1), (1600, 2048, 4), (6400, 8192, 8),
+                                                   (3072, 4096, 8)])
+    monkeypatch.setattr(gemv_fma, "PAD_FOLD", False)
+    assert not gemv_fma.pad_fold(768, 1024, 1)
+
+
+@pytest.mark.parametrize("K,N,activation", [(768, 40, "gelu_tanh"), (3072, 24, None)])
+def test_fma_pad_fold_same_bits(K, N, activation, device, monkeypatch):
+    """gpt2's padded widths: the padded lanes as -0.0 (compiled, their adds dropped) give the
+    bits of the plain products of zeros, folded layernorm, bias and residual included."""
+    x = randn(1, K, dtype=torch.float16, device=device) + 0.3
+    w = _out_major(randn(K, N, dtype=torch.float16, device=device, scale=K ** -0.5))
+    b, g, be = (randn(n, dtype=torch.float16, device=device) for n in (N, K, K))
+    res = randn(1, N, dtype=torch.float16, device=device)
+    cfg = gemv_fma.layout(K)
+    out = {}
+    for fold in (True, False):
+        monkeypatch.setattr(gemv_fma, "PAD_FOLD", fold)
+        assert gemv_fma.pad_fold(K, cfg["BLOCK_K"], cfg["num_warps"]) == fold
+        out[fold] = poisoned((1, N), torch.float16, device)
+        ln_linear(x, w, b, g, be, activation=activation, residual=res, out=out[fold], _config=cfg)
+    assert torch.equal(out[True], out[False])
+    assert_rel_close(out[True], ln_linear_ref(x, w, b, g, be, activation=activation, residual=res), torch.float16,
+                     f"pad fold K={K}")
+
+
 def test_fma_register_cap(monkeypatch):
     """MINILLM_FMA_MAXNREG's caps (BLOCK_K -> registers a thread) go to the launches of tiles that
     wide as maxnreg, and nowhere else; the interpreter, which allocates no registers, gets none."""

@@ -57,6 +57,22 @@ def test_vocab_head_logits_and_argmax(K, dtype, device):
     assert torch.equal(alone, first)
 
 
+def test_vocab_head_pad_fold_same_bits(device, monkeypatch):
+    """gpt2's K = 768 (padded to 1024): the padded lanes as -0.0 (gemv_fma.pad_fold; compiled,
+    their adds dropped) give the logits and key of the plain products of zeros."""
+    K = 768
+    x, wf, bf, colsum, *_ = _head(K, N_ODD, torch.float16, device)
+    cfg = vocab_fma.vocab_config(1, N_ODD, K, wf.stride(0), sms=sm_count(torch.device(device)))
+    assert gemv_fma.pad_fold(K, cfg["BLOCK_K"], cfg["num_warps"])
+    got = {}
+    for fold in (True, False):
+        monkeypatch.setattr(gemv_fma, "PAD_FOLD", fold)
+        keys, y = _keys(device), poisoned((1, N_ODD), torch.float16, device)
+        vocab_fma.vocab_fma(x, wf, bf, y, colsum, 1e-5, keys, cfg)
+        got[fold] = (y, keys)
+    assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1])
+
+
 @pytest.mark.parametrize("layout", [(2, 1, 16), (4, 2, 3)])
 def test_vocab_head_forced_layouts(layout, device, monkeypatch):
     """MINILLM_VOCAB_LAYOUT's layouts (A/B timing) give the logits and the argmax too."""
