@@ -102,9 +102,9 @@ def layout(K):
     gpt2-xl's qkv and fc on 8 columns x 4 warps (600 and 800 programs of 127 registers) against
     4 x 4: 838 -> 841 tok/s, then 837 / 837 -> 839 / 840 alternated twice (+0.3%; the A/A +0.1%).
     In the profile qkv took 0.7 us less a layer and the two launches after it 0.4 more each, the
-    step even, and the benchmark too: 836 tok/s either way (session 95). There, too, 4 x 8 lost 4.8%, mlp-out on 4 x 8 1.0% and 1 x 8 2.4%;
-    qkv and fc capped at 64 registers (8 programs an SM where 72 leave 7) lost 1.6%, at 56 5.3%
-    (MINILLM_FMA_MAXNREG)."""
+    step even, and the benchmark too: 836 tok/s either way (session 95). There, too, 4 x 8 lost
+    4.8%, mlp-out on 4 x 8 1.0% and 1 x 8 2.4%; qkv and fc capped at 64 registers (8 programs an
+    SM where 72 leave 7) lost 1.6%, at 56 5.3% (MINILLM_FMA_MAXNREG)."""
     block_k = triton.next_power_of_2(K)
     warps = 1 if K <= 1024 else 4 if block_k <= 4096 else 8
     # past 1024 as many columns as MAX_TILE holds: 8 to 2048, past 4096 fewer (the slab stays in registers)
