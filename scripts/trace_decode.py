@@ -93,7 +93,7 @@ PATCHES = {
     ],
     "gemv_fma": [
         ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),
-        (" EMBED: tl.constexpr,\n):", " EMBED: tl.constexpr, trace_ptr,\n):"),
+        (" PAD_FOLD: tl.constexpr,\n):", " PAD_FOLD: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    x_ptrs = x_ptr + row", "    t2 = _now()\n" + SUM_W + "    x_ptrs = x_ptr + row"),
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",
@@ -101,9 +101,10 @@ PATCHES = {
          "    _record(trace_ptr, pid, t0, t1, t2)\n"),
     ],
     "vocab_fma": [
-        ("from .gemv_fma import VOCAB_N, _row_dot\n", "from .gemv_fma import VOCAB_N, _row_dot\n" + HELPERS),
-        ("BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr,\n):",
-         "BLOCK_K: tl.constexpr, STORE_Y: tl.constexpr, trace_ptr,\n):"),
+        ("from .gemv_fma import VOCAB_N, _row_dot, _row_sums, pad_fold\n",
+         "from .gemv_fma import VOCAB_N, _row_dot, _row_sums, pad_fold\n" + HELPERS),
+        ("STORE_Y: tl.constexpr, PAD_FOLD: tl.constexpr,\n):",
+         "STORE_Y: tl.constexpr, PAD_FOLD: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    xf = tl.load(x_ptr + rk", "    t2 = _now()\n" + SUM_W + "    xf = tl.load(x_ptr + rk"),
         ('        tl.atomic_max(key_ptr, _argmax_key(vmax, col), sem="relaxed")\n',
@@ -113,7 +114,8 @@ PATCHES = {
     # a weights' arrival; from there to its end are the atomic and the exact columns (the tail)
     "vocab_screen": [
         ("_block_logits, fitted_programs\n", "_block_logits, fitted_programs\n" + HELPERS),
-        ("    ITERS: tl.constexpr,\n):", "    ITERS: tl.constexpr, trace_ptr,\n):"),
+        ("    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr,\n):",
+         "    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    rk = tl.arange(0, BLOCK_K)\n", "    t2 = _now()\n    rk = tl.arange(0, BLOCK_K)\n"),
         ("    # the upper ends back", "    t1 = _now_after(best_lower)\n    # the upper ends back"),
