@@ -11,8 +11,7 @@ minillm.model.l2_part); at gpt2's size:
   lm_head's first columns after the last layer;
 - qkv (the same, from layer 1): its layer's attention projection W_o (1.2 MB), which the fused
   attention launch reads before its wait.
-MINILLM_L2_AHEAD=0 turns the requests off, MINILLM_L2_AT moves them past the wait (A/B timing:
-see place).
+MINILLM_L2_AHEAD=0 turns the requests off (A/B timing).
 The requests are Hopper instructions (sm_90 on): the launcher sends them only there
 (_tuning.is_hopper), and never under the interpreter, which runs no inline PTX.
 """
@@ -26,34 +25,8 @@ from ._checks import check_tensor
 from ._tuning import INTERPRET, is_hopper
 
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
-# where the requests go in the kernel: before the wait (0), behind the loads of the previous
-# kernel's output (1), after the products (2); MINILLM_L2_AT=AF, A for the fused attention launch,
-# F for the CUDA-core GEMV (A/B timing: place)
-PLACES = {"attention": 0, "fma": 1}
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
 MAX_RANGES = 2
-
-
-def places(text):
-    """MINILLM_L2_AT's two digits, each 0-2 (PLACES: the attention launch, the CUDA-core GEMV),
-    as a tuple; (0, 0) where unset or empty. One ValueError for anything else."""
-    if not text:
-        return 0, 0
-    if len(text) != len(PLACES) or any(c not in "012" for c in text):
-        raise ValueError(f"MINILLM_L2_AT: expected two digits 0-2 (the attention launch's place, the CUDA-core "
-                         f"GEMV's: 0 before the wait, 1 behind the input's loads, 2 after the products), got {text!r}")
-    return tuple(int(c) for c in text)
-
-
-AT = places(os.environ.get("MINILLM_L2_AT"))
-
-
-def place(kernel):
-    """Where `kernel` ('attention' or 'fma') sends its L2 requests: 0 before its dependent-launch
-    wait, so the bytes stream in behind the kernel before it (the rule); 1 right after the wait,
-    issued behind the loads of the previous kernel's output (q, x), which then need not queue
-    behind them; 2 after the products, once that output has arrived (warps issue in order)."""
-    return AT[PLACES[kernel]]
 
 
 def l2_ranges(name, tensors, device):

@@ -39,7 +39,7 @@ from ._checks import check_shape, check_tensor
 from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
                         new_row_stats)
 from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
-from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args, place as l2_place
+from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
@@ -88,8 +88,7 @@ def _decode_attention_proj_kernel(
     H: tl.constexpr, H_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, STATS_OUT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, L2_AT: tl.constexpr,
-    EARLY_F32: tl.constexpr,
+    L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -118,8 +117,8 @@ def _decode_attention_proj_kernel(
         seq_len, bias, res = _row_inputs(lens_ptr, bias_ptr, res_ptr, b, rm, rn, tile_mask, n_mask, stride_rm,
                                          HAS_BIAS)
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
-    program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-    if L2_AHEAD and L2_AT == 0:  # after this program's own early loads, which should not queue behind these
+    if L2_AHEAD:  # after this program's own early loads, which should not queue behind these
+        program, n_prog = pid + h * tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if USE_PDL:
         if EARLY_F32 > 0 and PREFETCH > 0:  # tiles in fp32 before the wait (early_f32)
@@ -148,8 +147,6 @@ def _decode_attention_proj_kernel(
     q = q * qk_scale  # log2 domain
     k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
     v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
-    if L2_AHEAD and L2_AT == 1:  # behind q's loads (_l2_ahead.place)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     if pid_n == 0:  # one program per (row, head) appends the new key and value
         tl.store(k_base + pos * stride_kl + offs_d, k_new.to(k_ptr.dtype.element_ty), mask=d_mask)
         tl.store(v_base + pos * stride_vl + offs_d, v_new.to(v_ptr.dtype.element_ty), mask=d_mask)
@@ -167,8 +164,6 @@ def _decode_attention_proj_kernel(
     o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
     part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
-    if L2_AHEAD and L2_AT == 2:  # once q has come and been used (_l2_ahead.place)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, program, n_prog, L2_SLOTS, L2_PIECE)
     finish = True
     if FIXED:  # (H > 1) finish the columns where this program came last
         part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
@@ -321,7 +316,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
-        EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32, L2_AT=l2_place("attention"),
+        EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
         num_warps=warps, launch_pdl=pdl,
     )
     return y

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd, new_row_stats
-from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args, place as l2_place
+from ._l2_ahead import _ask_l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import INTERPRET, env_int, launch, layout_switch, mask_switch, use_pdl
 from .activations import _apply_activation
@@ -196,7 +196,7 @@ def _gemv_fma_kernel(
     LN_FOLD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY_LAUNCH: tl.constexpr, EARLY_F32: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EMBED: tl.constexpr,
-    PAD_FOLD: tl.constexpr, L2_AT: tl.constexpr,
+    PAD_FOLD: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -223,7 +223,7 @@ def _gemv_fma_kernel(
     res = 0.0
     if HAS_RESIDUAL and PREFETCH_RESIDUAL:
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    if L2_AHEAD and L2_AT == 0:  # after this program's own loads, which should not queue behind these
+    if L2_AHEAD:  # after this program's own loads, which should not queue behind these
         _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     if USE_PDL:
         if EARLY_F32:  # the weights in fp32 before the wait (early_f32)
@@ -247,16 +247,12 @@ def _gemv_fma_kernel(
         xf = tl.load(x_ptrs, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
     if HAS_RESIDUAL and not PREFETCH_RESIDUAL:  # beside x: one round trip for both
         res = tl.load(res_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    if L2_AHEAD and L2_AT == 1:  # behind x's loads (_l2_ahead.place)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
     mean, rstd = 0.0, 0.0
     if LN_FOLD:
         mean, rstd = _mean_rstd(*_row_sums(xf, k_mask, PAD_FOLD), K, ln_eps)
     acc = _row_dot(w, xf, k_mask, colsum, mean, rstd, LN_FOLD, PAD_FOLD)
     y = _apply_activation(acc + bias, negative_slope, ACTIVATION) + res  # as _epilogue
     tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-    if L2_AHEAD and L2_AT == 2:  # once x has come and been used (_l2_ahead.place)
-        _ask_l2_ranges(l2a_ptr, l2a_bytes, l2b_ptr, l2b_bytes, pid, tl.num_programs(0), L2_SLOTS, L2_PIECE)
 
 
 def decode_row_stats(rows, cols, device):
@@ -298,8 +294,7 @@ def gemv_fma(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negati
         K=K, HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         LN_FOLD=ln_fold is not None, USE_PDL=pdl, PREFETCH_RESIDUAL=bool(prefetch_residual),
         EARLY_LAUNCH=bool(early_launch), EARLY_F32=early_f32(N, K, activation) if early is None else bool(early),
-        EMBED=embed is not None, PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), L2_AT=l2_place("fma"),
-        launch_pdl=pdl,
+        EMBED=embed is not None, PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), launch_pdl=pdl,
         **l2_meta, **meta,
     )
     return y2

@@ -93,7 +93,7 @@ PATCHES = {
     ],
     "gemv_fma": [
         ("from .activations import _apply_activation\n", "from .activations import _apply_activation\n" + HELPERS),
-        (" L2_AT: tl.constexpr,\n):", " L2_AT: tl.constexpr, trace_ptr,\n):"),
+        (" PAD_FOLD: tl.constexpr,\n):", " PAD_FOLD: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    x_ptrs = x_ptr + row", "    t2 = _now()\n" + SUM_W + "    x_ptrs = x_ptr + row"),
         ("    tl.store(y_ptr + row * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=n_mask)\n",

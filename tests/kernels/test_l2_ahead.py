@@ -3,7 +3,7 @@ requests themselves change no result (test_decode_attention_proj, test_gemv_fma)
 import pytest
 import torch
 
-from kernels._l2_ahead import MAX_RANGES, l2_ranges, places
+from kernels._l2_ahead import MAX_RANGES, l2_ranges
 
 
 @pytest.mark.parametrize("start,cols", [(0, 40), (3, 37), (5, 1), (1, 0)])
@@ -30,11 +30,3 @@ def test_ranges_refuse_what_they_cannot_cover(device):
         l2_ranges("l2_ahead", (w,) * (MAX_RANGES + 1), w.device)
     with pytest.raises(ValueError, match=r"^l2_ahead\[1\]: expected a dense tensor"):
         l2_ranges("l2_ahead", (w, w[:, ::2]), w.device)
-
-
-def test_places_switch():
-    """MINILLM_L2_AT: two digits 0-2, the attention launch's place then the CUDA-core GEMV's."""
-    assert places("") == places(None) == (0, 0) and places("12") == (1, 2) and places("20") == (2, 0)
-    for bad in ("3", "1", "123", "a1", "1 "):
-        with pytest.raises(ValueError, match=r"^MINILLM_L2_AT: expected two digits 0-2 .*got "):
-            places(bad)
