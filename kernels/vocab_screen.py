@@ -29,14 +29,19 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import INTERPRET, launch, layout_switch, sm_count, use_pdl
+from ._tuning import INTERPRET, env_int, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N, _row_sums, pad_fold
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_logits, fitted_programs
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
+# the widest K screened (screen_head); MINILLM_SCREEN_MAX_K=n takes another (A/B timing)
+MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", MAX_K)
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
+WIDE_BLOCK_N = 2  # past vocab_fma's MAX_K: two 4-column blocks of 2048 int8 would hold 128 registers
+# the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
+EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
@@ -60,11 +65,11 @@ def _fp32_up(v):
 def screen_head(weight, bias, colsum):
     """The int8 screen of a vocabulary head's weight (K, N) (out-major, as vocab_fma takes it) with
     its bias (N,) or None and its folded layernorm's column sums colsum (N,), or None where the
-    screen does not run: switched off, narrower than a vocabulary, K past vocab_fma's MAX_K or not
-    a multiple of 4, or a bias that is not finite (its bound would be too; the loader refuses
+    screen does not run: switched off, narrower than a vocabulary, K past MAX_SCREEN_K or not a
+    multiple of 4, or a bias that is not finite (its bound would be too; the loader refuses
     weights that are not finite)."""
     K, N = weight.shape
-    if not ENABLED or N < VOCAB_N or K > MAX_K or K % 4 or weight.stride(0) != 1:
+    if not ENABLED or N < VOCAB_N or K > MAX_SCREEN_K or K % 4 or weight.stride(0) != 1:
         return None
     if bias is not None and not torch.isfinite(bias).all():
         return None
@@ -140,12 +145,15 @@ def _vocab_screen_kernel(
     # at most eta = (K + 16) * 2**-23 times what they round (for fp32 sums of K terms in any order
     # (K + 1) * 2**-24 would do)
     eta = (K + 16) * 1.1920928955078125e-07
+    if K > EXACT_DOT_K:  # and the dot products' conversion to fp32 (relative 2**-24 each)
+        eta += 5.9604644775390625e-08
     u = tl.where(k_mask, (xf - mean) * rstd, 0.0)
     su = tl.maximum(tl.max(tl.abs(u), axis=0), 1e-30) / 127.0
     xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0), 127.0)
     d = u - xq * su
     xq = xq.to(tl.int32)
-    a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0).to(tl.float32))  # the int sum is exact below 2**24
+    # the int sum is exact; past EXACT_DOT_K its fp32 value is within 2**-24 (the bound's 1.0001 covers it)
+    a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0).to(tl.float32))
     d_norm = (tl.sqrt(tl.sum(d * d, axis=0)) + eta * a_norm) * (1.0 + eta)
     x_norm = tl.sqrt(row_sq) * (1.0 + eta)
     row_w = a_norm + d_norm + rstd * (x_norm + tl.abs(mean) * sqrt_k)  # W's factor in the slack
@@ -167,7 +175,7 @@ def _vocab_screen_kernel(
         w_norm = tl.load(meta_ptr + 2 * N_PAD + rn, mask=pad_mask)
         colsum = tl.load(meta_ptr + 3 * N_PAD + rn, mask=pad_mask)
         bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
-        dot = tl.sum(_dp4a(q, xw, DP4A), axis=1)  # (BLOCK_N,) exact: |dot| <= 127**2 * K < 2**24
+        dot = tl.sum(_dp4a(q, xw, DP4A), axis=1)  # (BLOCK_N,) exact in int32: |dot| <= 127**2 * K
         core = (su * s) * dot.to(tl.float32)
         screen = core + bias
         slack = eta * (row_w * w_norm + row_colsum * colsum + tl.abs(core) + 2.0 * tl.abs(bias))
@@ -227,7 +235,7 @@ def _vocab_screen_kernel(
 def screen_config(N, K, *, sms):
     """The launch layout: BLOCK_N int8 columns a block, one warp a program, PROGRAMS_PER_SM an SM
     (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
-    block_n, per_sm = FORCED_LAYOUT or (BLOCK_N, PROGRAMS_PER_SM)
+    block_n, per_sm = FORCED_LAYOUT or (BLOCK_N if K <= MAX_K else WIDE_BLOCK_N, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
     return dict(BLOCK_N=block_n, BLOCK_W=triton.next_power_of_2(K // 4), BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,

@@ -117,7 +117,7 @@ def test_screen_head_in_slices_is_the_same(device, monkeypatch):
 
 
 def test_screen_head_where_it_runs(device, monkeypatch):
-    """A screen for out-major vocabulary heads up to vocab_fma's MAX_K with K a multiple of 4 and
+    """A screen for out-major vocabulary heads up to MAX_SCREEN_K with K a multiple of 4 and
     finite biases; None otherwise, with the switch off, and on the torch backend."""
     def head(K, N, **kw):
         _, wf, bf, colsum = _head(K, N, torch.float16, device)
@@ -126,14 +126,49 @@ def test_screen_head_where_it_runs(device, monkeypatch):
     assert kernels.screen_head(*head(40, N_ODD)) is not None
     assert kernels.screen_head(*head(40, 4096)) is None  # not a vocabulary
     assert kernels.screen_head(*head(42, N_ODD)) is None  # K not a multiple of 4
-    wide = torch.empty(vocab_fma.MAX_K + 4, N_ODD, dtype=torch.float16, device=device).t().contiguous().t()
-    assert kernels.screen_head(wide, None, torch.zeros(N_ODD, device=device)) is None  # K past MAX_K
+    wide = torch.empty(vocab_screen.MAX_SCREEN_K + 4, N_ODD, dtype=torch.float16, device=device).t().contiguous().t()
+    assert kernels.screen_head(wide, None, torch.zeros(N_ODD, device=device)) is None  # K past MAX_SCREEN_K
     w, b, c = head(40, N_ODD)
     b[5] = float("-inf")
     assert kernels.screen_head(w, b, c) is None  # a bias that is not finite
     assert reference.screen_head(*head(40, N_ODD)) is None
     monkeypatch.setattr(vocab_screen, "ENABLED", False)
     assert kernels.screen_head(*head(40, N_ODD)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_screen_past_vocab_fma_and_exact_dots(dtype, device, monkeypatch):
+    """K = 1100: past vocab_fma's MAX_K (the screen's wide blocks) and past EXACT_DOT_K, where a
+    column's int8 dot product may round on its way to fp32. The same key as the full head
+    computed by vocab_fma (let run that wide here), every upper end at or above its logit."""
+    K = 1100
+    assert K > vocab_fma.MAX_K and K > vocab_screen.EXACT_DOT_K
+    monkeypatch.setattr(vocab_screen, "MAX_SCREEN_K", 2048)
+    monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
+    x, wf, bf, colsum = _head(K, N_ODD, dtype, device)
+    full, y, keys, upper = _both(x, wf, bf, colsum)
+    assert torch.equal(keys, full), f"column {argmax_key.argmax_index(keys).item()} " \
+                                    f"against {argmax_key.argmax_index(full).item()}"
+    below = (upper < y).nonzero()
+    assert below.numel() == 0, f"upper ends below the logits at columns {below[:5].tolist()}"
+    assert (upper >= y.max()).sum().item() <= 16
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
+def test_screen_gpt2_xl_shape_on_gpu(device, monkeypatch):
+    """gpt2-xl's head (K = 1600, fp16, 2-column blocks of 1600 int8) on the GPU: 32 random rows,
+    each the key of the full head computed by vocab_fma (let run that wide here)."""
+    monkeypatch.setattr(vocab_screen, "MAX_SCREEN_K", 2048)
+    monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
+    x, wf, bf, colsum = _head(1600, 50257, torch.float16, device)
+    screen = kernels.screen_head(wf, bf, colsum)
+    assert vocab_screen.screen_config(50257, 1600, sms=132)["BLOCK_N"] == vocab_screen.WIDE_BLOCK_N
+    for row in range(32):
+        x = randn(1, 1600, dtype=torch.float16, device=device, scale=1 + row / 8) + row / 32
+        full, keys = _keys(device), _keys(device)
+        kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full)
+        kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
+        assert torch.equal(keys, full), f"row {row}"
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
