@@ -1,6 +1,9 @@
 """Greedy decoding's vocabulary head at one row from an int8 screen: the argmax key of
 layernorm(x) @ W + bias (the layernorm folded in, as linear's ln_fold) that the full head
-(vocab_fma.py) gives, read from about half its bytes.
+(vocab_fma.py) gives, read from about half its bytes. Past vocab_fma's MAX_K (gpt2-large,
+gpt2-xl) the engine's full head runs on tensor cores, whose logits may differ in the last bits:
+there the key is the one vocab_fma's arithmetic gives, as a row's key may differ between batch
+sizes.
 
 At one row the full head is a pure weight stream (gpt2: 77 MB in fp16, a sixth of a decode
 step's time), and greedy decoding keeps one number of the 50k it computes. Here:
@@ -36,10 +39,15 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_log
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
-# the widest K screened (screen_head); MINILLM_SCREEN_MAX_K=n takes another (A/B timing)
-MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", MAX_K)
+# the widest K screened (screen_head). Past vocab_fma's MAX_K (1024) the head it replaces runs
+# on tensor cores: H200, alternated twice in one call, the same ids (bench/results/h200/session-96/
+# call3-*): gpt2-large (K = 1280) 1,424 / 1,428 -> 1,446 / 1,447 tok/s (+1.4%), gpt2-xl (1600)
+# 841 / 841 -> 844 / 844 (+0.3%). MINILLM_SCREEN_MAX_K=n takes another (A/B timing; 1024: the former)
+MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", 2048)
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
-WIDE_BLOCK_N = 2  # past vocab_fma's MAX_K: two 4-column blocks of 2048 int8 would hold 128 registers
+# past vocab_fma's MAX_K: 2 columns (K = 1600: 128 registers a thread under Triton 3.6, against
+# 168 for 4 and 96 for 1; scripts/inspect_sass.py)
+WIDE_BLOCK_N = 2
 # the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24

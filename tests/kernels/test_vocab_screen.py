@@ -142,8 +142,7 @@ def test_screen_past_vocab_fma_and_exact_dots(dtype, device, monkeypatch):
     column's int8 dot product may round on its way to fp32. The same key as the full head
     computed by vocab_fma (let run that wide here), every upper end at or above its logit."""
     K = 1100
-    assert K > vocab_fma.MAX_K and K > vocab_screen.EXACT_DOT_K
-    monkeypatch.setattr(vocab_screen, "MAX_SCREEN_K", 2048)
+    assert vocab_fma.MAX_K < K <= vocab_screen.MAX_SCREEN_K and K > vocab_screen.EXACT_DOT_K
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
     x, wf, bf, colsum = _head(K, N_ODD, dtype, device)
     full, y, keys, upper = _both(x, wf, bf, colsum)
@@ -158,7 +157,6 @@ def test_screen_past_vocab_fma_and_exact_dots(dtype, device, monkeypatch):
 def test_screen_gpt2_xl_shape_on_gpu(device, monkeypatch):
     """gpt2-xl's head (K = 1600, fp16, 2-column blocks of 1600 int8) on the GPU: 32 random rows,
     each the key of the full head computed by vocab_fma (let run that wide here)."""
-    monkeypatch.setattr(vocab_screen, "MAX_SCREEN_K", 2048)
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
     x, wf, bf, colsum = _head(1600, 50257, torch.float16, device)
     screen = kernels.screen_head(wf, bf, colsum)
