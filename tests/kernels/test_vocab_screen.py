@@ -33,20 +33,25 @@ def _both(x, wf, bf, colsum):
     return full, y[0].float(), keys, upper[:wf.shape[1]].float()
 
 
+def _check_screen(K, dtype, device, seed):
+    """A random head's screen against its full head: the same key, every column's upper end at or
+    above the full head's rounded logit (no tolerance), and only a few columns left to compute."""
+    x, wf, bf, colsum = _head(K, N_ODD, dtype, device, seed=seed)
+    full, y, keys, upper = _both(x, wf, bf, colsum)
+    assert torch.equal(keys, full), f"K {K} seed {seed}: column {argmax_key.argmax_index(keys).item()} " \
+                                    f"against {argmax_key.argmax_index(full).item()}"
+    below = (upper < y).nonzero()
+    assert below.numel() == 0, f"K {K} seed {seed}: upper ends below the logits at columns {below[:5].tolist()}"
+    # the screen is tight enough to rule out all but a few columns (what makes it fast)
+    assert (upper >= y.max()).sum().item() <= 16
+
+
 @pytest.mark.parametrize("K", [40, 100])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_screen_key_is_the_full_heads(K, dtype, device):
-    """Random heads with a mean to take out and a bias: the same key as the full head, and every
-    column's upper end at or above the full head's rounded logit (no tolerance)."""
+    """Random heads with a mean to take out and a bias: the screen holds (_check_screen)."""
     for seed in range(2):
-        x, wf, bf, colsum = _head(K, N_ODD, dtype, device, seed=seed)
-        full, y, keys, upper = _both(x, wf, bf, colsum)
-        assert torch.equal(keys, full), f"seed {seed}: column {argmax_key.argmax_index(keys).item()} " \
-                                        f"against {argmax_key.argmax_index(full).item()}"
-        below = (upper < y).nonzero()
-        assert below.numel() == 0, f"seed {seed}: upper ends below the logits at columns {below[:5].tolist()}"
-        # the screen is tight enough to rule out all but a few columns (what makes it fast)
-        assert (upper >= y.max()).sum().item() <= 16
+        _check_screen(K, dtype, device, seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -136,48 +141,30 @@ def test_screen_head_where_it_runs(device, monkeypatch):
     assert kernels.screen_head(*head(40, N_ODD)) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_screen_past_vocab_fma_and_exact_dots(dtype, device, monkeypatch):
+def test_screen_past_vocab_fma_and_exact_dots(device, monkeypatch):
     """K = 1100: past vocab_fma's MAX_K (the screen's wide blocks) and past EXACT_DOT_K, where a
-    column's int8 dot product may round on its way to fp32. The same key as the full head
-    computed by vocab_fma (let run that wide here), every upper end at or above its logit."""
+    column's int8 dot product may round on its way to fp32. The screen holds (_check_screen)
+    against the full head computed by vocab_fma, let run that wide here."""
     K = 1100
     assert vocab_fma.MAX_K < K <= vocab_screen.MAX_SCREEN_K and K > vocab_screen.EXACT_DOT_K
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
-    x, wf, bf, colsum = _head(K, N_ODD, dtype, device)
-    full, y, keys, upper = _both(x, wf, bf, colsum)
-    assert torch.equal(keys, full), f"column {argmax_key.argmax_index(keys).item()} " \
-                                    f"against {argmax_key.argmax_index(full).item()}"
-    below = (upper < y).nonzero()
-    assert below.numel() == 0, f"upper ends below the logits at columns {below[:5].tolist()}"
-    assert (upper >= y.max()).sum().item() <= 16
+    _check_screen(K, torch.float16, device, seed=0)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
-def test_screen_gpt2_xl_shape_on_gpu(device, monkeypatch):
-    """gpt2-xl's head (K = 1600, fp16, 2-column blocks of 1600 int8) on the GPU: 32 random rows,
-    each the key of the full head computed by vocab_fma (let run that wide here)."""
+@pytest.mark.parametrize("K,rows", [(768, 64), (1600, 32)])
+def test_screen_model_shapes_on_gpu(K, rows, device, monkeypatch):
+    """gpt2's head (K = 768) and gpt2-xl's (1600, 2-column blocks of int8) in fp16 on the GPU, with
+    the layout the engine runs (dp4a, programs fitted to the SMs): random rows, each the key of
+    the full head computed by vocab_fma (let run gpt2-xl's width here)."""
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
-    x, wf, bf, colsum = _head(1600, 50257, torch.float16, device)
+    x, wf, bf, colsum = _head(K, 50257, torch.float16, device)
     screen = kernels.screen_head(wf, bf, colsum)
-    assert vocab_screen.screen_config(50257, 1600, sms=132)["BLOCK_N"] == vocab_screen.WIDE_BLOCK_N
-    for row in range(32):
-        x = randn(1, 1600, dtype=torch.float16, device=device, scale=1 + row / 8) + row / 32
+    wide = vocab_screen.screen_config(50257, K, sms=132)["BLOCK_N"] == vocab_screen.WIDE_BLOCK_N
+    assert wide == (K > 1024)
+    for row in range(rows):
+        x = randn(1, K, dtype=torch.float16, device=device, scale=1 + 4 * row / rows) + row / rows
         full, keys = _keys(device), _keys(device)
         kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full)
         kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
-        assert torch.equal(keys, full), f"row {row}"
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
-def test_screen_gpt2_shape_on_gpu(device):
-    """gpt2's head (K = 768, fp16) on the GPU: 64 random rows, each the full head's key, with the
-    layout the engine runs (dp4a, programs fitted to the SMs)."""
-    x, wf, bf, colsum = _head(768, 50257, torch.float16, device)
-    screen = kernels.screen_head(wf, bf, colsum)
-    for row in range(64):
-        x = randn(1, 768, dtype=torch.float16, device=device, scale=1 + row / 16) + row / 64
-        full, keys = _keys(device), _keys(device)
-        kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full)
-        kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
-        assert torch.equal(keys, full), f"row {row}"
+        assert torch.equal(keys, full), f"K {K} row {row}"
