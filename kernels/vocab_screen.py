@@ -35,7 +35,7 @@ from ._epilogue import _mean_rstd
 from ._tuning import INTERPRET, env_int, launch, layout_switch, sm_count, use_pdl
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import VOCAB_N, _row_sums, pad_fold
-from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, MAX_K, ONE_COLUMN_K, _block_logits, fitted_programs
+from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fitted_programs
 
 # MINILLM_VOCAB_SCREEN=0 gives greedy decoding the full head back (A/B timing)
 ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
@@ -45,9 +45,11 @@ ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
 # 841 / 841 -> 844 / 844 (+0.3%). MINILLM_SCREEN_MAX_K=n takes another (A/B timing; 1024: the former)
 MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", 2048)
 BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
-# past vocab_fma's MAX_K: 2 columns (K = 1600: 128 registers a thread under Triton 3.6, against
-# 168 for 4 and 96 for 1; scripts/inspect_sass.py)
-WIDE_BLOCK_N = 2
+# int32 words of int8 a block holds (BLOCK_N x BLOCK_W; 32 registers a lane, and the next block
+# as many): past K = 1024 (BLOCK_W 512) 2 columns a block. At K = 1600, under Triton 3.6, 2 columns
+# take 128 registers a thread, 4 take 168 and 1 takes 96 (scripts/inspect_sass.py); at gpt2-xl
+# batch 1 (H200, session-96/call4-*) 1 column lost 0.9%, 4 were even
+MAX_BLOCK_WORDS = 1024
 # the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
@@ -241,11 +243,12 @@ def _vocab_screen_kernel(
 
 
 def screen_config(N, K, *, sms):
-    """The launch layout: BLOCK_N int8 columns a block, one warp a program, PROGRAMS_PER_SM an SM
-    (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
-    block_n, per_sm = FORCED_LAYOUT or (BLOCK_N if K <= MAX_K else WIDE_BLOCK_N, PROGRAMS_PER_SM)
+    """The launch layout: BLOCK_N int8 columns a block (fewer past MAX_BLOCK_WORDS), one warp a
+    program, PROGRAMS_PER_SM an SM (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
+    block_w = triton.next_power_of_2(K // 4)
+    block_n, per_sm = FORCED_LAYOUT or (max(1, min(BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
-    return dict(BLOCK_N=block_n, BLOCK_W=triton.next_power_of_2(K // 4), BLOCK_K=triton.next_power_of_2(K),
+    return dict(BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 

@@ -160,8 +160,7 @@ def test_screen_model_shapes_on_gpu(K, rows, device, monkeypatch):
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
     x, wf, bf, colsum = _head(K, 50257, torch.float16, device)
     screen = kernels.screen_head(wf, bf, colsum)
-    wide = vocab_screen.screen_config(50257, K, sms=132)["BLOCK_N"] == vocab_screen.WIDE_BLOCK_N
-    assert wide == (K > 1024)
+    assert vocab_screen.screen_config(50257, K, sms=132)["BLOCK_N"] == (4 if K <= 1024 else 2)
     for row in range(rows):
         x = randn(1, K, dtype=torch.float16, device=device, scale=1 + 4 * row / rows) + row / rows
         full, keys = _keys(device), _keys(device)
