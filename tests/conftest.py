@@ -17,6 +17,11 @@ if not ON_GPU:
 
 import pytest  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.interpreter_patching import install
+
+    install()  # the interpreter's helper calls stop re-patching triton.language (CI time)
+
 
 @pytest.fixture
 def autotuned(monkeypatch):

@@ -1,0 +1,59 @@
+"""CI time: Triton's interpreter patches triton.language again at every @triton.jit helper call.
+
+Under TRITON_INTERPRET=1 a kernel launch patches the language modules its globals name
+(`_patch_lang`: every builtin of tl, tl.core, tl.math and tl.tensor wrapped for the interpreter,
+found by `inspect.getmembers`), runs the grid, and restores them. But each call of a jit helper
+inside the kernel (`_dp4a`, or `tl.max`, itself a jit function of triton.language.standard) runs
+`_patch_lang` again, for modules that are patched already: about 0.4 ms a call, paid once per
+program per call site, which made it a third of the time of the vocabulary heads' tests.
+
+`install` makes a helper call skip it when every language module in the helper's globals is
+patched by this launch already; anything else (a helper naming a module the kernel did not, a
+call outside a launch) still patches as before, so the interpreted arithmetic is the same.
+MINILLM_TEST_REPATCH=1 keeps Triton's behaviour (to compare).
+"""
+import inspect
+import os
+
+
+def install():
+    """Patch triton.runtime.interpreter, if it has the parts this relies on; returns whether it did."""
+    if os.environ.get("MINILLM_TEST_REPATCH") == "1":
+        return False
+    try:
+        import triton.language as tl
+        import triton.runtime.interpreter as interp
+    except ImportError:
+        return False
+    if not (callable(getattr(interp, "_patch_lang", None)) and hasattr(interp, "GridExecutor")):
+        return False
+    patch_lang, run_grid = interp._patch_lang, interp.GridExecutor.__call__
+    langs = (tl, tl.core)
+    patched = []  # the language modules (ids) patched during the launch in progress: one list a launch
+
+    class _Unpatched:  # the scope of a skipped patch: nothing to restore
+        def restore(self):
+            pass
+
+    def modules(fn):
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs}
+
+    def patch_once(fn):
+        names = modules(fn)
+        if patched and names <= patched[-1]:
+            return _Unpatched()
+        scope = patch_lang(fn)
+        if patched:
+            patched[-1] |= names
+        return scope
+
+    def run_grid_once(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    interp._patch_lang = patch_once
+    interp.GridExecutor.__call__ = run_grid_once
+    return True
