@@ -53,9 +53,6 @@ MAX_BLOCK_WORDS = 1024
 # the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
-# MINILLM_SCREEN_EARLY_NEXT=1: a program requests its second block before the wait too, so that
-# it is in flight while the row's layernorm and int8 rounding run (A/B timing)
-EARLY_NEXT = os.environ.get("MINILLM_SCREEN_EARLY_NEXT", "0") != "0"
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -130,7 +127,7 @@ def _vocab_screen_kernel(
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, EARLY_NEXT: tl.constexpr,
+    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -141,10 +138,6 @@ def _vocab_screen_kernel(
 
     rn = pid * BLOCK_N + cols  # the launcher makes no more programs than blocks
     q = tl.load(q_rows + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & w_mask[None, :], other=0)
-    if EARLY_NEXT:  # the second block in flight through the wait and the row's rounding below
-        rn_next = rn + step
-        q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                         other=0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x is written by now
         tl.extra.cuda.gdc_launch_dependents()
@@ -183,10 +176,9 @@ def _vocab_screen_kernel(
         rn = n0 + cols
         n_mask = rn < N
         pad_mask = rn < N_PAD  # as n_mask, but whole vectors (N_PAD is a multiple of 16)
-        if not EARLY_NEXT:
-            rn_next = rn + step  # requested before this block is reduced: two blocks in flight
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                             other=0)
+        rn_next = rn + step  # requested before this block is reduced: two blocks in flight
+        q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
+                         other=0)
         # the column constants first, so their round trip overlaps the reduction
         s = tl.load(meta_ptr + rn, mask=pad_mask)
         e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
@@ -204,10 +196,6 @@ def _vocab_screen_kernel(
         lower = tl.where(lower == lower, lower, float("-inf"))  # inf - inf: no lower end
         best_lower = tl.maximum(best_lower, tl.max(tl.where(n_mask, lower, float("-inf")), axis=0))
         q = q_next
-        if EARLY_NEXT:  # the block after next, requested once this one is reduced: two in flight
-            rn_next = rn + 2 * step
-            q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
-                             other=0)
 
     # the upper ends back (and x, for the exact logits), requested before the atomic below so
     # that the round trips overlap
@@ -280,7 +268,6 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
-                EARLY_NEXT=EARLY_NEXT,
                 PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]))
     # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
     # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
