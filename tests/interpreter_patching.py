@@ -4,8 +4,9 @@ Under TRITON_INTERPRET=1 a kernel launch patches the language modules its global
 (`_patch_lang`: every builtin of tl, tl.core, tl.math and tl.tensor wrapped for the interpreter,
 found by `inspect.getmembers`), runs the grid, and restores them. But each call of a jit helper
 inside the kernel (`_dp4a`, or `tl.max`, itself a jit function of triton.language.standard) runs
-`_patch_lang` again, for modules that are patched already: about 0.4 ms a call, paid once per
-program per call site, which made it a third of the time of the vocabulary heads' tests.
+`_patch_lang` again, for modules that are patched already: about 0.3 ms a call, paid at every
+call (each program, each loop iteration); the vocabulary heads' tests spent over a third of their
+time there.
 
 `install` makes a helper call skip it when every language module in the helper's globals is
 patched by this launch already; anything else (a helper naming a module the kernel did not, a
