@@ -41,7 +41,7 @@ def install():
 
     def patch_once(fn):
         names = modules(fn)
-        if patched and names <= patched[-1]:
+        if patched and names and names <= patched[-1]:  # (none named: Triton asserts, as before)
             return _Unpatched()
         scope = patch_lang(fn)
         if patched:
