@@ -24,8 +24,11 @@
 - exponential / ExponentialNoise: torch's CUDA exponential_ values from the generator's state,
   so the sampler computes its noise at the drawn columns only (torch_exponential_matches checks)
 - softmax, gelu: row softmax and elementwise GELU
+- compile_ahead: a dry pass in which launches compile their kernels in threads, all at once,
+  and run nothing (a process's first step then waits for about its slowest compilation)
 """
 from ._epilogue import new_row_stats
+from ._tuning import compile_ahead
 from . import argmax_key
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
@@ -43,8 +46,8 @@ from .sampling import sample_logits
 from .softmax import softmax
 from .vocab_screen import screen_head, screened_argmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "decode_attention",
-           "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear", "exponential",
+__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
+           "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear", "exponential",
            "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm", "linear",
            "new_exponential_noise", "new_row_stats",
            "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "softmax",

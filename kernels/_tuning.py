@@ -6,9 +6,11 @@ MINILLM_AUTOTUNE=0 launches each kernel with its first (default) config instead 
 benchmarking all of them: the GPU tests use it to keep compile time sane, and one test per
 kernel turns tuning back on. Tuned choices are cached on disk where Triton supports it (a
 second process starts warm)."""
+import contextlib
 import functools
 import inspect
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import triton
 from triton.runtime.autotuner import Autotuner
@@ -139,17 +141,62 @@ def _layout_key(kernel, kwargs):
 FP_FUSION = True
 
 
+# MINILLM_COMPILE_AHEAD=0 turns compile_ahead off (A/B timing of start-up)
+COMPILE_AHEAD = os.environ.get("MINILLM_COMPILE_AHEAD", "1") != "0"
+_compiling_ahead = False  # inside compile_ahead: launch compiles and runs nothing
+
+
+def compile_workers():
+    """Threads compile_ahead compiles on: this process's CPUs, at most 32."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(32, cpus or 1))
+
+
+@contextlib.contextmanager
+def compile_ahead(workers=None):
+    """A dry pass: within it `launch` runs no kernel; it hands the kernel's compilation (each
+    config of an autotuner) to a pool of threads and returns. Leaving the block waits for them
+    all, so a later launch of the same kernels finds them compiled. Triton's MLIR passes and
+    ptxas release the GIL, so the first step of a process waits for about the longest
+    compilation rather than their sum. Code run inside must not depend on what the kernels
+    write (they write nothing): a model's forward does not, nor do launchers.
+
+    Yields the pending compilations (a list of concurrent.futures.Future that grows as launches
+    come; wait on them inside the block to show progress), or None where there is nothing to do
+    ahead: under the interpreter, with a Triton before 3.4 (no AsyncCompileMode), switched off
+    (MINILLM_COMPILE_AHEAD=0) or nested. A kernel that fails to compile is left to the real
+    launch, which raises its error."""
+    global _compiling_ahead
+    mode_type = getattr(triton, "AsyncCompileMode", None)
+    if INTERPRET or not COMPILE_AHEAD or mode_type is None or _compiling_ahead:
+        yield None
+        return
+    with ThreadPoolExecutor(workers or compile_workers(), thread_name_prefix="minillm-compile") as pool, \
+            mode_type(pool, ignore_errors=True) as mode:
+        _compiling_ahead = True
+        try:
+            yield mode.raw_futures
+        finally:
+            _compiling_ahead = False
+
+
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), every kernel launch of the package: with FP_FUSION, and
     for a JIT function with a fixed layout relaunched with fewer num_stages where the layout
     needs more shared memory than this GPU has. kwargs must be hashable (constexprs and launch
-    options; tensors go in args). Autotuners pick their stages themselves."""
+    options; tensors go in args). Autotuners pick their stages themselves. Inside
+    compile_ahead: the kernel's compilation (every config of an autotuner) is submitted, and
+    nothing runs."""
     kwargs["enable_fp_fusion"] = FP_FUSION
     if isinstance(kernel, Autotuner):
+        if _compiling_ahead:
+            return kernel.warmup(*args, grid=grid, **kwargs)
         return kernel[grid](*args, **kwargs)
     stages = kwargs.pop("num_stages", DEFAULT_STAGES)
     if _fitted_stages:  # hashing only once some layout has failed to fit
         stages = min(stages, _fitted_stages.get(_layout_key(kernel, kwargs), stages))
+    if _compiling_ahead:  # (a layout that does not fit fails at its real launch, and refits there)
+        return kernel.warmup(*args, grid=grid, num_stages=stages, **kwargs)
     while True:
         try:
             return kernel[grid](*args, num_stages=stages, **kwargs)

@@ -2,10 +2,11 @@
 import os
 import time
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
-from .generate import ContextLengthError, Engine, GenerationResult
+from .generate import ContextLengthError, Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT
 from .sampling import SamplingParams
@@ -13,6 +14,17 @@ from .tokenizer import load_tokenizer
 
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's output: generated ids only, their text (None without a tokenizer), why it
+    ended ("stop": EOS or a stop string; "length": max_new_tokens), and timings."""
+    prompt_token_ids: list
+    token_ids: list
+    text: str | None
+    finish_reason: str
+    metrics: dict = field(default_factory=dict)
 
 
 class MiniLLMError(RuntimeError):

@@ -8,9 +8,10 @@ SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import array
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import as_completed
 
 import torch
+from tqdm.auto import tqdm
 
 from kernels.argmax_key import EMPTY
 
@@ -69,17 +70,6 @@ def cache_bucket(reach, n_positions):
     return min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), n_positions)
 
 
-@dataclass
-class GenerationResult:
-    """One prompt's output: generated ids only, their text (None without a tokenizer), why it
-    ended ("stop": EOS or a stop string; "length": max_new_tokens), and timings."""
-    prompt_token_ids: list
-    token_ids: list
-    text: str | None
-    finish_reason: str
-    metrics: dict = field(default_factory=dict)
-
-
 class _DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
@@ -89,12 +79,16 @@ class _DecodeState:
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device) if with_seen else None
+        # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
+        # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
+        self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None
+        self.seen = self.seen_ids[:, :vocab] if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
+        self.key = None  # Engine._states's key
 
 
 def _bucket(n):
@@ -112,6 +106,8 @@ class Engine:
         self._caches = {}  # batch -> KVCache
         self._states = {}  # (batch, sampling key, eos, cache bucket) -> _DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
+        self._compiled = set()  # what _compile_ahead has covered: ("decode", state key), ("prefill", B, T)
+        self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
 
     # -- pieces -------------------------------------------------------------------------
     def cache_for(self, batch):
@@ -124,11 +120,7 @@ class Engine:
         With CUDA graphs, small prefills (B x T <= PREFILL_GRAPH_TOKENS) pad T to a bucket and
         replay a graph captured per (B, T bucket): their launch overhead exceeds their math."""
         dev = self.model.device
-        B, T = len(prompts), max(len(p) for p in prompts)
-        graphed = self.use_cuda_graphs and B * T <= PREFILL_GRAPH_TOKENS
-        if graphed:
-            T = next(t for t in (*PREFILL_BUCKETS, T) if t >= T)
-            T = min(T, self.model.config.n_positions)
+        B, (T, graphed) = len(prompts), self._prefill_length(prompts)
         ids = padded_ids(prompts, T)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
         if not graphed:
@@ -141,6 +133,14 @@ class Engine:
         g["lens"].copy_(lens, non_blocking=True)
         g["graph"].replay()
         return g["logits"], g["lens"]
+
+    def _prefill_length(self, prompts):
+        """(T, graphed): the prefill's padded length, a bucket where it replays a graph."""
+        T = max(len(p) for p in prompts)
+        graphed = self.use_cuda_graphs and len(prompts) * T <= PREFILL_GRAPH_TOKENS
+        if graphed:
+            T = min(next(t for t in (*PREFILL_BUCKETS, T) if t >= T), self.model.config.n_positions)
+        return T, graphed
 
     def _capture_prefill(self, ids, lens, cache):
         side = torch.cuda.Stream()
@@ -165,24 +165,58 @@ class Engine:
             self._advance(st, nxt, eos)
 
     def _advance(self, st, nxt, eos, from_keys=False):
-        if st.seen is not None:
-            st.seen.scatter_(1, nxt[:, None], True)
+        if st.seen is not None and not self._dry:  # (a dry pass's nxt holds no ids)
+            st.seen_ids.scatter_(1, nxt[:, None], True)
         # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
                                      st.finished if eos is not None else None, eos, from_keys=from_keys,
                                      noise=st.noise.draw if st.noise is not None else None)
 
-    def _state(self, batch, params, eos, max_len=None):
+    def _state(self, batch, params, eos, max_len=None, padded=None):
+        """The decode state's buffers for this batch and sampling mode, its graph captured; a new
+        one's kernels compiled ahead, with the prefill of the padded prompts where given."""
         key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
         if st is None:
             c, dev = self.model.config, self.model.device
             st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
                               max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
+            st.key, self._states[key] = key, st
+            self._compile_ahead(st, padded, params, eos)
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
-            self._states[key] = st
         return st
+
+    def _compile_ahead(self, st, padded, params, eos):
+        """Compile what this call will launch before anything runs, all kernels at once
+        (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
+        yet, of the prefill of the padded prompts (if given), the first token's draw and a decode
+        step. A first call then waits for about its slowest kernel's compilation rather than for
+        all of them, one after the other."""
+        prefill = ("prefill", len(padded), self._prefill_length(padded)[0]) if padded is not None else None
+        todo = {("decode", st.key), prefill} - self._compiled - {None}
+        ahead = getattr(self.model.ops, "compile_ahead", None)
+        if not todo or ahead is None:
+            return
+        self._compiled |= todo
+        cache, dev, c = self.cache_for(len(st.tokens)), self.model.device, self.model.config
+        with ahead() as pending:
+            if pending is None:
+                return
+            self._dry = True
+            try:
+                if prefill in todo:
+                    lens = torch.tensor([len(p) for p in padded], dtype=torch.int32, device=dev)
+                    self.model.prefill(padded_ids(padded, prefill[2]).to(dev), lens, cache)
+                if ("decode", st.key) in todo:
+                    logits = torch.empty(len(st.tokens), c.vocab_size, dtype=self.model.dtype, device=dev)
+                    self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise), eos)
+                    self.decode_one_token(st, params, cache, eos)
+            finally:
+                self._dry = False
+            for _ in tqdm(as_completed(pending), total=len(pending), desc="[minillm] compiling kernels",
+                          unit="kernel", delay=1.0, leave=False):
+                pass  # (a bar only where this takes over a second: a first run on this GPU)
 
     def _capture(self, st, params, eos):
         cache = self.cache_for(st.tokens.shape[0])
@@ -216,7 +250,8 @@ class Engine:
         cache = self.cache_for(Bp)
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
-        st = self._state(Bp, params, eos, max_len)  # captures the graph first: prefill refills the cache
+        st = self._state(Bp, params, eos, max_len, padded)  # captured before the prefill refills the cache
+        self._compile_ahead(st, padded, params, eos)  # a prefill shape new to an old state
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -238,7 +273,7 @@ class Engine:
         st.step.zero_()
         st.finished.zero_()
         if st.seen is not None:
-            st.seen.zero_()
+            st.seen_ids.zero_()
             for b, p in enumerate(padded):
                 st.seen[b, torch.tensor(p, device=dev)] = True
         logits, lens = self.prefill(padded, cache)

@@ -26,17 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SMEM_LIMIT = {90: 232448}  # bytes a block may opt into (227 KB on H100 / H200)
 
 
-def install_compile_only(arch, sms, every_config, log, where, failures):
-    """Route every launch to compilation for sm_`arch` on CPU tensors, logging each compiled
-    kernel: (name, hash) -> [CompiledKernel, launches, fixed layout?, blocks, first launched
-    by (where[0], set by the caller)]; a kernel that does not compile is one line in failures."""
+def target_only(arch):
+    """Make Triton compile for sm_`arch` with no GPU: a stand-in driver answers what
+    JITFunction.run asks before it compiles (a launch would then fail: only compile)."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
 
-    class TargetOnly:  # what JITFunction.run asks the driver before it compiles
+    class TargetOnly:
         def get_current_target(self):
             return GPUTarget("cuda", arch, 32)
 
@@ -50,6 +47,16 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
             return torch.device("cpu")
 
     driver.set_active(TargetOnly())
+
+
+def install_compile_only(arch, sms, every_config, log, where, failures):
+    """Route every launch to compilation for sm_`arch` on CPU tensors, logging each compiled
+    kernel: (name, hash) -> [CompiledKernel, launches, fixed layout?, blocks, first launched
+    by (where[0], set by the caller)]; a kernel that does not compile is one line in failures."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    target_only(arch)
     compile_run = JITFunction.run
     in_autotuner = []
 

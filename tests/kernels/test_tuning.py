@@ -1,5 +1,6 @@
 """kernels/_tuning.py: fixed layouts fall back to fewer pipeline stages on GPUs with less shared
-memory than the Hopper parts they were tuned on, with the same bits."""
+memory than the Hopper parts they were tuned on, with the same bits; compile_ahead compiles
+launches in threads and runs nothing."""
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from triton.runtime.errors import OutOfResources
 
 from kernels import _tuning
 from tests.conftest import ON_GPU
+from tests.test_check_compile import _nvidia_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +24,7 @@ class FakeKernel:
     __name__ = "_fake_kernel"
 
     def __init__(self, fits, resource="shared memory"):
-        self.fits, self.resource, self.tried = fits, resource, []
+        self.fits, self.resource, self.tried, self.warmed = fits, resource, [], []
 
     def __getitem__(self, grid):
         def run(*args, num_stages, **kwargs):
@@ -31,6 +33,9 @@ class FakeKernel:
                 raise OutOfResources(1000 * num_stages, 1000 * self.fits, self.resource)
             return args, kwargs
         return run
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmed.append((grid, kwargs))
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +72,91 @@ def test_launch_leaves_other_resources_alone():
     with pytest.raises(OutOfResources, match="threads"):
         _tuning.launch(k, (1,), num_stages=3)
     assert k.tried == [3]
+
+
+def test_launch_inside_compile_ahead_only_compiles(monkeypatch):
+    """A dry pass's launch hands the kernel to warmup (compilation) with the stages a launch
+    would take, and runs nothing."""
+    monkeypatch.setattr(_tuning, "_compiling_ahead", True)
+    k = FakeKernel(fits=4)
+    _tuning.launch(k, (3,), "x", BLOCK_K=64, num_stages=4)
+    assert k.tried == [] and k.warmed == [((3,), {"BLOCK_K": 64, "enable_fp_fusion": True, "num_stages": 4})]
+
+
+def test_compile_ahead_applies_once_and_where_it_can(monkeypatch):
+    """compile_ahead yields its pending compilations where Triton can compile (not nested), None
+    under the interpreter or switched off (MINILLM_COMPILE_AHEAD=0)."""
+    monkeypatch.setattr(_tuning, "INTERPRET", False)
+    with _tuning.compile_ahead(workers=2) as pending:
+        assert pending == [] and _tuning._compiling_ahead
+        with _tuning.compile_ahead() as nested:
+            assert nested is None and _tuning._compiling_ahead
+    assert not _tuning._compiling_ahead
+    monkeypatch.setattr(_tuning, "COMPILE_AHEAD", False)
+    with _tuning.compile_ahead() as pending:
+        assert pending is None and not _tuning._compiling_ahead
+    monkeypatch.setattr(_tuning, "COMPILE_AHEAD", True)
+    monkeypatch.setattr(_tuning, "INTERPRET", True)
+    with _tuning.compile_ahead() as pending:
+        assert pending is None
+
+
+_AHEAD_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from check_compile import target_only
+target_only(90)  # compile for Hopper with no GPU: a launch that ran would fail
+import torch
+import triton
+import triton.language as tl
+import kernels
+from kernels import _checks, _tuning
+from kernels.layernorm import _layernorm_kernel
+_checks.INTERPRET = True  # CPU tensors stand in for CUDA ones
+
+@triton.autotune([triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"])
+@triton.jit
+def _scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+torch.manual_seed(0)
+x, w, b = torch.randn(6, 96), torch.randn(96), torch.randn(96)
+def calls():
+    kernels.layernorm(x, w, b)
+    _tuning.launch(_scale_kernel, lambda meta: (triton.cdiv(100, meta["BLOCK"]),), x, 100)
+with kernels.compile_ahead(workers=2) as pending:
+    calls()
+    first = list(pending)
+with kernels.compile_ahead(workers=2) as again:
+    calls()
+    second = len(again)
+def cubins(fn):
+    return sum("cubin" in k.asm for k in fn.device_caches[0][0].values())
+print(json.dumps({"first": len(first), "done": all(f.done() for f in first),
+                  "errors": [repr(f.exception()) for f in first if f.exception() is not None],
+                  "second": second, "flag": _tuning._compiling_ahead,
+                  "layernorm": cubins(_layernorm_kernel), "autotuned": cubins(_scale_kernel.fn)}))
+"""
+
+
+@pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
+def test_compile_ahead_compiles_every_kernel_and_config(tmp_path):
+    """Real compilations for Hopper (no GPU needed): a layernorm and a two-config autotuner
+    inside compile_ahead submit one compilation per kernel and config and launch nothing (a
+    launch would fail here); leaving the block leaves them compiled in the kernels' caches, so
+    the same calls in a second pass submit nothing."""
+    script = tmp_path / "ahead.py"  # (Triton reads a kernel's source from its file)
+    script.write_text(_AHEAD_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["first"] == 3 and r["done"] and r["errors"] == [], r
+    assert (r["layernorm"], r["autotuned"]) == (1, 2), r
+    assert r["second"] == 0 and not r["flag"], r
 
 
 # The GPU check runs each side in a fresh process: Triton checks a kernel's shared memory once,

@@ -135,6 +135,8 @@ def test_batch_invariance(path, dtype):
     (1, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
     (3, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
     (2, SamplingParams(max_new_tokens=3, temperature=0.8, seed=1, ignore_eos=True)),
+    (2, SamplingParams(max_new_tokens=3, temperature=0.8, seed=1, repetition_penalty=1.3, ignore_eos=True)),
+    (1, SamplingParams(max_new_tokens=3, temperature=0, repetition_penalty=1.3, ignore_eos=True)),
 ])
 def test_nan_logits_end_with_a_clear_error(path, n, params):
     """NaN logits name no token in every argmax (the lm_head's fused one, torch's for the first
