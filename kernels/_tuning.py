@@ -146,6 +146,12 @@ COMPILE_AHEAD = os.environ.get("MINILLM_COMPILE_AHEAD", "1") != "0"
 _compiling_ahead = False  # inside compile_ahead: launch compiles and runs nothing
 
 
+def compiling_ahead():
+    """True inside compile_ahead's dry pass, where launches compile and run nothing (launchers
+    that look at a compiled kernel, such as vocab_fma's register fit, wait for the real launch)."""
+    return _compiling_ahead
+
+
 def compile_workers():
     """Threads compile_ahead compiles on: this process's CPUs, at most 32."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

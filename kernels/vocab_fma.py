@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ._epilogue import _mean_rstd
-from ._tuning import FP_FUSION, INTERPRET, launch, layout_switch, programs_by_registers, sm_count, use_pdl
+from ._tuning import (FP_FUSION, INTERPRET, compiling_ahead, launch, layout_switch, programs_by_registers, sm_count,
+                      use_pdl)
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_fma import VOCAB_N, _row_dot, _row_sums, pad_fold
 
@@ -159,7 +160,7 @@ def fitted_programs(kernel, programs, per_sm, device, key, args, meta):
     (resident_per_sm, found once per `key`: what picks the compiled kernel besides `meta`, such as
     the dtypes and the ints Triton specializes). The persistent heads loop over their blocks, so
     any count is correct."""
-    if device.type != "cuda":
+    if device.type != "cuda" or compiling_ahead():  # (a dry pass: any grid compiles the same kernel)
         return programs
     key = (kernel, device, *key, *sorted(meta.items()))  # the object: trace_decode's copies share the names
     if key not in _RESIDENT:

@@ -110,6 +110,20 @@ def test_vocab_head_programs_fit_the_sms(device, monkeypatch):
     assert argmax_key.argmax_index(keys).item() == y[0].argmax().item()
 
 
+def test_vocab_head_fit_waits_for_a_real_launch(monkeypatch):
+    """In compile_ahead's dry pass the register fit leaves the programs as asked and compiles
+    nothing itself (a dry pass's compilation is a future, with no registers to read yet); the
+    real launch fits them."""
+    class Unfit:
+        def warmup(self, *args, **kwargs):
+            raise AssertionError("the fit compiled inside a dry pass")
+
+    monkeypatch.setattr(vocab_fma, "_RESIDENT", {})
+    monkeypatch.setattr(kernels._tuning, "_compiling_ahead", True)
+    assert vocab_fma.fitted_programs(Unfit(), 3000, 24, torch.device("cuda"), (), (), {"num_warps": 1}) == 3000
+    assert vocab_fma._RESIDENT == {}
+
+
 def test_vocab_forced_layout_parse():
     assert vocab_fma.forced_layout(None) is None and vocab_fma.forced_layout("") is None
     assert vocab_fma.forced_layout("2x1x16") == (2, 1, 16)

@@ -11,7 +11,9 @@ from minillm import LLM, SamplingParams
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
-SIZE = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128) if ON_GPU else \
+# on a GPU a vocabulary's width: the heads that fit their programs to their compiled registers
+# (vocab_fma, vocab_screen) are in the pass
+SIZE = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=128) if ON_GPU else \
     dict(n_layer=1, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
 DTYPE = "float16" if ON_GPU else "float32"
 PARAMS = [SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True),
