@@ -7,6 +7,7 @@ benchmarking all of them: the GPU tests use it to keep compile time sane, and on
 kernel turns tuning back on. Tuned choices are cached on disk where Triton supports it (a
 second process starts warm)."""
 import contextlib
+import contextvars
 import functools
 import inspect
 import os
@@ -143,13 +144,26 @@ FP_FUSION = True
 
 # MINILLM_COMPILE_AHEAD=0 turns compile_ahead off (A/B timing of start-up)
 COMPILE_AHEAD = os.environ.get("MINILLM_COMPILE_AHEAD", "1") != "0"
-_compiling_ahead = False  # inside compile_ahead: launch compiles and runs nothing
+# inside compile_ahead: launch compiles and runs nothing. A context variable, as Triton's
+# AsyncCompileMode is: each thread has its own, so a dry pass never stops another thread's launches
+_DRY = contextvars.ContextVar("minillm_compile_ahead", default=False)
 
 
 def compiling_ahead():
-    """True inside compile_ahead's dry pass, where launches compile and run nothing (launchers
-    that look at a compiled kernel, such as vocab_fma's register fit, wait for the real launch)."""
-    return _compiling_ahead
+    """True inside compile_ahead's dry pass (in this thread), where launches compile and run
+    nothing (launchers that look at a compiled kernel, such as vocab_fma's register fit, wait for
+    the real launch)."""
+    return _DRY.get()
+
+
+@contextlib.contextmanager
+def dry_launches():
+    """Launches in this block (this thread) compile and run nothing: compile_ahead's switch."""
+    token = _DRY.set(True)
+    try:
+        yield
+    finally:
+        _DRY.reset(token)
 
 
 def compile_workers():
@@ -160,30 +174,26 @@ def compile_workers():
 
 @contextlib.contextmanager
 def compile_ahead(workers=None):
-    """A dry pass: within it `launch` runs no kernel; it hands the kernel's compilation (each
-    config of an autotuner) to a pool of threads and returns. Leaving the block waits for them
-    all, so a later launch of the same kernels finds them compiled. Triton's MLIR passes and
-    ptxas release the GIL, so the first step of a process waits for about the longest
-    compilation rather than their sum. Code run inside must not depend on what the kernels
-    write (they write nothing): a model's forward does not, nor do launchers.
+    """A dry pass: within it `launch` (in this thread) runs no kernel; it hands the kernel's
+    compilation (each config of an autotuner) to a pool of threads and returns. Leaving the
+    block waits for them all, so a later launch of the same kernels finds them compiled.
+    Triton's MLIR passes and ptxas release the GIL (its Python front end, about a fifth of a
+    compilation, does not), so a process's first step waits for far less than the sum of its
+    compilations. Code run inside must not depend on what the kernels write (they write
+    nothing): a model's forward does not, nor do launchers.
 
     Yields the pending compilations (a list of concurrent.futures.Future that grows as launches
     come; wait on them inside the block to show progress), or None where there is nothing to do
     ahead: under the interpreter, with a Triton before 3.4 (no AsyncCompileMode), switched off
     (MINILLM_COMPILE_AHEAD=0) or nested. A kernel that fails to compile is left to the real
     launch, which raises its error."""
-    global _compiling_ahead
     mode_type = getattr(triton, "AsyncCompileMode", None)
-    if INTERPRET or not COMPILE_AHEAD or mode_type is None or _compiling_ahead:
+    if INTERPRET or not COMPILE_AHEAD or mode_type is None or compiling_ahead():
         yield None
         return
     with ThreadPoolExecutor(workers or compile_workers(), thread_name_prefix="minillm-compile") as pool, \
-            mode_type(pool, ignore_errors=True) as mode:
-        _compiling_ahead = True
-        try:
-            yield mode.raw_futures
-        finally:
-            _compiling_ahead = False
+            mode_type(pool, ignore_errors=True) as mode, dry_launches():
+        yield mode.raw_futures
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -195,13 +205,13 @@ def launch(kernel, grid, *args, **kwargs):
     nothing runs."""
     kwargs["enable_fp_fusion"] = FP_FUSION
     if isinstance(kernel, Autotuner):
-        if _compiling_ahead:
+        if compiling_ahead():
             return kernel.warmup(*args, grid=grid, **kwargs)
         return kernel[grid](*args, **kwargs)
     stages = kwargs.pop("num_stages", DEFAULT_STAGES)
     if _fitted_stages:  # hashing only once some layout has failed to fit
         stages = min(stages, _fitted_stages.get(_layout_key(kernel, kwargs), stages))
-    if _compiling_ahead:  # (a layout that does not fit fails at its real launch, and refits there)
+    if compiling_ahead():  # (a layout that does not fit fails at its real launch, and refits there)
         return kernel.warmup(*args, grid=grid, num_stages=stages, **kwargs)
     while True:
         try:

@@ -77,10 +77,27 @@ def test_launch_leaves_other_resources_alone():
 def test_launch_inside_compile_ahead_only_compiles(monkeypatch):
     """A dry pass's launch hands the kernel to warmup (compilation) with the stages a launch
     would take, and runs nothing."""
-    monkeypatch.setattr(_tuning, "_compiling_ahead", True)
     k = FakeKernel(fits=4)
-    _tuning.launch(k, (3,), "x", BLOCK_K=64, num_stages=4)
+    with _tuning.dry_launches():
+        _tuning.launch(k, (3,), "x", BLOCK_K=64, num_stages=4)
     assert k.tried == [] and k.warmed == [((3,), {"BLOCK_K": 64, "enable_fp_fusion": True, "num_stages": 4})]
+    _tuning.launch(k, (3,), "x", BLOCK_K=64, num_stages=4)  # after the block: runs
+    assert k.tried == [4] and len(k.warmed) == 1
+
+
+def test_dry_launches_stay_in_their_thread():
+    """A dry pass in one thread leaves another thread's launches running (a server's other
+    requests must not silently skip their kernels)."""
+    import threading
+
+    k = FakeKernel(fits=4)
+    with _tuning.dry_launches():
+        other = threading.Thread(target=_tuning.launch, args=(k, (1,)), kwargs={"num_stages": 2})
+        other.start()
+        other.join()
+        assert k.tried == [2] and k.warmed == []
+        _tuning.launch(k, (1,), num_stages=2)
+    assert k.tried == [2] and len(k.warmed) == 1
 
 
 def test_compile_ahead_applies_once_and_where_it_can(monkeypatch):
@@ -88,13 +105,13 @@ def test_compile_ahead_applies_once_and_where_it_can(monkeypatch):
     under the interpreter or switched off (MINILLM_COMPILE_AHEAD=0)."""
     monkeypatch.setattr(_tuning, "INTERPRET", False)
     with _tuning.compile_ahead(workers=2) as pending:
-        assert pending == [] and _tuning._compiling_ahead
+        assert pending == [] and _tuning.compiling_ahead()
         with _tuning.compile_ahead() as nested:
-            assert nested is None and _tuning._compiling_ahead
-    assert not _tuning._compiling_ahead
+            assert nested is None and _tuning.compiling_ahead()
+    assert not _tuning.compiling_ahead()
     monkeypatch.setattr(_tuning, "COMPILE_AHEAD", False)
     with _tuning.compile_ahead() as pending:
-        assert pending is None and not _tuning._compiling_ahead
+        assert pending is None and not _tuning.compiling_ahead()
     monkeypatch.setattr(_tuning, "COMPILE_AHEAD", True)
     monkeypatch.setattr(_tuning, "INTERPRET", True)
     with _tuning.compile_ahead() as pending:
@@ -135,7 +152,7 @@ def cubins(fn):
     return sum("cubin" in k.asm for k in fn.device_caches[0][0].values())
 print(json.dumps({"first": len(first), "done": all(f.done() for f in first),
                   "errors": [repr(f.exception()) for f in first if f.exception() is not None],
-                  "second": second, "flag": _tuning._compiling_ahead,
+                  "second": second, "flag": _tuning.compiling_ahead(),
                   "layernorm": cubins(_layernorm_kernel), "autotuned": cubins(_scale_kernel.fn)}))
 """
 

@@ -119,8 +119,8 @@ def test_vocab_head_fit_waits_for_a_real_launch(monkeypatch):
             raise AssertionError("the fit compiled inside a dry pass")
 
     monkeypatch.setattr(vocab_fma, "_RESIDENT", {})
-    monkeypatch.setattr(kernels._tuning, "_compiling_ahead", True)
-    assert vocab_fma.fitted_programs(Unfit(), 3000, 24, torch.device("cuda"), (), (), {"num_warps": 1}) == 3000
+    with kernels._tuning.dry_launches():
+        assert vocab_fma.fitted_programs(Unfit(), 3000, 24, torch.device("cuda"), (), (), {"num_warps": 1}) == 3000
     assert vocab_fma._RESIDENT == {}
 
 

@@ -38,7 +38,7 @@ def _record(monkeypatch):
     def recording(kernel, grid, *args, **kwargs):
         name = getattr(kernel, "__name__", None) or kernel.fn.__name__  # (an autotuner: its kernel)
         sig = (name, tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, float, str)))))
-        if _tuning._compiling_ahead:
+        if _tuning.compiling_ahead():
             dry.append(sig)
         elif dry:
             real.append(sig)
