@@ -193,7 +193,12 @@ def compile_ahead(workers=None):
         return
     with ThreadPoolExecutor(workers or compile_workers(), thread_name_prefix="minillm-compile") as pool, \
             mode_type(pool, ignore_errors=True) as mode, dry_launches():
-        yield mode.raw_futures
+        try:
+            yield mode.raw_futures
+        except BaseException:  # an interrupted pass (Ctrl-C, an error): the queued compilations are dropped
+            for future in mode.raw_futures:
+                future.cancel()
+            raise
 
 
 def launch(kernel, grid, *args, **kwargs):

@@ -118,6 +118,25 @@ def test_compile_ahead_applies_once_and_where_it_can(monkeypatch):
         assert pending is None
 
 
+def test_an_interrupted_pass_drops_its_queued_compilations(monkeypatch):
+    """Ctrl-C (or an error) inside compile_ahead cancels the compilations not yet started, so
+    the interrupt does not wait for all of them (here 7 of 8 queued behind one slow one)."""
+    import inspect
+    import time
+
+    from triton.runtime import _async_compile
+
+    monkeypatch.setattr(_tuning, "INTERPRET", False)
+    with pytest.raises(KeyboardInterrupt):
+        with _tuning.compile_ahead(workers=1) as pending:
+            mode = _async_compile.active_mode.get()
+            cleanup = [lambda kernel: None] if "cleanup_fn" in inspect.signature(mode.submit).parameters else []
+            for i in range(8):
+                mode.submit(("slow", i), lambda: time.sleep(0.2), lambda kernel: None, *cleanup)
+            raise KeyboardInterrupt
+    assert sum(f.cancelled() for f in pending) >= 6 and not _tuning.compiling_ahead()
+
+
 _AHEAD_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, "scripts")
