@@ -25,7 +25,7 @@
   so the sampler computes its noise at the drawn columns only (torch_exponential_matches checks)
 - softmax, gelu: row softmax and elementwise GELU
 - compile_ahead: a dry pass in which launches compile their kernels in threads, all at once,
-  and run nothing (a process's first step then waits for about its slowest compilation)
+  and run nothing (so a process's first step does not wait for its compilations one by one)
 """
 from ._epilogue import new_row_stats
 from ._tuning import compile_ahead

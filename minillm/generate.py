@@ -191,8 +191,8 @@ class Engine:
         """Compile what this call will launch before anything runs, all kernels at once
         (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
         yet, of the prefill of the padded prompts (if given), the first token's draw and a decode
-        step. A first call then waits for about its slowest kernel's compilation rather than for
-        all of them, one after the other."""
+        step. A first call then waits far less than for its compilations one after the other
+        (a cold gpt2 process on a 16-core H200 host: 19.3 -> 11.7 s)."""
         prefill = ("prefill", len(padded), self._prefill_length(padded)[0]) if padded is not None else None
         todo = {("decode", st.key), prefill} - self._compiled - {None}
         ahead = getattr(self.model.ops, "compile_ahead", None)
