@@ -7,6 +7,7 @@ mode) as a CUDA graph and replayed per token. The host reads the device back onl
 SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import array
+import contextlib
 import time
 from concurrent.futures import as_completed
 
@@ -240,6 +241,13 @@ class Engine:
         Last yields ("done", out, timings): the generated ids per sequence (up to the step where
         all stopped; callers cut at EOS/stop) and the timings.
         """
+        dev = self.model.device
+        # Triton launches on the current device, and graphs capture on its streams: the model's
+        # (cuda:N) for the whole call, the caller's code between streamed steps included
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            yield from self._steps(prompts, params, stream, stop_check)
+
+    def _steps(self, prompts, params, stream, stop_check):
         c = self.model.config
         B = len(prompts)
         longest = max(len(p) for p in prompts)

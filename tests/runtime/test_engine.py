@@ -76,6 +76,20 @@ def test_kernel_noise_same_ids_and_generator(path, monkeypatch, graphs):
     assert ids == ids_t and offset == offset_t and torch.equal(after, after_t) and closed == closed_t
 
 
+@pytest.mark.skipif(not ON_GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True),
+                                    SamplingParams(max_new_tokens=16, temperature=0.9, top_k=30, seed=5,
+                                                   ignore_eos=True)], ids=["greedy", "sampled"])
+def test_a_second_gpu_gives_the_same_ids(path, params):
+    """A model on cuda:1, with the current device left at 0, gives the ids it gives on cuda:0:
+    the engine's launches and graph captures follow the model's device."""
+    prompts = _prompts(3, SIZE["vocab_size"], seed=4)
+    torch.cuda.set_device(0)
+    ids = {d: [r.token_ids for r in LLM(path, device=d, dtype="float16").generate(prompts, params)]
+           for d in ("cuda:0", "cuda:1")}
+    assert ids["cuda:0"] == ids["cuda:1"] and torch.cuda.current_device() == 0
+
+
 def test_cache_bucket():
     """The smallest length bucket that holds a call's positions, the length itself past the
     last bucket, never more than the model's context."""
