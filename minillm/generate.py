@@ -89,7 +89,6 @@ class _DecodeState:
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
-        self.key = None  # Engine._states's key
 
 
 def _bucket(n):
@@ -107,7 +106,7 @@ class Engine:
         self._caches = {}  # batch -> KVCache
         self._states = {}  # (batch, sampling key, eos, cache bucket) -> _DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
-        self._compiled = set()  # what _compile_ahead has covered: ("decode", state key), ("prefill", B, T)
+        self._compiled_prefills = set()  # (batch, padded length) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
 
     # -- pieces -------------------------------------------------------------------------
@@ -182,34 +181,35 @@ class Engine:
             c, dev = self.model.config, self.model.device
             st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
                               max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
-            st.key, self._states[key] = key, st
-            self._compile_ahead(st, padded, params, eos)
+            self._states[key] = st
+            self._compile_ahead(st, padded, params, eos, decode=True)
             if self.use_cuda_graphs:
                 self._capture(st, params, eos)
         return st
 
-    def _compile_ahead(self, st, padded, params, eos):
+    def _compile_ahead(self, st, padded, params, eos, decode=False):
         """Compile what this call will launch before anything runs, all kernels at once
         (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
-        yet, of the prefill of the padded prompts (if given), the first token's draw and a decode
-        step. A first call then waits far less than for its compilations one after the other
+        yet: the prefill of the padded prompts (if given and new), and for a new state (decode)
+        its first token's draw and a decode step. A first call then waits far less than for its compilations one after the other
         (a cold gpt2 process on a 16-core H200 host: 19.3 -> 11.7 s)."""
-        prefill = ("prefill", len(padded), self._prefill_length(padded)[0]) if padded is not None else None
-        todo = {("decode", st.key), prefill} - self._compiled - {None}
+        prefill = (len(padded), self._prefill_length(padded)[0]) if padded is not None else None
+        prefill = prefill if prefill not in self._compiled_prefills else None
         ahead = getattr(self.model.ops, "compile_ahead", None)
-        if not todo or ahead is None:
+        if not (decode or prefill) or ahead is None:
             return
-        self._compiled |= todo
+        if prefill:
+            self._compiled_prefills.add(prefill)
         cache, dev, c = self.cache_for(len(st.tokens)), self.model.device, self.model.config
         with ahead() as pending:
             if pending is None:
                 return
             self._dry = True
             try:
-                if prefill in todo:
+                if prefill:
                     lens = torch.tensor([len(p) for p in padded], dtype=torch.int32, device=dev)
-                    self.model.prefill(padded_ids(padded, prefill[2]).to(dev), lens, cache)
-                if ("decode", st.key) in todo:
+                    self.model.prefill(padded_ids(padded, prefill[1]).to(dev), lens, cache)
+                if decode:  # a new state's first draw and step
                     logits = torch.empty(len(st.tokens), c.vocab_size, dtype=self.model.dtype, device=dev)
                     self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise), eos)
                     self.decode_one_token(st, params, cache, eos)
