@@ -3,12 +3,9 @@
 All sequences of a batch decode in lockstep over a static KV cache. On CUDA the whole decode
 step (every layer, the lm_head, logits processing and the token draw, plus the bookkeeping:
 output write, EOS flags, next input and position) is captured once per (batch bucket, sampling
-mode) as CUDA graphs of 1, 2, 4, ... GRAPH_STEPS steps, so that one replay runs up to GRAPH_STEPS
-tokens: inside a graph each step's first launches start under the last one's (programmatic
-dependent launch), where a replay's first launch waits for the last replay to drain. The host
-reads the device back only every SYNC_EVERY steps (stop checks) or every step when streaming.
+mode) as a CUDA graph and replayed per token. The host reads the device back only every
+SYNC_EVERY steps (stop checks) or every step when streaming.
 """
-import os
 import array
 import contextlib
 import time
@@ -22,9 +19,6 @@ from kernels.argmax_key import EMPTY
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
-# decode steps one graph replay runs at most (a power of two up to SYNC_EVERY); MINILLM_GRAPH_STEPS=1
-# replays one step at a time (A/B timing)
-GRAPH_STEPS = int(os.environ.get("MINILLM_GRAPH_STEPS", SYNC_EVERY))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
@@ -92,7 +86,7 @@ class _DecodeState:
         self.seen = self.seen_ids[:, :vocab] if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
-        self.graphs = {}  # steps -> the CUDA graph of that many decode steps
+        self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
 
@@ -105,13 +99,10 @@ def _bucket(n):
 
 
 class Engine:
-    def __init__(self, model, use_cuda_graphs=None, graph_steps=None):
+    def __init__(self, model, use_cuda_graphs=None):
         self.model = model
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
-        self.graph_steps = GRAPH_STEPS if graph_steps is None else graph_steps
-        if self.graph_steps not in [2 ** i for i in range(SYNC_EVERY.bit_length())]:
-            raise ValueError(f"graph_steps: expected a power of two from 1 to {SYNC_EVERY}, got {self.graph_steps!r}")
         self._caches = {}  # batch -> KVCache
         self._states = {}  # (batch, sampling key, eos, cache bucket) -> _DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
@@ -236,24 +227,10 @@ class Engine:
             for _ in range(2):
                 self.decode_one_token(st, params, cache, eos)
         torch.cuda.current_stream().wait_stream(side)
-        pool = None  # one memory pool: the graphs never run at once, and hand nothing to each other
-        for k in (2 ** i for i in range(self.graph_steps.bit_length())):
-            st.graphs[k] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(st.graphs[k], pool=pool):
-                for _ in range(k):
-                    self.decode_one_token(st, params, cache, eos)
-            pool = st.graphs[k].pool()
-        torch.cuda.synchronize()
-
-    def _decode(self, st, params, cache, eos, most):
-        """Up to `most` decode steps: one replay of the longest captured run that fits, or one step
-        without graphs. Returns how many ran."""
-        if not st.graphs:
+        st.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(st.graph):
             self.decode_one_token(st, params, cache, eos)
-            return 1
-        k = max(k for k in st.graphs if k <= most)
-        st.graphs[k].replay()
-        return k
+        torch.cuda.synchronize()
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
@@ -320,9 +297,11 @@ class Engine:
         n = 1
         done = self._done(st, B, stop_check, n, eos)
         while n < params.max_new_tokens and not done:
-            # up to the next stop check (or one step, streaming)
-            most = 1 if stream else min(SYNC_EVERY - n % SYNC_EVERY, params.max_new_tokens - n)
-            n += self._decode(st, params, cache, eos, most)
+            if st.graph is not None:
+                st.graph.replay()
+            else:
+                self.decode_one_token(st, params, cache, eos)
+            n += 1
             if stream:
                 ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)

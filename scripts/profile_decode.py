@@ -102,8 +102,7 @@ def main():
     require_cuda("profile_decode")
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
-    # one step a replay: the profile's steps are its replays (the engine runs up to 16 a replay)
-    engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph, graph_steps=1)
+    engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph)
     # the benchmark's call (prompt 32, 128 new tokens): its cache-length bucket, and a full cache
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     engine.generate([[1] * PROMPT_LEN] * args.batch, params)  # warm-up: autotuning, compilation, capture
@@ -115,7 +114,7 @@ def main():
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
     st.step.zero_()
     cache = engine.cache_for(args.batch)
-    step = st.graphs[1].replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
+    step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
     for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()

@@ -9,7 +9,7 @@ import torch
 import kernels.vocab_screen
 import minillm.model
 from minillm import LLM, SamplingParams
-from minillm.generate import SYNC_EVERY, Engine, NonFiniteLogitsError, cache_bucket, check_vocab
+from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
 from minillm.model import early_roles, mb_from_env, roles_from_env
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
@@ -128,45 +128,6 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     a3 = [r.token_ids for r in on.generate(prompts, params)]
     b3 = [r.token_ids for r in off.generate(prompts + [[0]], params)[:3]]  # the bucket's padding
     assert a3 == b3
-
-
-@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("params,kernel_noise", [
-    (SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True), True),
-    (SamplingParams(max_new_tokens=40, temperature=0.9, top_k=30, seed=3, ignore_eos=True), True),
-    (SamplingParams(max_new_tokens=40, temperature=0.9, top_k=30, seed=3, ignore_eos=True), False),
-    (SamplingParams(max_new_tokens=40, temperature=0.9, top_p=0.9, repetition_penalty=1.2, seed=3), True),
-], ids=["greedy", "sampled", "sampled-torch-noise", "penalty-eos"])
-def test_graph_steps_identical(path, monkeypatch, params, kernel_noise):
-    """Replays of up to 16 captured steps give the ids of one step a replay (the torch generator's
-    noise, captured 16 draws a graph, included), in the schedule that reaches each stop check:
-    from token 1, 8 + 4 + 2 + 1 steps to token 16, then 16, then the 8 left."""
-    import minillm.sampling
-
-    monkeypatch.setattr(minillm.sampling, "KERNEL_NOISE", kernel_noise)
-    prompts = _prompts(3, SIZE["vocab_size"], seed=5)
-    model = LLM(path, dtype="float16").model
-    ids, runs = {}, {}
-    for steps in (1, 4, 16):
-        engine = Engine(model, graph_steps=steps)
-        decode = engine._decode
-        monkeypatch.setattr(engine, "_decode", lambda *a: runs.setdefault(steps, []).append(decode(*a)) or runs[steps][-1])
-        ids[steps] = engine.generate(prompts, params)[0]
-        (st,) = engine._states.values()
-        assert sorted(st.graphs) == [1, 2, 4, 8, 16][:steps.bit_length()]
-        assert (st.noise is not None) == (kernel_noise and not params.greedy)
-    assert ids[1] == ids[4] == ids[16]
-    schedules = {1: [1] * 39, 4: [4, 4, 4, 2, 1] + [4] * 6, 16: [8, 4, 2, 1, 16, 8]}
-    assert all(runs[k] == schedules[k][:len(runs[k])] for k in runs)  # with EOS, up to a stop check
-    assert len({sum(r) for r in runs.values()}) == 1
-
-
-def test_graph_steps_must_be_a_power_of_two(path):
-    model = LLM(path, device="cpu", dtype="float32").model
-    for bad in (0, 3, 32, "4"):
-        with pytest.raises(ValueError, match=f"graph_steps: expected a power of two from 1 to {SYNC_EVERY}, got"):
-            Engine(model, graph_steps=bad)
-    assert Engine(model, graph_steps=8).graph_steps == 8
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"] if ON_GPU else ["float32"])
