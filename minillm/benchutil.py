@@ -78,11 +78,10 @@ def ms_graph(fns, min_ms=2.0, reps=20):
     g = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        with torch.cuda.graph(g):
-            for _ in range(rounds):
-                for f in fns:
-                    f()
+    with torch.cuda.graph(g, stream=side):  # on the current device (Engine._capture says why)
+        for _ in range(rounds):
+            for f in fns:
+                f()
     torch.cuda.synchronize()
     for _ in range(3):
         g.replay()

@@ -149,7 +149,7 @@ class Engine:
             self.model.prefill(ids, lens, cache)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):  # (_capture says why this stream)
             logits = self.model.prefill(ids, lens, cache)
         torch.cuda.synchronize()
         return {"graph": graph, "ids": ids, "lens": lens, "logits": logits}
@@ -228,7 +228,10 @@ class Engine:
                 self.decode_one_token(st, params, cache, eos)
         torch.cuda.current_stream().wait_stream(side)
         st.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(st.graph):
+        # a stream on the model's device: torch's default capture stream is made once a process,
+        # on the device current then, and capturing on it switches to that device (cuda:0 for a
+        # model on cuda:1 after one on cuda:0, where Triton cannot reach the model's tensors)
+        with torch.cuda.graph(st.graph, stream=side):
             self.decode_one_token(st, params, cache, eos)
         torch.cuda.synchronize()
 

@@ -102,7 +102,7 @@ class TorchPeer:
                 self.compiled(self.tok, self.pos, self.q)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=side):  # on this device (Engine._capture says why)
             self.tok.copy_(self.compiled(self.tok, self.pos, self._draw()))
             self.pos.add_(1)
             self.out.index_copy_(1, self.pos.view(1), self.tok[:, None])
