@@ -28,6 +28,7 @@ def state(model, B):
     engine = Engine(model)
     engine.generate([[1] * 32] * B, SamplingParams(max_new_tokens=128, temperature=0, ignore_eos=True))  # the benchmark's cache bucket (256)
     (st,) = engine._states.values()
+    st.engine = engine  # the engine holds the KV cache its graph reads: keep it alive
     return st
 
 
