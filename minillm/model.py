@@ -165,10 +165,6 @@ GPT2_WIDTH = 768  # n_embd up to which each layer weight is asked for whole (tim
 # MINILLM_L2_AHEAD_MB=n caps them at n MB at every width (A/B timing)
 L2_WIDE_CAP = 2 << 20
 L2_CAP_ENV = mb_from_env(os.environ.get("MINILLM_L2_AHEAD_MB"), "MINILLM_L2_AHEAD_MB", None)
-# MINILLM_L2_TAIL=1 asks for a capped weight's last columns instead (A/B timing): the GEMV's last
-# programs, which start only as the first ones leave (gpt2-xl's fc and mlp-out: 800 programs, 528
-# resident), request their weights after everyone else's, where the first ones ask before their wait
-L2_TAIL = os.environ.get("MINILLM_L2_TAIL", "0") == "1"
 
 
 def first_columns(w, nbytes):
@@ -179,12 +175,9 @@ def first_columns(w, nbytes):
 
 def l2_part(w, width):
     """What of an out-major (K, N) layer weight a model `width` wide asks L2 for: all of it, or
-    its first (L2_TAIL: last) columns up to the cap."""
+    its first columns up to the cap."""
     cap = L2_CAP_ENV if L2_CAP_ENV is not None else L2_WIDE_CAP if width > GPT2_WIDTH else None
-    if cap is None:
-        return w
-    part = first_columns(w, cap)  # (0 MB: no columns, no request)
-    return w[:, w.shape[1] - part.shape[1]:] if L2_TAIL else part
+    return w if cap is None else first_columns(w, cap)  # (0 MB: no columns, no request)
 
 
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's

@@ -295,11 +295,6 @@ def test_l2_requests_capped_past_gpt2_width(monkeypatch):
         assert part.data_ptr() == w.data_ptr() and part.shape[0] == K
         assert L2_WIDE_CAP - K * 2 < part.numel() * 2 <= L2_WIDE_CAP
         assert l2_ranges("t", (part,), part.device)[0][1] == part.numel() * 2
-        monkeypatch.setattr(minillm.model, "L2_TAIL", True)  # MINILLM_L2_TAIL=1: the last columns
-        tail = l2_part(w, 1600)
-        assert tail.shape == part.shape and torch.equal(tail, w[:, -part.shape[1]:])
-        assert l2_ranges("t", (tail,), tail.device)[0][1] == tail.numel() * 2
-        monkeypatch.setattr(minillm.model, "L2_TAIL", False)
     w = torch.randn(3072, 768, dtype=torch.float16).t()
     assert l2_part(w, 768) is w
     monkeypatch.setattr(minillm.model, "L2_CAP_ENV", 0)  # MINILLM_L2_AHEAD_MB=0: nothing asked for
