@@ -161,7 +161,9 @@ GPT2_WIDTH = 768  # n_embd up to which each layer weight is asked for whole (tim
 # asked for only up to its first 2 MB. gpt2-xl batch 1, H200 (bench/results/h200/session-93/):
 # 4 MB 835 tok/s, 832 with no requests, 801 with 8 MB, 697 whole (fc's and mlp-out's 41 MB at
 # once). 2 MB against 4, alternated twice, the same ids (session-94/): gpt2-xl 835 / 834 -> 838 /
-# 837 (+0.4%), gpt2-medium 3,115 / 3,099 -> 3,141 / 3,133 (+1.0%).
+# 837 (+0.4%), gpt2-medium 3,115 / 3,099 -> 3,141 / 3,133 (+1.0%). The last columns instead (read
+# by the GEMV's last programs, which start as the first ones leave) lost: gpt2-xl 2 MB -2.4%, 4 MB
+# -2.5%, 8 MB -5.3% (session-99/)
 # MINILLM_L2_AHEAD_MB=n caps them at n MB at every width (A/B timing)
 L2_WIDE_CAP = 2 << 20
 L2_CAP_ENV = mb_from_env(os.environ.get("MINILLM_L2_AHEAD_MB"), "MINILLM_L2_AHEAD_MB", None)
