@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from .graphs import capture
+
 
 def require_cuda(script):
     """Exit with a one-line message when there is no CUDA GPU (the GPU-only scripts)."""
@@ -75,14 +77,12 @@ def ms_graph(fns, min_ms=2.0, reps=20):
     one[1].record()
     torch.cuda.synchronize()
     rounds = max(1, min(50, int(min_ms / max(one[0].elapsed_time(one[1]), 1e-3)) + 1))
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(g, stream=side):  # on the current device (Engine._capture says why)
+    def all_rounds():
         for _ in range(rounds):
             for f in fns:
                 f()
-    torch.cuda.synchronize()
+
+    g, _ = capture(all_rounds)
     for _ in range(3):
         g.replay()
     times = []

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from kernels.argmax_key import EMPTY
 
+from .graphs import capture
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
@@ -143,15 +144,8 @@ class Engine:
         return T, graphed
 
     def _capture_prefill(self, ids, lens, cache):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
-            self.model.prefill(ids, lens, cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):  # (_capture says why this stream)
-            logits = self.model.prefill(ids, lens, cache)
-        torch.cuda.synchronize()
+        # one warm-up run: autotuning and compilation happen there
+        graph, logits = capture(lambda: self.model.prefill(ids, lens, cache), warmups=1)
         return {"graph": graph, "ids": ids, "lens": lens, "logits": logits}
 
     def decode_one_token(self, st, params, cache, eos):
@@ -191,8 +185,9 @@ class Engine:
         """Compile what this call will launch before anything runs, all kernels at once
         (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
         yet: the prefill of the padded prompts (if given and new), and for a new state (decode)
-        its first token's draw and a decode step. A first call then waits far less than for its compilations one after the other
-        (a cold gpt2 process on a 16-core H200 host: 19.3 -> 11.7 s)."""
+        its first token's draw and a decode step. A first call then waits far less than for its
+        compilations one after the other (a cold gpt2 process on a 16-core H200 host: 19.3 ->
+        11.7 s)."""
         prefill = (len(padded), self._prefill_length(padded)[0]) if padded is not None else None
         prefill = prefill if prefill not in self._compiled_prefills else None
         ahead = getattr(self.model.ops, "compile_ahead", None)
@@ -221,19 +216,8 @@ class Engine:
 
     def _capture(self, st, params, eos):
         cache = self.cache_for(st.tokens.shape[0])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: autotuning and compilation happen here
-            for _ in range(2):
-                self.decode_one_token(st, params, cache, eos)
-        torch.cuda.current_stream().wait_stream(side)
-        st.graph = torch.cuda.CUDAGraph()
-        # a stream on the model's device: torch's default capture stream is made once a process,
-        # on the device current then, and capturing on it switches to that device (cuda:0 for a
-        # model on cuda:1 after one on cuda:0, where Triton cannot reach the model's tensors)
-        with torch.cuda.graph(st.graph, stream=side):
-            self.decode_one_token(st, params, cache, eos)
-        torch.cuda.synchronize()
+        # two warm-up steps: autotuning and compilation happen there
+        st.graph, _ = capture(lambda: self.decode_one_token(st, params, cache, eos), warmups=2)
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):

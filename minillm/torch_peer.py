@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from kernels.reference import sampling_scores
 
+from .graphs import capture
+
 
 class TorchPeer:
     def __init__(self, config, weights, batch, max_len=None, sampling=None):
@@ -95,17 +97,12 @@ class TorchPeer:
         """Compile and warm up at the current (tok, pos), then capture one step: the next ids
         into tok and into out at pos + 1, then pos + 1. The warm-up steps write the same cache
         row the first real step writes."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.compiled(self.tok, self.pos, self.q)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=side):  # on this device (Engine._capture says why)
+        def step():
             self.tok.copy_(self.compiled(self.tok, self.pos, self._draw()))
             self.pos.add_(1)
             self.out.index_copy_(1, self.pos.view(1), self.tok[:, None])
+
+        self.graph, _ = capture(step, warmups=2, warm=lambda: self.compiled(self.tok, self.pos, self.q))
 
     def start(self, ids):
         """Prefill prompts ids (B, T); returns the first new ids (B,), where the steps go on from."""
