@@ -3,7 +3,7 @@ requests carry no registers and nothing waits for them, so no result can change.
 
 Used at one row where the layer's linears run on the CUDA-core GEMV (gemv_fma.py), which then
 reads the bytes from L2 (past gpt2's width each weight only up to its first 2 MB:
-minillm.model.l2_part); at gpt2's size:
+minillm.decode_plan.l2_part); at gpt2's size:
 - the fused attention launch (decode_attention_proj's l2_ahead): its 36 programs stream about
   1.5 MB in about 4 us of latency-bound work, and the bus is free to bring fc's and mlp-out's
   9.4 MB into L2 meanwhile;

@@ -191,7 +191,7 @@ def stage_first(meta, M, K, ln):
     zero rows with it before the wait (an accumulator of +0.0: the bits do not change) makes
     that copy happen early. Timed end to end on an H100, alternated in one call
     (bench/results/h100/few-row-decode.md); the gains depend on which kernels launch early
-    (model.early_roles), and so follow the rows:
+    (minillm.decode_plan.early_roles), and so follow the rows:
     - 5 to 8 rows, every gpt2 layer: batch 8 29.4k -> 30.8k tok/s (+4.5%);
     - 9 to 16 rows, the wide layers without a layernorm in tiles up to 256 x 64 (gpt2's
       mlp-out): batch 16 48.0k -> 50.6k (+5.4%; staging every layer: +2.9%);

@@ -43,7 +43,7 @@ INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, w
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
 # elements: gpt2's layers (at most 2.36M) gained first (bench/results/h200/fma-gemv-experiment.md);
 # gpt2-medium's and gpt2-xl's (3.1M to 10.2M) once their weights stayed fp16 until after the wait
-# (early_f32) and the L2 requests before them were capped (minillm.model.L2_WIDE_CAP). H200,
+# (early_f32) and the L2 requests before them were capped (minillm.decode_plan.L2_WIDE_CAP). H200,
 # batch 1, the same ids (bench/results/h200/session-93/): gpt2-xl 757 -> 835 tok/s (+10.4%; with
 # fp32 weights early 763, with uncapped requests 697), gpt2-medium 2,331 -> 3,071 (+31.7%).
 # MINILLM_FMA_MAX_WEIGHT=n routes layers of up to n elements here (A/B timing)

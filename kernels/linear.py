@@ -146,7 +146,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     (programmatic dependent launch); only for a residual that kernel does not write.
     early_launch: decode rows let the next kernel launch at this one's start rather than after
     its wait, so the next one's weights stream in behind all of this one (where that pays is the
-    caller's choice: minillm.model.early_roles). The caller vouches that the next kernel reads
+    caller's choice: minillm.decode_plan.early_roles). The caller vouches that the next kernel reads
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
     l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results

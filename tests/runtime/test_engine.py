@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import kernels.vocab_screen
-import minillm.model
+import minillm.decode_plan
 from minillm import LLM, SamplingParams
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
-from minillm.model import early_roles, mb_from_env, roles_from_env
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -186,43 +185,6 @@ def test_ids_outside_the_vocabulary_end_with_a_clear_error():
         check_vocab([[-1]], 256, first=5)
 
 
-def test_early_roles_rule_and_its_switch(monkeypatch):
-    """The decode linears that launch the next kernel at their start, by rows, GEMV kind and
-    model width (early_roles' docstring has the timings), and MINILLM_EARLY_ROLES's values: any of the four
-    roles, or none; anything else is one error naming the variable."""
-    monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", None)
-    assert early_roles(1, cuda_core=True, width=768) == {"fc", "qkv", "mlp-out"}
-    assert early_roles(1, cuda_core=False, width=1600) == {"attn-out", "fc", "mlp-out"}
-    assert early_roles(4, cuda_core=False, width=768) == {"attn-out", "mlp-out"}
-    assert early_roles(8, cuda_core=False, width=1600) == {"qkv", "mlp-out"}
-    assert early_roles(9, cuda_core=False, width=768) == early_roles(16, cuda_core=False, width=768) == {"mlp-out"}
-    assert early_roles(16, cuda_core=False, width=1280) == {"mlp-out", "attn-out"}
-    assert early_roles(16, cuda_core=False, width=1600) == {"attn-out"}
-    assert early_roles(16, cuda_core=False, width=1024) == early_roles(16, cuda_core=False, width=64) == frozenset()
-    assert early_roles(17, cuda_core=False, width=768) == early_roles(32, cuda_core=False, width=768) == {"qkv"}
-    assert early_roles(33, cuda_core=False, width=768) == frozenset()
-    assert early_roles(32, cuda_core=False, width=1024) == frozenset()  # gpt2-medium and wider
-    assert early_roles(64, cuda_core=False, width=768) == frozenset()
-    assert roles_from_env(None) is None
-    assert roles_from_env("none") == frozenset() and roles_from_env("") == frozenset()
-    assert roles_from_env("fc+qkv") == roles_from_env("qkv,fc") == {"fc", "qkv"}
-    monkeypatch.setattr(minillm.model, "EARLY_ROLES_ENV", roles_from_env("attn-out,qkv"))
-    assert early_roles(1, cuda_core=True, width=768) == {"attn-out", "qkv"}
-    assert early_roles(64, cuda_core=False, width=1600) == {"attn-out", "qkv"}
-    with pytest.raises(ValueError, match=r"^MINILLM_EARLY_ROLES: expected none or roles of qkv, attn-out, fc, "
-                                         r"mlp-out split by commas or \+, got 'fc,gelu'$"):
-        roles_from_env("fc,gelu")
-
-
-def test_l2_screen_switch():
-    """MINILLM_L2_SCREEN_MB: 4 MB unset, whole MB (0: none) when set, one error naming it otherwise."""
-    assert mb_from_env(None) == mb_from_env("") == mb_from_env("4") == 4 << 20
-    assert mb_from_env("0") == 0 and mb_from_env("12") == 12 << 20
-    for bad in ("-1", "4.5", "four"):
-        with pytest.raises(ValueError, match=r"^MINILLM_L2_SCREEN_MB: expected a whole number of MB"):
-            mb_from_env(bad)
-
-
 @pytest.mark.parametrize("cuda_core", [True, False])
 def test_qkv_asks_l2_for_its_layers_attention_projection(tmp_path, cuda_core):
     """Where the layer linears run the CUDA-core GEMV (one row, gpt2 to gpt2-xl: no statistics
@@ -271,31 +233,14 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     q = torch.zeros(V, C // 4, dtype=torch.int32, device=model.device)  # the screen's words, (V, C / 4)
     model.lm_screen = kernels.vocab_screen.ScreenedHead(q, None)
     (screened,) = model._next_weight(n - 1, True)
-    rows = min(V, minillm.model.L2_SCREEN_BYTES // C)  # a column's C int8 weights: C bytes
+    rows = min(V, minillm.decode_plan.L2_SCREEN_BYTES // C)  # a column's C int8 weights: C bytes
     assert screened.shape == (rows, C // 4) and screened.data_ptr() == q.data_ptr() and screened.is_contiguous()
-    monkeypatch.setattr(minillm.model, "L2_SCREEN_BYTES", 3 * C)
+    monkeypatch.setattr(minillm.decode_plan, "L2_SCREEN_BYTES", 3 * C)
     assert model._next_weight(n - 1, True)[0].shape == (3, C // 4)
-    monkeypatch.setattr(minillm.model, "L2_SCREEN_BYTES", 0)
+    monkeypatch.setattr(minillm.decode_plan, "L2_SCREEN_BYTES", 0)
     assert model._next_weight(n - 1, True) == ()
     (head,) = model._next_weight(n - 1, False)
     w = model.lm_head[0]  # (C, V), out-major
-    cols = min(w.shape[1], minillm.model.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
+    cols = min(w.shape[1], minillm.decode_plan.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
-
-
-def test_l2_requests_capped_past_gpt2_width(monkeypatch):
-    """Past gpt2's width a layer weight is asked for only up to its first L2_WIDE_CAP bytes (its
-    first columns, a dense view: l2_ranges' requirement); at gpt2's width whole."""
-    from kernels._l2_ahead import l2_ranges
-    from minillm.model import L2_WIDE_CAP, l2_part
-    for K, N in [(1600, 6400), (6400, 1600)]:
-        w = torch.randn(N, K, dtype=torch.float16).t()  # out-major (K, N)
-        part = l2_part(w, 1600)
-        assert part.data_ptr() == w.data_ptr() and part.shape[0] == K
-        assert L2_WIDE_CAP - K * 2 < part.numel() * 2 <= L2_WIDE_CAP
-        assert l2_ranges("t", (part,), part.device)[0][1] == part.numel() * 2
-    w = torch.randn(3072, 768, dtype=torch.float16).t()
-    assert l2_part(w, 768) is w
-    monkeypatch.setattr(minillm.model, "L2_CAP_ENV", 0)  # MINILLM_L2_AHEAD_MB=0: nothing asked for
-    assert l2_ranges("t", (l2_part(w, 768),), w.device)[0][1] == 0
