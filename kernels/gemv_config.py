@@ -33,13 +33,6 @@ STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_fir
 TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
 # see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
-# see slab_layout: the column block of the slabs of layers no wider than their K (gpt2's attn-out;
-# MINILLM_SLAB_SQUARE_N) and of the chunk-group slabs (mlp-out; MINILLM_GROUP_SLAB_N) (A/B timing)
-SLAB_SQUARE_N = env_int("MINILLM_SLAB_SQUARE_N", 32)
-GROUP_SLAB_N = env_int("MINILLM_GROUP_SLAB_N", 32)
-for _name, _n in (("MINILLM_SLAB_SQUARE_N", SLAB_SQUARE_N), ("MINILLM_GROUP_SLAB_N", GROUP_SLAB_N)):
-    if _n not in (16, 32, 64):
-        raise ValueError(f"{_name}: expected a column block of 16, 32 or 64, got {_n}")
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 # see chunk_groups: MINILLM_CHUNK_GROUPS=N adds gpt2's mlp-out chunk sums in N groups (A/B timing)
 CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 4)
@@ -108,7 +101,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
         while K >= 1024 and block_n > 32 and triton.cdiv(N, block_n) * chunks < sms:
             block_n //= 2
         return dict(BLOCK_N=block_n, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=True, num_warps=4, CHUNK_GROUPS=groups)
-    slab = slab_layout(M, K, itemsize, groups, block_k, chunks, N)
+    slab = slab_layout(M, K, itemsize, groups, block_k, chunks)
     if slab is not None:
         return slab
     if K < 1024 and N >= 2 * K:
@@ -150,7 +143,7 @@ def decode_config(M, N, K, itemsize=2, ln=False, *, sms):
     return dict(BLOCK_N=64, BLOCK_K=block_k, CHUNKS=chunks, SPLIT=False, num_warps=4, num_stages=4)
 
 
-def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1, N=None):
+def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1):
     """The SLAB layout (gemv_slab.py) for M rows of a layer of K inputs, or None: half precision,
     K from ROWS32_MIN_K to 768 (six 128-wide chunks; gpt2's qkv, attn-out and fc), past 32
     rows: one 64-row tile a 32-column block, the chunks of gemv.py's layouts (the same bits).
@@ -166,13 +159,11 @@ def slab_layout(M, K, itemsize, groups=1, block_k=128, chunks=1, N=None):
     if groups > 1:  # gpt2's mlp-out: a program a chunk group (see chunk_groups)
         if not GROUP_SLAB_MIN_ROWS or M < max(GROUP_SLAB_MIN_ROWS, BLOCK_M + 1) or gemv_slab.PIPELINED_ENV <= 1:
             return None
-        return dict(BLOCK_N=GROUP_SLAB_N, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False,
-                    SLAB=True, num_warps=4, BLOCK_M=64)
+        return dict(BLOCK_N=32, BLOCK_K=block_k, CHUNKS=chunks, CHUNK_GROUPS=groups, SPLIT=False, SLAB=True,
+                    num_warps=4, BLOCK_M=64)
     if M < max(SLAB_MIN_ROWS, 2 * BLOCK_M + 1) or not ROWS32_MIN_K <= K <= 128 * gemv_slab.MAX_CHUNKS:
         return None
-    block_n = SLAB_SQUARE_N if N is not None and N <= K else 32
-    return dict(BLOCK_N=block_n, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4,
-                BLOCK_M=64)
+    return dict(BLOCK_N=32, BLOCK_K=128, CHUNKS=triton.cdiv(K, 128), SPLIT=False, SLAB=True, num_warps=4, BLOCK_M=64)
 
 
 def chunk_groups(N, K, ln):
