@@ -50,7 +50,7 @@ from ._workspace import arrival_counters, fixed_point_sums
 from .argmax_key import _argmax_key, _no_token_if_nan
 from .gemv_config import (BLOCK_M, SMALL_M, chunk_count, decode_config, fixed_split, partial_count, split_maxnreg,
                           stage_first, tma_weights)
-from .gemv_fma import fma_config, gemv_fma, routed
+from .gemv_fma import fma_config, gemv_fma
 from .gemv_slab import gemv_slab
 from .vocab_fma import vocab_config, vocab_fma
 
@@ -228,7 +228,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         if vocab is not None:
             return vocab_fma(x2, weight, bias, y2, ln_fold, ln_eps, argmax_keys, vocab, store)
     plain = config is None and stats_out is None and argmax_keys is None
-    fma = fma_config(M, N, K, weight.stride(0)) if plain and routed(N, K, activation) else None
+    fma = fma_config(M, N, K, weight.stride(0)) if plain else None
     if fma is not None or (config is not None and "ROWS" in config):
         if stats_out is not None or argmax_keys is not None:
             raise ValueError("_config: the CUDA-core layout (ROWS) writes no stats_out or argmax_keys")

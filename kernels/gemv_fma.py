@@ -68,21 +68,6 @@ PAD_FOLD = os.environ.get("MINILLM_FMA_PAD_FOLD", "1") != "0"
 EARLY_F32_ROLES = 4
 FORCED_EARLY_F32 = mask_switch("MINILLM_FMA_EARLY_F32", os.environ.get("MINILLM_FMA_EARLY_F32"),
                                "1 qkv + 2 fc + 4 mlp-out and attn-out")
-# MINILLM_FMA_ROLES=mask routes only those roles here (1 qkv, 2 fc, 4 mlp-out and attn-out), the
-# others to the tensor-core GEMV, wherever fma_config would take them (A/B timing; see routed)
-FORCED_ROLES = mask_switch("MINILLM_FMA_ROLES", os.environ.get("MINILLM_FMA_ROLES"),
-                           "1 qkv + 2 fc + 4 mlp-out and attn-out")
-
-
-def role(N, K, activation):
-    """A (K -> N) decode linear's role bit: 1 widening without activation (qkv), 2 widening with
-    one (fc), 4 the others (mlp-out, attn-out)."""
-    return 4 if N <= K else (2 if activation else 1)
-
-
-def routed(N, K, activation):
-    """Whether a layer fma_config takes runs here by its role (FORCED_ROLES; every role unset)."""
-    return FORCED_ROLES is None or bool(FORCED_ROLES & role(N, K, activation))
 
 
 def by_block_k(name, fields, example, pow2=3):
@@ -139,10 +124,10 @@ def early_f32(N, K, activation):
     derived: the roles did not add up (fc and mlp-out each gained alone, and lost together), and
     qkv's early conversions held back the attention launch's start by 0.26 us (traced). Wider
     layers (past GPT2_MAX_WEIGHT) keep fp16: gpt2-xl batch 1 763 -> 835 tok/s without them."""
-    bit = role(N, K, activation)
+    role = 4 if N <= K else (2 if activation else 1)
     if FORCED_EARLY_F32 is not None:
-        return bool(FORCED_EARLY_F32 & bit)
-    return N * K <= GPT2_MAX_WEIGHT and bool(EARLY_F32_ROLES & bit)
+        return bool(FORCED_EARLY_F32 & role)
+    return N * K <= GPT2_MAX_WEIGHT and bool(EARLY_F32_ROLES & role)
 
 
 def fma_config(M, N, K, stride_wk):

@@ -232,18 +232,6 @@ def test_fma_routing():
     assert cfg(1, 50257, 32, 1) is None  # a vocabulary head
 
 
-def test_fma_roles_switch(monkeypatch):
-    """MINILLM_FMA_ROLES (A/B timing) keeps only its roles here: qkv 1, fc 2 (widening with an
-    activation), mlp-out and attn-out 4; unset, every role."""
-    assert [gemv_fma.role(2304, 768, None), gemv_fma.role(3072, 768, "gelu_tanh"), gemv_fma.role(768, 3072, None),
-            gemv_fma.role(768, 768, None)] == [1, 2, 4, 4]
-    monkeypatch.setattr(gemv_fma, "FORCED_ROLES", None)
-    assert gemv_fma.routed(3072, 768, "gelu_tanh") and gemv_fma.routed(768, 3072, None)
-    monkeypatch.setattr(gemv_fma, "FORCED_ROLES", 5)
-    assert not gemv_fma.routed(3072, 768, "gelu_tanh")
-    assert gemv_fma.routed(2304, 768, None) and gemv_fma.routed(768, 3072, None)
-
-
 def test_fma_statistics_and_argmax_go_elsewhere(device):
     """stats_out and argmax_keys are the tensor-core path's: asked for, linear takes it (and
     says so for a forced CUDA-core layout)."""
