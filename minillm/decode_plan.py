@@ -27,6 +27,16 @@ def roles_from_env(value):
     return roles
 
 
+def mb_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
+    """A number of MB from the environment variable `name`'s value (None or empty: default) ->
+    bytes; one error naming it otherwise."""
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{name}: expected a whole number of MB (0: none), got {value!r}")
+    return int(value) << 20
+
+
 # MINILLM_EARLY_ROLES=fc,qkv (or fc+qkv, or none) sets the early roles at every row count (A/B timing)
 EARLY_ROLES_ENV = roles_from_env(os.environ.get("MINILLM_EARLY_ROLES"))
 
@@ -88,7 +98,6 @@ def early_roles(rows, cuda_core, width):
     return frozenset()
 
 
-
 # L2 requests ahead, at one row on the CUDA-core GEMV (model.GPT.decode's l2_ahead): the fused
 # attention launch asks L2 for fc's and mlp-out's weights before its wait, mlp-out for the next
 # layer's qkv weights, and qkv (from layer 1; layer 0's gathers the embedding) for its layer's
@@ -108,16 +117,6 @@ L2_LM_HEAD_BYTES = 4 << 20
 # (bench/results/h200/session-79/). Against none, H200, gpt2 batch 1, alternated twice, the same ids
 # (bench/results/h200/session-80/): none +0.4% in one call, -1.3% in the next; 8 MB -0.1%, 12 MB -0.6%.
 # MINILLM_L2_SCREEN_MB=n asks for n MB (A/B timing)
-def mb_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
-    """A number of MB from the environment variable `name`'s value (None or empty: default) ->
-    bytes; one error naming it otherwise."""
-    if not value:
-        return default
-    if not value.isdigit():
-        raise ValueError(f"{name}: expected a whole number of MB (0: none), got {value!r}")
-    return int(value) << 20
-
-
 L2_SCREEN_BYTES = mb_from_env(os.environ.get("MINILLM_L2_SCREEN_MB"))
 GPT2_WIDTH = 768  # n_embd up to which each layer weight is asked for whole (timed at gpt2's)
 # past gpt2's width each layer weight the CUDA-core GEMV's chain asks L2 for (decode's l2_ahead) is
