@@ -177,9 +177,9 @@ def chunk_groups(N, K, ln):
     16-row programs, gpt2 batch 64 171.6k -> 175.9k / 176.8k tok/s (+2.7%; +2.5% in call 2),
     batch 48 +2.5%, batch 32 +4.0%, batches 2-16 even (-0.1% to +0.6%). Four groups in 16-row
     programs lost 8.9% at batch 64 (gained 2.9% at 32), two groups as slabs (6 chunks, 4 in
-    flight, 48 programs) 1.6%, three (72 programs of 4 chunks) 1.7% (session-100/call6-ab6.log).
-    The ids of gpt2 batch 16-64 changed (a row's bits, now the same
-    at 2-64 rows in the new order).
+    flight, 48 programs) 1.6%, three (72 programs of 4 chunks) 1.7%
+    (bench/results/h200/session-100/call6-ab6.log). The ids of gpt2 batch 16-64 changed (a row's
+    bits, now the same at 2-64 rows in the new order).
     MINILLM_CHUNK_GROUPS=N makes it N groups (2: the former arithmetic), MINILLM_GROUP_SPLIT=0
     one group and the looping program on 32-column blocks (A/B timing)."""
     return CHUNK_GROUPS if CHUNK_GROUPS_ON and K >= 1024 and N < NARROW_N and not ln else 1
