@@ -167,18 +167,20 @@ class Engine:
                                      noise=st.noise.draw if st.noise is not None else None)
 
     def _state(self, batch, params, eos, max_len=None, padded=None):
-        """The decode state's buffers for this batch and sampling mode, its graph captured; a new
-        one's kernels compiled ahead, with the prefill of the padded prompts where given."""
+        """The decode state's buffers for this batch and sampling mode, its graph captured; what
+        this call launches first compiled ahead: a new state's step, and the prefill of the padded
+        prompts (where given) if its shape is new."""
         key = (batch, params.graph_key(), eos, max_len)
         st = self._states.get(key)
-        if st is None:
+        new = st is None
+        if new:
             c, dev = self.model.config, self.model.device
             st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
                               max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             self._states[key] = st
-            self._compile_ahead(st, padded, params, eos, decode=True)
-            if self.use_cuda_graphs:
-                self._capture(st, params, eos)
+        self._compile_ahead(st, padded, params, eos, decode=new)
+        if new and self.use_cuda_graphs:
+            self._capture(st, params, eos)
         return st
 
     def _compile_ahead(self, st, padded, params, eos, decode=False):
@@ -246,7 +248,6 @@ class Engine:
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
         st = self._state(Bp, params, eos, max_len, padded)  # captured before the prefill refills the cache
-        self._compile_ahead(st, padded, params, eos)  # a prefill shape new to an old state
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
