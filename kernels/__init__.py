@@ -33,7 +33,8 @@ from . import argmax_key
 from .activations import ACTIVATIONS, gelu
 from .attention import attention
 from .decode_attention import decode_attention
-from .decode_attention_proj import decode_attention_proj, fixed_row_stats
+from .decode_attention_proj import decode_attention_proj
+from .decode_attention_proj_config import fixed_row_stats
 from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats

@@ -12,10 +12,11 @@ prologue of the projection, so a layer runs four:
 - the heads' partials meet in one of two ways, both deterministic, and a row's result does not
   depend on the batch:
   - without row statistics (one row on the CUDA-core linears, gpt2 to gpt2-xl, which read whole
-    rows), by the one-atomic merge (_fixed_merge.py): each program adds its partial to one
-    int64 word per (row, column) in fixed point, and the program that completes a column runs
-    its epilogue (bias, residual). One round trip, where storing partials, passing an arrival
-    counter and reading the partials back took three;
+    rows), by the one-atomic merge (_fixed_merge.py; where decode_attention_proj_config's
+    fixed_merge says): each program adds its partial to one int64 word per (row, column) in
+    fixed point, and the program that completes a column runs its epilogue (bias, residual). One
+    round trip, where storing partials, passing an arrival counter and reading the partials
+    back took three;
     Where the next layernorm's row statistics are asked for in the fixed-point form
     (_epilogue.py; half precision), the program that completes columns also adds their
     statistics into the row's group words, one relaxed atomic each, awaited by nobody;
@@ -29,35 +30,24 @@ store it. Longer caches and more rows run decode_attention and linear, which spl
 and fill the GPU better (`fused_layout` returns None there).
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor
-from ._epilogue import (_add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats,
-                        new_row_stats)
-from ._fixed_merge import MAX_FIXED_PARTS, _add_fixed
+from ._epilogue import _add_row_stats_fixed, _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
+from ._fixed_merge import _add_fixed
 from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
-from .decode_attention_proj_config import early_f32, fused_layout
+from .decode_attention_proj_config import early_f32, fixed_merge, fixed_stats_fit, fused_layout
 from .linear import linear
 
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
 PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
-# the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
-FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
-# the one-atomic merge with the statistics in fixed point (fixed_row_stats); MINILLM_FIXED_STATS=0
-# keeps the stored-partial merge wherever statistics are asked for, =all takes the fixed form
-# wherever it fits, past fixed_stats_rule (A/B timing)
-FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
-if FIXED_STATS not in ("0", "1", "all"):
-    raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
-MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 
 
 @triton.jit
@@ -190,44 +180,6 @@ def _decode_attention_proj_kernel(
                              1, BLOCK_N)
 
 
-def _fixed_merge(heads):
-    return FIXED_MERGE and 1 < heads <= MAX_FIXED_PARTS
-
-
-def fixed_stats_rule(heads):
-    """Whether the statistics come in fixed point (where the fused launch runs): up to 16 heads.
-    Two rows from 24 heads took them too until the two kernels replaced the fused launch there
-    (fused_layout). H200, alternated twice in one call (bench/results/h200/fixed-stats/;
-    the same ids except at gpt2-large's and gpt2-xl's two rows): gpt2 batch 2 8,893 / 8,907 -> 9,251 / 9,249 tok/s
-    (+3.9%), gpt2-medium batch 1 +2.5%, batch 2 +2.3%, gpt2-xl batch 2 +5.0%; but gpt2-large
-    (20 heads) batch 1 -0.7%, batch 2 -1.2%, and gpt2-xl batch 1 -1.3%. There the graph profile
-    has the launch's share 6.54 -> 5.62 us a layer, but the next layer's qkv 5.91 -> 7.41; traced
-    per program the launch itself is longer (its wait to its last end 5.01 -> 5.55 us: 25 returning
-    atomics a column; bench/results/h200/session-70/). The H100 gained at every case kept (+1.3%
-    to +4.9%). Past the rule (MINILLM_FIXED_STATS=all) with the gemv merge at one row
-    (gemv_config.fixed_split), H200, one call, the rule's form timed twice and the forced form
-    once (bench/results/h200/fixed-stats-all/):
-    gpt2-xl batch 1 756 -> 712 tok/s (-5.8%), gpt2-large batch 1 1,278 -> 1,262 (-1.3%), the same ids."""
-    return heads <= 16
-
-
-def _fixed_stats_fit(heads, n, dtype, layout):
-    """Whether a launch can write the fixed-point statistics: the fused one (`layout` not None)
-    with the fixed merge, in half precision, rows of up to MAX_FIXED_STATS_COLS columns."""
-    return layout is not None and _fixed_merge(heads) and dtype == torch.float16 and n <= MAX_FIXED_STATS_COLS
-
-
-def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
-    """Zeroed fixed-point statistics buffers (layers, rows, 2, groups) for decode_attention_proj's
-    stats_out (one a layer: each is added into once, then read), or None where its launch for
-    these shapes cannot write them (_fixed_stats_fit) or fixed_stats_rule says no."""
-    layout = fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device))
-    ruled = FIXED_STATS == "all" or (FIXED_STATS == "1" and fixed_stats_rule(heads))
-    if not (ruled and _fixed_stats_fit(heads, n, dtype, layout)):
-        return None
-    return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)
-
-
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
                           l2_ahead=(), _layout=None, _early_f32=None):
@@ -282,7 +234,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     fixed_stats = stats_out is not None and stats_out.dtype == torch.int64
     ahead = l2_ranges("l2_ahead", l2_ahead, q.device)
     layout = _layout or fused_layout(B, N, k_cache.shape[2], D, H, sms=sm_count(q.device))
-    if fixed_stats and not _fixed_stats_fit(H, N, q.dtype, layout):
+    if fixed_stats and not fixed_stats_fit(H, N, q.dtype, layout):
         raise ValueError("stats_out: the fixed-point form (int64) is written by the fused launch's fixed merge only "
                          "(fixed_row_stats says where); expected new_row_stats' float32 buffer here")
     if layout is None:
@@ -292,7 +244,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
-    fixed = _fixed_merge(H) and (stats_out is None or fixed_stats)
+    fixed = fixed_merge(H) and (stats_out is None or fixed_stats)
     if fixed:  # no partials or counters: their pointers go unused
         words = part = counts = fixed_point_sums(q.device, B * N)
     else:

@@ -1,16 +1,29 @@
-"""Where the fused attention launch (decode_attention_proj.py) runs, and in which layout: the
-rules timed end to end, as tables and thresholds, and the switches that force them (A/B timing)."""
+"""Where the fused attention launch (decode_attention_proj.py) runs, in which layout and how its
+heads meet: the rules timed end to end, as tables and thresholds, and the switches that force
+them (A/B timing)."""
 import os
 
+import torch
 import triton
 
-from ._tuning import layout_switch, mask_switch
+from ._epilogue import new_row_stats
+from ._fixed_merge import MAX_FIXED_PARTS
+from ._tuning import layout_switch, mask_switch, sm_count
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_HEADS_AT_TWO_ROWS = 16  # fused_layout: gpt2-large's and gpt2-xl's two rows run the two kernels
 MAX_CACHE = 256  # positions of the longest prefetched tile; longer caches split across programs
 # MINILLM_FUSED_ATTN=0 runs decode_attention and linear wherever the fused launch would (A/B timing)
 FUSED = os.environ.get("MINILLM_FUSED_ATTN", "1") != "0"
+# the one-atomic merge where no statistics are asked for; MINILLM_FIXED_MERGE=0 turns it off (A/B timing)
+FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
+# the one-atomic merge with the statistics in fixed point (fixed_row_stats); MINILLM_FIXED_STATS=0
+# keeps the stored-partial merge wherever statistics are asked for, =all takes the fixed form
+# wherever it fits, past fixed_stats_rule (A/B timing)
+FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
+if FIXED_STATS not in ("0", "1", "all"):
+    raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
+MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 # which prefetched tiles are converted to fp32 before the wait (early_f32), by width at two rows:
 # 1 the keys, 2 the values, 4 W's. H200, alternated twice in one call, the same ids
 # (bench/results/h200/session-75/): gpt2 batch 2 9,240 / 9,254 -> 9,372 / 9,365 tok/s (+1.3%) with
@@ -95,3 +108,42 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
         elements = whole * head_dim
         return block_n, whole, 8 if elements > 128 * 64 or (elements == 128 * 64 and blocks <= 3) else 4
     return block_n, min(whole, 128), 4
+
+
+def fixed_merge(heads):
+    """Whether the fused launch's heads meet by the one-atomic merge (_fixed_merge.py)."""
+    return FIXED_MERGE and 1 < heads <= MAX_FIXED_PARTS
+
+
+def fixed_stats_rule(heads):
+    """Whether the statistics come in fixed point (where the fused launch runs): up to 16 heads.
+    Two rows from 24 heads took them too until the two kernels replaced the fused launch there
+    (fused_layout). H200, alternated twice in one call (bench/results/h200/fixed-stats/;
+    the same ids except at gpt2-large's and gpt2-xl's two rows): gpt2 batch 2 8,893 / 8,907 -> 9,251 / 9,249 tok/s
+    (+3.9%), gpt2-medium batch 1 +2.5%, batch 2 +2.3%, gpt2-xl batch 2 +5.0%; but gpt2-large
+    (20 heads) batch 1 -0.7%, batch 2 -1.2%, and gpt2-xl batch 1 -1.3%. There the graph profile
+    has the launch's share 6.54 -> 5.62 us a layer, but the next layer's qkv 5.91 -> 7.41; traced
+    per program the launch itself is longer (its wait to its last end 5.01 -> 5.55 us: 25 returning
+    atomics a column; bench/results/h200/session-70/). The H100 gained at every case kept (+1.3%
+    to +4.9%). Past the rule (MINILLM_FIXED_STATS=all) with the gemv merge at one row
+    (gemv_config.fixed_split), H200, one call, the rule's form timed twice and the forced form
+    once (bench/results/h200/fixed-stats-all/):
+    gpt2-xl batch 1 756 -> 712 tok/s (-5.8%), gpt2-large batch 1 1,278 -> 1,262 (-1.3%), the same ids."""
+    return heads <= 16
+
+
+def fixed_stats_fit(heads, n, dtype, layout):
+    """Whether a launch can write the fixed-point statistics: the fused one (`layout` not None)
+    with the fixed merge, in half precision, rows of up to MAX_FIXED_STATS_COLS columns."""
+    return layout is not None and fixed_merge(heads) and dtype == torch.float16 and n <= MAX_FIXED_STATS_COLS
+
+
+def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
+    """Zeroed fixed-point statistics buffers (layers, rows, 2, groups) for decode_attention_proj's
+    stats_out (one a layer: each is added into once, then read), or None where its launch for
+    these shapes cannot write them (fixed_stats_fit) or fixed_stats_rule says no."""
+    layout = fused_layout(rows, n, cache_len, head_dim, heads, sms=sm_count(device))
+    ruled = FIXED_STATS == "all" or (FIXED_STATS == "1" and fixed_stats_rule(heads))
+    if not (ruled and fixed_stats_fit(heads, n, dtype, layout)):
+        return None
+    return new_row_stats(layers * rows, n, device, fixed=True).view(layers, rows, 2, -1)

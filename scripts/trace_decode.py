@@ -136,8 +136,8 @@ PATCHES = {
         ("    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n",
          "    h = tl.program_id(1)  # the head: this program's chunk of the projection's K\n    t0 = _now()\n"),
         ("    pos = seq_len - 1\n", "    t2 = _now()\n" + SUM_W + "    pos = seq_len - 1\n"),
-        ("\n\ndef _fixed_merge(",
-         "    _record(trace_ptr, pid + h * tl.num_programs(0), t0, t1, t2)\n\n\ndef _fixed_merge("),
+        ("\n\ndef decode_attention_proj(",
+         "    _record(trace_ptr, pid + h * tl.num_programs(0), t0, t1, t2)\n\n\ndef decode_attention_proj("),
     ],
 }
 

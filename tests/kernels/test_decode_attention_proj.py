@@ -8,8 +8,8 @@ from kernels import reference as ref
 from kernels._tuning import sm_count
 from kernels._workspace import fixed_point_sums
 from kernels.decode_attention import LOG2E
-from kernels.decode_attention_proj import FIXED_MERGE, FIXED_STATS, fixed_row_stats
-from kernels.decode_attention_proj_config import MAX_CACHE, MAX_ROWS, fused_layout
+from kernels.decode_attention_proj_config import (FIXED_MERGE, FIXED_STATS, MAX_CACHE, MAX_ROWS, fixed_row_stats,
+                                                  fused_layout)
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -262,7 +262,7 @@ def test_fixed_stats_rule_and_its_switch(monkeypatch):
     20 heads nor gpt2-xl at one row; MINILLM_FIXED_STATS=all takes them past the rule wherever
     the fused launch runs (not two rows of gpt2-large or gpt2-xl), =0 nowhere; never in fp32
     (the launch cannot write them)."""
-    proj = sys.modules["kernels.decode_attention_proj"]
+    proj = sys.modules["kernels.decode_attention_proj_config"]
     cpu = torch.device("cpu")
 
     def taken(rows, heads, dtype=torch.float16):

@@ -226,7 +226,7 @@ def test_half_precision_decode_with_fixed_point_statistics(tmp_path, monkeypatch
     ids = [torch.randint(0, size["vocab_size"] - 1, (n,), generator=g).tolist() for n in (14, 9)]
     start = [5, 2]  # each row's prompt, then teacher-forced steps over the rest
     ref = [_hf_logits(hf, seq) for seq in ids]
-    proj = sys.modules["kernels.decode_attention_proj"]
+    proj = sys.modules["kernels.decode_attention_proj_config"]
     steps = {}
     for fixed in (True, False):
         monkeypatch.setattr(proj, "FIXED_STATS", "1" if fixed else "0")
