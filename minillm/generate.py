@@ -14,16 +14,13 @@ from concurrent.futures import as_completed
 import torch
 from tqdm.auto import tqdm
 
-from kernels.argmax_key import EMPTY
-
+from .decode_state import DecodeState, batch_bucket, cache_bucket
 from .graphs import capture
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
-LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 
 
 def padded_ids(prompts, T):
@@ -64,39 +61,6 @@ def check_vocab(out, vocab_size, first=0):
             raise NonFiniteLogitsError(
                 f"sequence {b}, new token {first + bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
                 "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
-
-
-def cache_bucket(reach, n_positions):
-    """The cache positions decode attention covers for a call whose steps reach `reach`
-    positions (prompt + new tokens): the smallest LENGTH_BUCKETS entry that holds them."""
-    return min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), n_positions)
-
-
-class _DecodeState:
-    """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
-
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
-        self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
-        self.step = torch.zeros(1, dtype=torch.int64, device=device)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
-        # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
-        self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None
-        self.seen = self.seen_ids[:, :vocab] if with_seen else None
-        # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
-        self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
-        self.graph = None
-        self.max_len = max_len  # cache positions decode attention covers (None: all)
-        self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
-
-
-def _bucket(n):
-    for b in BATCH_BUCKETS:
-        if n <= b:
-            return b
-    return n
 
 
 class Engine:
@@ -175,7 +139,7 @@ class Engine:
         new = st is None
         if new:
             c, dev = self.model.config, self.model.device
-            st = _DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
+            st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
                               max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             self._states[key] = st
         self._compile_ahead(st, padded, params, eos, decode=new)
@@ -242,7 +206,7 @@ class Engine:
         longest = max(len(p) for p in prompts)
         check_context(longest, params.max_new_tokens, c.n_positions)
         eos = None if params.ignore_eos else c.eos_token_id
-        Bp = _bucket(B) if self.use_cuda_graphs else B
+        Bp = batch_bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)
         # decode attention sees only the positions this call can reach, in a few buckets

@@ -339,7 +339,8 @@ def main():
     if not args.untraced:
         install(tempfile.mkdtemp(), args.stamp)
     from minillm.bench import NEW_TOKENS, PROMPT_LEN, build
-    from minillm.generate import Engine, cache_bucket
+    from minillm.decode_state import cache_bucket
+    from minillm.generate import Engine
     from minillm.model import GPT
     from minillm.sampling import SamplingParams
 

@@ -9,7 +9,8 @@ import torch
 import kernels.vocab_screen
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
-from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, cache_bucket, check_vocab
+from minillm.decode_state import batch_bucket, cache_bucket
+from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, check_vocab
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -95,6 +96,12 @@ def test_cache_bucket():
     assert [cache_bucket(n, 1024) for n in (1, 128, 129, 160, 1000)] == [128, 128, 256, 256, 1024]
     assert cache_bucket(5000, 8192) == 5000
     assert cache_bucket(300, 200) == 200
+
+
+def test_batch_bucket():
+    """The smallest batch bucket that holds a call's prompts, the count itself past the last."""
+    assert [batch_bucket(n) for n in (1, 2, 3, 5, 33, 64, 65, 256)] == [1, 2, 4, 8, 64, 64, 128, 256]
+    assert batch_bucket(300) == 300
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

@@ -1,0 +1,43 @@
+"""A decode step's static device buffers, and the buckets that decide which of them (and which
+captured CUDA graph) a call reuses: batch sizes and the cache positions decode attention covers."""
+import torch
+
+from kernels.argmax_key import EMPTY
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def batch_bucket(n):
+    """The batch a call of n prompts runs at with CUDA graphs: the smallest BATCH_BUCKETS entry
+    that holds them (padded rows decode alongside and are dropped), so few graphs serve all."""
+    for b in BATCH_BUCKETS:
+        if n <= b:
+            return b
+    return n
+
+
+def cache_bucket(reach, n_positions):
+    """The cache positions decode attention covers for a call whose steps reach `reach`
+    positions (prompt + new tokens): the smallest LENGTH_BUCKETS entry that holds them."""
+    return min(next(b for b in (*LENGTH_BUCKETS, reach) if b >= reach), n_positions)
+
+
+class DecodeState:
+    """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
+
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
+        self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
+        self.step = torch.zeros(1, dtype=torch.int64, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
+        # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
+        self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None
+        self.seen = self.seen_ids[:, :vocab] if with_seen else None
+        # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
+        self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
+        self.graph = None
+        self.max_len = max_len  # cache positions decode attention covers (None: all)
+        self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
