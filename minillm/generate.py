@@ -14,6 +14,8 @@ from concurrent.futures import as_completed
 import torch
 from tqdm.auto import tqdm
 
+from kernels.argmax_key import EMPTY
+
 from .decode_state import DecodeState, batch_bucket, cache_bucket
 from .graphs import capture
 from .sampling import KernelNoise, SamplingParams, sample
@@ -69,9 +71,9 @@ class Engine:
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, eos, cache bucket) -> _DecodeState (with its graph)
-        self._prefill_graphs = {}  # (batch, padded length) -> captured prefill
-        self._compiled_prefills = set()  # (batch, padded length) _compile_ahead has covered
+        self._states = {}  # (batch, sampling key, eos, cache bucket) -> DecodeState (with its graph)
+        self._prefill_graphs = {}  # (batch, padded length, keyed) -> captured prefill
+        self._compiled_prefills = set()  # (batch, padded length, keyed) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
 
     # -- pieces -------------------------------------------------------------------------
@@ -80,24 +82,29 @@ class Engine:
             self._caches[batch] = self.model.new_cache(batch)
         return self._caches[batch]
 
-    def prefill(self, prompts, cache):
-        """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,)).
-        With CUDA graphs, small prefills (B x T <= PREFILL_GRAPH_TOKENS) pad T to a bucket and
-        replay a graph captured per (B, T bucket): their launch overhead exceeds their math."""
+    def prefill(self, prompts, cache, keyed=False):
+        """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,)), or
+        keyed (greedy decoding): (keys (B,), lens), each row's argmax key (kernels.argmax_key)
+        from the lm_head in place of its logits, as the decode step's; append_tokens(from_keys=)
+        reads them and leaves EMPTY again. With CUDA graphs, small prefills (B x T <=
+        PREFILL_GRAPH_TOKENS) pad T to a bucket and replay a graph captured per (B, T bucket,
+        keyed): their launch overhead exceeds their math."""
         dev = self.model.device
         B, (T, graphed) = len(prompts), self._prefill_length(prompts)
         ids = padded_ids(prompts, T)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
         if not graphed:
             ids, lens = ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True)
-            return self.model.prefill(ids, lens, cache), lens
-        g = self._prefill_graphs.get((B, T))
+            keys = torch.full((B,), EMPTY, dtype=torch.int64, device=dev) if keyed else None
+            logits = self.model.prefill(ids, lens, cache, argmax_keys=keys)
+            return (keys if keyed else logits), lens
+        g = self._prefill_graphs.get((B, T, keyed))
         if g is None:
-            g = self._prefill_graphs[(B, T)] = self._capture_prefill(ids.to(dev), lens.to(dev), cache)
+            g = self._prefill_graphs[(B, T, keyed)] = self._capture_prefill(ids.to(dev), lens.to(dev), cache, keyed)
         g["ids"].copy_(ids, non_blocking=True)
         g["lens"].copy_(lens, non_blocking=True)
         g["graph"].replay()
-        return g["logits"], g["lens"]
+        return g["out"], g["lens"]
 
     def _prefill_length(self, prompts):
         """(T, graphed): the prefill's padded length, a bucket where it replays a graph."""
@@ -107,14 +114,22 @@ class Engine:
             T = min(next(t for t in (*PREFILL_BUCKETS, T) if t >= T), self.model.config.n_positions)
         return T, graphed
 
-    def _capture_prefill(self, ids, lens, cache):
+    def _capture_prefill(self, ids, lens, cache, keyed):
+        keys = torch.full((len(ids),), EMPTY, dtype=torch.int64, device=ids.device) if keyed else None
         # one warm-up run: autotuning and compilation happen there
-        graph, logits = capture(lambda: self.model.prefill(ids, lens, cache), warmups=1)
-        return {"graph": graph, "ids": ids, "lens": lens, "logits": logits}
+        graph, logits = capture(lambda: self.model.prefill(ids, lens, cache, argmax_keys=keys), warmups=1)
+        if keyed:
+            keys.fill_(EMPTY)  # the warm-up's keys: a replay max-es into EMPTY
+        return {"graph": graph, "ids": ids, "lens": lens, "out": keys if keyed else logits}
+
+    @staticmethod
+    def _keyed(st, params):
+        """Whether the next token is a plain argmax of the logits: fused into the lm_head as keys."""
+        return params.greedy and st.seen is None
 
     def decode_one_token(self, st, params, cache, eos):
         """One step on the state's buffers: next token for every row, appended in place."""
-        if params.greedy and st.seen is None:  # plain argmax of the logits: fused into the lm_head
+        if self._keyed(st, params):
             self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
             self._advance(st, st.keys, eos, from_keys=True)
         else:
@@ -154,7 +169,8 @@ class Engine:
         its first token's draw and a decode step. A first call then waits far less than for its
         compilations one after the other (a cold gpt2 process on a 16-core H200 host: 19.3 ->
         11.7 s)."""
-        prefill = (len(padded), self._prefill_length(padded)[0]) if padded is not None else None
+        keyed = self._keyed(st, params)
+        prefill = (len(padded), self._prefill_length(padded)[0], keyed) if padded is not None else None
         prefill = prefill if prefill not in self._compiled_prefills else None
         ahead = getattr(self.model.ops, "compile_ahead", None)
         if not (decode or prefill) or ahead is None:
@@ -169,10 +185,12 @@ class Engine:
             try:
                 if prefill:
                     lens = torch.tensor([len(p) for p in padded], dtype=torch.int32, device=dev)
-                    self.model.prefill(padded_ids(padded, prefill[1]).to(dev), lens, cache)
-                if decode:  # a new state's first draw and step
-                    logits = torch.empty(len(st.tokens), c.vocab_size, dtype=self.model.dtype, device=dev)
-                    self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise), eos)
+                    self.model.prefill(padded_ids(padded, prefill[1]).to(dev), lens, cache,
+                                       argmax_keys=st.keys if keyed else None)
+                if decode:  # a new state's first draw (keyed: the prefill's keys, as a step's) and step
+                    if not keyed:
+                        logits = torch.empty(len(st.tokens), c.vocab_size, dtype=self.model.dtype, device=dev)
+                        self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise), eos)
                     self.decode_one_token(st, params, cache, eos)
             finally:
                 self._dry = False
@@ -236,11 +254,12 @@ class Engine:
             st.seen_ids.zero_()
             for b, p in enumerate(padded):
                 st.seen[b, torch.tensor(p, device=dev)] = True
-        logits, lens = self.prefill(padded, cache)
-        first = sample(logits, params, st.seen, self.model.ops, st.noise)
+        keyed = self._keyed(st, params)
+        out, lens = self.prefill(padded, cache, keyed)  # keyed: the lm_head's argmax keys, not logits
+        first = out if keyed else sample(out, params, st.seen, self.model.ops, st.noise)
         st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
-        self._advance(st, first, eos)
-        first_ids = first.tolist()  # the one sync every run needs: time to first token
+        self._advance(st, first, eos, from_keys=keyed)
+        first_ids = st.tokens.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
         if stream:
             check_vocab([[t] for t in first_ids[:B]], c.vocab_size)

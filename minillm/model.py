@@ -133,10 +133,13 @@ class GPT:
         keys_only = HEAD_KEYS_ONLY and argmax_keys is not None
         return self._ln_linear(x, self.lm_head, stats, argmax_keys=argmax_keys, keys_only=keys_only)
 
-    def prefill(self, ids, seq_lens, cache, all_logits=False):
+    def prefill(self, ids, seq_lens, cache, all_logits=False, argmax_keys=None):
         """Run right-padded prompts ids (B, T) with lengths seq_lens (B,) through the model,
         filling cache positions 0..T. Returns logits (B, V) at each prompt's last token, or
-        (B, T, V) at every position with all_logits."""
+        (B, T, V) at every position with all_logits. argmax_keys: as decode's (the keys of the
+        last tokens' logits max-ed in; logits None where the head writes the keys alone)."""
+        if all_logits and argmax_keys is not None:
+            raise ValueError("argmax_keys: expected None with all_logits (keys are for the last tokens)")
         c, ops = self.config, self.ops
         B, T = ids.shape
         H, D, C = c.n_head, c.head_dim, c.n_embd
@@ -155,7 +158,7 @@ class GPT:
         if all_logits:
             return self._logits(x, st_a).view(B, T, -1)
         last = x.view(B, T, C)[torch.arange(B, device=x.device), seq_lens.long() - 1]  # (B, C)
-        return self._logits(last)
+        return self._logits(last, argmax_keys=argmax_keys)
 
     def decode(self, tokens, pos, cache, max_len=None, argmax_keys=None):
         """One new token per sequence: tokens (B,) at positions pos (B,), int32. Appends each

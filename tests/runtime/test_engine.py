@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kernels.vocab_screen
+from kernels.argmax_key import argmax_index
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
 from minillm.decode_state import batch_bucket, cache_bucket
@@ -151,6 +152,42 @@ def test_batch_invariance(path, dtype):
 
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_greedy_first_token_is_the_prefill_heads_argmax(path, n):
+    """Greedy decoding's first token comes from the lm_head's argmax keys at prefill (one launch,
+    no logits), as every later token does: the same ids as torch's argmax of the prefill's
+    logits (one row takes the screened head where the backend has one)."""
+    if not ON_GPU:
+        pytest.importorskip("triton")
+    dev = "cuda" if ON_GPU else "cpu"
+    llm = LLM(path, device=dev, dtype="float16" if ON_GPU else "float32", cuda_graphs=False)
+    engine, model = llm.engine, llm.engine.model
+    prompts = _prompts(n, SIZE["vocab_size"], seed=7)
+    logits, _ = engine.prefill(prompts, engine.cache_for(n))
+    keys, _ = engine.prefill(prompts, engine.cache_for(n), keyed=True)
+    assert argmax_index(keys).tolist() == logits.argmax(dim=-1).tolist()
+    params = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+    assert [r.token_ids[0] for r in llm.generate(prompts, params)] == logits.argmax(dim=-1).tolist()
+    ids = torch.tensor(prompts[:1], device=dev)
+    with pytest.raises(ValueError, match="argmax_keys: expected None with all_logits"):
+        model.prefill(ids, torch.tensor([ids.shape[1]], dtype=torch.int32, device=dev), engine.cache_for(1),
+                      all_logits=True, argmax_keys=keys[:1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_graphed_prefill_keys_start_empty_every_replay(path):
+    """The greedy prefill graph max-es its keys into its own buffer, which append_tokens leaves
+    EMPTY: prompts of one bucket, one after another and between sampled calls of the same shape,
+    give the first tokens of an engine without graphs."""
+    prompts = [p[:5] for p in _prompts(12, SIZE["vocab_size"], seed=8) if len(p) >= 5][:4]
+    greedy = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=2, temperature=0.9, seed=1, ignore_eos=True)
+    on, off = LLM(path, dtype="float16"), LLM(path, dtype="float16", cuda_graphs=False)
+    for p in prompts + prompts[::-1]:
+        on.generate([p], sampled)
+        assert on.generate([p], greedy)[0].token_ids == off.generate([p], greedy)[0].token_ids
+
+
 @pytest.mark.parametrize("n,params", [
     (1, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
     (3, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)),
@@ -159,8 +196,9 @@ def test_batch_invariance(path, dtype):
     (1, SamplingParams(max_new_tokens=3, temperature=0, repetition_penalty=1.3, ignore_eos=True)),
 ])
 def test_nan_logits_end_with_a_clear_error(path, n, params):
-    """NaN logits name no token in every argmax (the lm_head's fused one, torch's for the first
-    token and for draws): generation ends with NonFiniteLogitsError instead of ids picked from NaN."""
+    """NaN logits name no token in every argmax (the lm_head's fused one, the first token's too
+    where greedy; torch's with a repetition penalty and for draws): generation ends with
+    NonFiniteLogitsError instead of ids picked from NaN."""
     if not ON_GPU:
         pytest.importorskip("triton")
     llm = LLM(path, device="cuda" if ON_GPU else "cpu", dtype="float32")
