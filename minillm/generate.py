@@ -155,7 +155,7 @@ class Engine:
         if new:
             c, dev = self.model.config, self.model.device
             st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
-                              max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
+                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             self._states[key] = st
         self._compile_ahead(st, padded, params, eos, decode=new)
         if new and self.use_cuda_graphs:
@@ -165,8 +165,9 @@ class Engine:
     def _compile_ahead(self, st, padded, params, eos, decode=False):
         """Compile what this call will launch before anything runs, all kernels at once
         (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
-        yet: the prefill of the padded prompts (if given and new), and for a new state (decode)
-        its first token's draw and a decode step. A first call then waits far less than for its
+        yet: the prefill of the padded prompts (if given and new; greedy decoding's with the
+        head's argmax keys), and for a new state (decode) a sampled call's first draw and a
+        decode step. A first call then waits far less than for its
         compilations one after the other (a cold gpt2 process on a 16-core H200 host: 19.3 ->
         11.7 s)."""
         keyed = self._keyed(st, params)
