@@ -27,7 +27,7 @@ import triton.language as tl
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._l2_ahead import l2_ranges
-from ._tuning import INTERPRET, autotune, launch, pick
+from ._tuning import INTERPRET, autotune, compiling_ahead, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
 from .embedding import check_embedding, embedding
@@ -213,7 +213,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
         STATS_OUT=stats_out is not None,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=8, **meta,
     )
-    if argmax_keys is not None:  # prefill rows: a separate reduction
+    # prefill rows: a separate reduction of the stored output, which a dry pass (compile_ahead)
+    # leaves unwritten: there the caller's keys stay as they are
+    if argmax_keys is not None and not compiling_ahead():
         keys = argmax_keys.view(-1)
         torch.maximum(keys, row_keys(y2), out=keys)
     return None if keys_only else y
