@@ -182,7 +182,7 @@ def test_embedding_linear_errors(device):
         kernels.embedding_linear(ids, ids, wte, wpe, w, b, ln_fold=colsum[:5])
 
 
-def test_a_dry_pass_leaves_argmax_keys_alone(monkeypatch):
+def test_a_dry_pass_leaves_argmax_keys_alone(device, monkeypatch):
     """Past SMALL_M rows the keys come from a torch reduction of the stored output. Inside
     compile_ahead's dry pass the kernel runs nothing, so that output is unwritten memory: the
     reduction must not max it into the caller's keys (the engine's decode state keeps them
@@ -196,8 +196,8 @@ def test_a_dry_pass_leaves_argmax_keys_alone(monkeypatch):
     # a dry launch runs nothing (kernels.linear is the function; its module by name)
     monkeypatch.setattr(sys.modules["kernels.linear"], "launch", lambda *args, **kwargs: None)
     M, K, N = SMALL_M + 1, 32, 48
-    x, w = randn(M, K, dtype=torch.float32), randn(K, N, dtype=torch.float32)
-    keys = torch.full((M,), EMPTY, dtype=torch.int64)
+    x, w = randn(M, K, device=device), randn(K, N, device=device)
+    keys = torch.full((M,), EMPTY, dtype=torch.int64, device=device)
     with _tuning.dry_launches():
         kernels.linear(x, w, argmax_keys=keys, keys_only=True)
     assert (keys == EMPTY).all()
