@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from kernels.argmax_key import EMPTY
 
 from .decode_state import DecodeState, batch_bucket, cache_bucket
-from .graphs import capture
+from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
@@ -100,11 +100,11 @@ class Engine:
             return (keys if keyed else logits), lens
         g = self._prefill_graphs.get((B, T, keyed))
         if g is None:
-            g = self._prefill_graphs[(B, T, keyed)] = self._capture_prefill(ids.to(dev), lens.to(dev), cache, keyed)
-        g["ids"].copy_(ids, non_blocking=True)
-        g["lens"].copy_(lens, non_blocking=True)
+            g = self._prefill_graphs[(B, T, keyed)] = self._capture_prefill(ids, lens, cache, keyed)
+        else:
+            g["inputs"].load(ids, lens)
         g["graph"].replay()
-        return g["out"], g["lens"]
+        return g["out"], g["inputs"].lens
 
     def _prefill_length(self, prompts):
         """(T, graphed): the prefill's padded length, a bucket where it replays a graph."""
@@ -115,12 +115,15 @@ class Engine:
         return T, graphed
 
     def _capture_prefill(self, ids, lens, cache, keyed):
-        keys = torch.full((len(ids),), EMPTY, dtype=torch.int64, device=ids.device) if keyed else None
+        inputs = StagedInputs(*ids.shape, self.model.device)
+        inputs.load(ids, lens)
+        keys = torch.full((len(ids),), EMPTY, dtype=torch.int64, device=self.model.device) if keyed else None
         # one warm-up run: autotuning and compilation happen there
-        graph, logits = capture(lambda: self.model.prefill(ids, lens, cache, argmax_keys=keys), warmups=1)
+        graph, logits = capture(lambda: self.model.prefill(inputs.ids, inputs.lens, cache, argmax_keys=keys),
+                                warmups=1)
         if keyed:
             keys.fill_(EMPTY)  # the warm-up's keys: a replay max-es into EMPTY
-        return {"graph": graph, "ids": ids, "lens": lens, "out": keys if keyed else logits}
+        return {"graph": graph, "inputs": inputs, "out": keys if keyed else logits}
 
     @staticmethod
     def _keyed(st, params):
@@ -249,16 +252,17 @@ class Engine:
     def _run(self, st, padded, B, params, cache, eos, stream, stop_check, t0):
         """steps() from the prefill on, with the state's buffers reset."""
         c, dev = self.model.config, self.model.device
-        st.step.zero_()
-        st.finished.zero_()
         if st.seen is not None:
             st.seen_ids.zero_()
             for b, p in enumerate(padded):
                 st.seen[b, torch.tensor(p, device=dev)] = True
         keyed = self._keyed(st, params)
         out, lens = self.prefill(padded, cache, keyed)  # keyed: the lm_head's argmax keys, not logits
+        # launched while the prefill runs, not before it: the host is ahead of the GPU here
+        st.step.zero_()
+        st.finished.zero_()
         first = out if keyed else sample(out, params, st.seen, self.model.ops, st.noise)
-        st.pos.copy_(lens - 1)  # _advance moves it to the first new token's position
+        torch.sub(lens, 1, out=st.pos)  # _advance moves it to the first new token's position
         self._advance(st, first, eos, from_keys=keyed)
         first_ids = st.tokens.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()

@@ -23,3 +23,26 @@ def capture(fn, warmups=0, warm=None):
         out = fn()
     torch.cuda.synchronize()
     return graph, out
+
+
+class StagedInputs:
+    """A captured prefill's inputs, the prompts' ids (B, T) int64 and lengths (B,) int32, as views
+    of one device buffer that one asynchronous copy fills from pinned host memory. From pageable
+    memory each tensor took its own copy, which the driver stages through a buffer of its own and
+    may hold the host for until the stream drains; both copies lie on the time to first token's
+    path."""
+
+    def __init__(self, batch, length, device):
+        n = 2 * batch * length + batch  # int32 words: the ids' int64 pairs, then the lengths
+        self.device = torch.empty(n, dtype=torch.int32, device=device)
+        self.host = torch.empty(n, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda")
+        self.ids, self.host_ids = (t[:2 * batch * length].view(torch.int64).view(batch, length)
+                                   for t in (self.device, self.host))
+        self.lens, self.host_lens = (t[2 * batch * length:] for t in (self.device, self.host))
+
+    def load(self, ids, lens):
+        """Copy ids (B, T) int64 and lens (B,) int32, host tensors, to the device views. The host
+        buffer is rewritten at the next call's load: callers wait for the device between calls."""
+        self.host_ids.copy_(ids)
+        self.host_lens.copy_(lens)
+        self.device.copy_(self.host, non_blocking=True)

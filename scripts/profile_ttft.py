@@ -4,16 +4,19 @@ batch 1, greedy, CUDA graphs on (the benchmark's minillm). Writes ttft-<model>.m
 For each prompt length: the median TTFT of --repeats warm calls (Engine timings, as the
 benchmark reports it); cProfile over as many calls, the functions with the most host time of
 their own (a sync shows as the host waiting in `tolist`); torch.profiler over a few calls, the
-host ops and GPU kernels by total time, and the GPU's busy time against the TTFT.
+host ops and GPU kernels by total time, and the GPU's busy time against the TTFT; the host time
+of the engine's prefill call (ids staged, the graph launched) and of its graph's launch alone.
 
     python3 scripts/profile_ttft.py --model gpt2 --prompt-len 32 1024 --out bench/results
 """
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -41,12 +44,39 @@ def gpu_busy_us(prof):
     return busy
 
 
+@contextlib.contextmanager
+def host_times(engine):
+    """{"prefill": [...], "replay": [...]}: host microseconds of each engine.prefill call and of
+    each CUDA graph replay (cudaGraphLaunch and torch's wrapper) while the block runs."""
+    times = {"prefill": [], "replay": []}
+
+    def timed(fn, key):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times[key].append((time.perf_counter() - t) * 1e6)
+        return run
+
+    replay = torch.cuda.CUDAGraph.replay
+    engine.prefill = timed(engine.prefill, "prefill")
+    torch.cuda.CUDAGraph.replay = timed(replay, "replay")
+    try:
+        yield times
+    finally:
+        del engine.prefill  # the instance attribute: the class's method again
+        torch.cuda.CUDAGraph.replay = replay
+
+
 def profile_length(engine, prompt, repeats):
     """(median TTFT ms, markdown section) for one prompt."""
     params = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
     for _ in range(WARMUP_CALLS):
         engine.generate([prompt], params)
-    ttft = statistics.median(engine.generate([prompt], params)[1]["ttft_s"] for _ in range(repeats)) * 1e3
+    with host_times(engine) as host_us:
+        ttft = statistics.median(engine.generate([prompt], params)[1]["ttft_s"] for _ in range(repeats)) * 1e3
+    prefill_us, replay_us = (statistics.median(host_us[k]) for k in ("prefill", "replay"))
 
     host = cProfile.Profile()
     host.enable()
@@ -65,6 +95,8 @@ def profile_length(engine, prompt, repeats):
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60)
     section = [f"## prompt {len(prompt)} tokens", "",
                f"- median TTFT over {repeats} warm calls: **{ttft:.3f} ms**",
+               f"- host time of the engine's prefill call (ids staged, the graph launched), median: {prefill_us:.1f} us; "
+               f"of its graph's replay alone: {replay_us:.1f} us",
                f"- GPU busy a call (kernels and copies, torch.profiler, {PROFILED_CALLS} calls; each call also "
                f"reads its one new id back after the TTFT): {busy:.1f} us", "",
                f"### cProfile, {repeats} calls, by own time (each call includes the id read-back after the TTFT)",

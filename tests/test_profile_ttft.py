@@ -39,6 +39,25 @@ def test_gpu_busy_counts_overlaps_once_and_skips_host_ops():
     assert profile_ttft.gpu_busy_us(_Prof([event(CPU, 0.0, 1.0)])) == 0.0
 
 
+def test_host_times_records_prefill_and_replay_calls_then_restores_them(monkeypatch):
+    class _Engine:
+        def prefill(self, n):
+            if n < 0:
+                raise ValueError("n")
+            return n + 1
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: "replayed")
+    engine, replay = _Engine(), torch.cuda.CUDAGraph.replay
+    with profile_ttft.host_times(engine) as times:
+        assert engine.prefill(1) == 2 and engine.prefill(5) == 6
+        with pytest.raises(ValueError):  # a failing call is timed too, and still raises
+            engine.prefill(-1)
+        assert torch.cuda.CUDAGraph.replay(None) == "replayed"
+    assert len(times["prefill"]) == 3 and len(times["replay"]) == 1
+    assert all(t >= 0 for t in times["prefill"] + times["replay"])
+    assert "prefill" not in vars(engine) and torch.cuda.CUDAGraph.replay is replay
+
+
 def test_bad_arguments_are_one_line_errors():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_ttft.py"), "--repeats", "0"],
                        capture_output=True, text=True)
@@ -53,3 +72,4 @@ def test_a_short_run_writes_its_report(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     text = (tmp_path / "ttft-gpt2.md").read_text()
     assert "## prompt 8 tokens" in text and "## prompt 40 tokens" in text and "median TTFT over 3 warm calls" in text
+    assert "of its graph's replay alone" in text
