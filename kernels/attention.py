@@ -68,8 +68,10 @@ def _attention_kernel(
     CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, KV_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # heads fastest, query blocks last to first: under a causal mask the last blocks see the most
+    # keys, and starting them first keeps them off the tail of the grid
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     kv_len = T
@@ -154,7 +156,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
     if T == 0 or B * H == 0:
         return o
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), B * H)
+    grid = lambda META: (B * H, triton.cdiv(T, META["BLOCK_M"]))
     kernel, meta = pick(_attention_tuned, _CONFIGS)
     launch(
         kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o, ko, vo,
