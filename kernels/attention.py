@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._tuning import INTERPRET, autotune, launch, pick
+from ._tuning import INTERPRET, autotune, launch, pick, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -66,12 +66,14 @@ def _attention_kernel(
     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
     stride_kob, stride_koh, stride_kot, stride_vob, stride_voh, stride_vot,
     CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, KV_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # heads fastest, query blocks last to first: under a causal mask the last blocks see the most
-    # keys, and starting them first keeps them off the tail of the grid
-    pid_bh = tl.program_id(0)
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    if HEADS_FIRST:  # (heads_first) the query blocks last to first, every head's in each
+        pid_bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     kv_len = T
@@ -117,7 +119,18 @@ def _attention_kernel(
 
 
 _CONFIGS = _configs()
-_attention_tuned = autotune(_CONFIGS, key=["T_BUCKET", "D", "CAUSAL"])(_attention_kernel)
+_attention_tuned = autotune(_CONFIGS, key=["T_BUCKET", "D", "CAUSAL", "HEADS_FIRST"])(_attention_kernel)
+
+
+def heads_first(causal, heads, sms):
+    """Whether the grid runs every (batch, head) pair's query blocks last to first, heads fastest,
+    rather than one pair's blocks first to last: under a causal mask the last blocks see the most
+    keys, and where every pair fits the first wave (heads <= sms) starting them first keeps them
+    off the grid's tail. H200, alone in a CUDA graph (bench/results/h200/session-102/call2-probe.log):
+    1 x 12 heads at 1,024 positions 15.45 -> 14.12 us, 1 x 25 23.19 -> 19.76, 8 x 12 at 128
+    6.12 -> 5.64; past the SMs (16 x 12 at 1,024) 109.7 -> 114.4, as the blocks sharing a pair's
+    keys no longer run side by side."""
+    return causal and heads <= sms
 
 
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
@@ -156,7 +169,12 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
     if T == 0 or B * H == 0:
         return o
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    grid = lambda META: (B * H, triton.cdiv(T, META["BLOCK_M"]))
+    first = heads_first(bool(causal), B * H, sm_count(q.device))
+
+    def grid(meta):
+        blocks = triton.cdiv(T, meta["BLOCK_M"])
+        return (B * H, blocks) if first else (blocks, B * H)
+
     kernel, meta = pick(_attention_tuned, _CONFIGS)
     launch(
         kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o, ko, vo,
@@ -164,7 +182,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         ko.stride(0), ko.stride(1), ko.stride(2), vo.stride(0), vo.stride(1), vo.stride(2),
-        CAUSAL=bool(causal), HAS_LENS=seq_lens is not None, KV_OUT=kv_out,
+        CAUSAL=bool(causal), HAS_LENS=seq_lens is not None, KV_OUT=kv_out, HEADS_FIRST=first,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_D=max(16, triton.next_power_of_2(D)), **meta,
     )

@@ -11,8 +11,10 @@ Two kernels behind one launcher:
 - decode rows (M <= 64) go to `gemv.py`: split-K, weight-read bound. A folded layernorm costs
   the product nothing there: x goes into it as it is, and the epilogue applies the right-hand
   side with each row's mean and 1/std;
-- prefill rows use the classic output-tile kernel below, grouped program order for L2 reuse,
-  autotuned on (M bucket, N, K). With a folded layernorm the launcher standardizes the rows
+- prefill rows use the classic output-tile kernel below, grouped program order for L2 reuse.
+  Where x and W are in the layout TMA reads (2-byte floats, 16-byte aligned rows, W out-major)
+  on a Hopper GPU, their tiles come in by tensor descriptors, in a layout tma_config picks;
+  elsewhere by pointer loads, autotuned on (M bucket, N, K). With a folded layernorm the launcher standardizes the rows
   first ((x - mean) * rstd, the layernorm kernel without gain and shift), and the tile kernel
   multiplies those by g * W: many column tiles share a row, and taking its statistics in each
   (in the epilogue, from partial sums) made a 1024-token prompt's first token 1.44 ms against
@@ -23,11 +25,12 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
 from ._l2_ahead import l2_ranges
-from ._tuning import INTERPRET, autotune, compiling_ahead, launch, pick
+from ._tuning import INTERPRET, autotune, compiling_ahead, is_hopper, launch, pick
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
 from .embedding import check_embedding, embedding
@@ -39,6 +42,11 @@ from .layernorm import standardize
 # a decode step's embedding gathered by its first linear where that runs on the CUDA-core GEMV
 # (embedding_linear); MINILLM_EMBED_FOLD=0 keeps two launches (A/B timing)
 EMBED_FOLD = os.environ.get("MINILLM_EMBED_FOLD", "1") != "0"
+# prefill tiles by tensor descriptors (TMA) where x and W allow it; MINILLM_PREFILL_TMA=0 keeps the
+# pointer loads (A/B timing)
+PREFILL_TMA = os.environ.get("MINILLM_PREFILL_TMA", "1") != "0"
+# output elements (M x N) from which tma_config takes 128-row tiles
+TMA_WIDE = 4 << 20
 
 
 def _cfg(bm, bn, bk, warps, stages):
@@ -64,7 +72,7 @@ def _linear_kernel(
     M, N, K, M_BUCKET, negative_slope,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_so,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    STATS_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    STATS_OUT: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # grouped ordering: GROUP_M row-tiles sweep the same weight columns while they sit in L2
@@ -84,12 +92,16 @@ def _linear_kernel(
     n_mask = rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        k_mask = kk < K
-        a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if TMA:  # x_ptr and w_ptr are tensor descriptors of x (M, K) and W's out-major (N, K): zero past the edges
+            a = x_ptr.load([pid_m * BLOCK_M, k0])
+            w = w_ptr.load([pid_n * BLOCK_N, k0]).T
+        else:
+            kk = k0 + rk
+            k_mask = kk < K
+            a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
     tile_mask = m_mask[:, None] & n_mask[None, :]
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS, HAS_RESIDUAL)
@@ -102,6 +114,30 @@ def _linear_kernel(
 # restore y: with out=residual (in-place residual add) a tuning run must not accumulate
 _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stride_wn"],
                          restore_value=["y_ptr"])(_linear_kernel)
+
+
+def tma_config(M, N, K):
+    """The prefill tile layout where x and W come in by tensor descriptors: a rule, not the
+    autotuner, whose on-disk cache skips configs with a pre-hook (which would set the
+    descriptors' tile shapes), so every process would tune again. gpt2's layers on an H200, alone
+    in a CUDA graph, the same bits in every layout (bench/results/h200/session-102/call2-probe.log):
+    at 1,024 rows 64-row tiles, in 4 stages where K is the longer side (attn-out 6.0 us,
+    mlp-out 12.5, the pointer loads' best 6.6 and 14.6) and 3 elsewhere (qkv 9.1, fc 11.4 against
+    11.7 and 12.8); past TMA_WIDE output elements 128-row tiles in 8 warps (at 2,048 rows qkv
+    17.2, fc 21.9 against 19.5 and 25.6). The four layers 45.7 -> 39.1 us at 1,024 rows, 83.7 ->
+    68.7 at 2,048 (cuBLAS 31.9 and 54.2)."""
+    if M * N > TMA_WIDE:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4 if N <= K else 3)
+
+
+def _tma_ok(x2, weight):
+    """Whether x2 (M, K) and weight (K, N) meet TMA's layout: 2-byte floats, contiguous rows of x
+    and of W's out-major storage, 16-byte aligned bases and row strides; on Hopper (or the
+    interpreter, which runs the descriptors' loads as plain ones)."""
+    if not (PREFILL_TMA and (INTERPRET or is_hopper(x2.device)) and x2.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    return all(t.stride(1) == 1 and t.stride(0) * 2 % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x2, weight.t()))
 
 
 def _check_layer(x, weight, bias, activation, ln_fold):
@@ -200,18 +236,24 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)
         x2 = standardize(x2, ln_eps)
     kernel, meta = pick(_linear_tuned, _CONFIGS)
-    if _config is not None:
+    if _config is not None:  # (TMA=True in it: the descriptors' path, where _tma_ok allows it)
         kernel, meta = _linear_kernel, dict(_config)
+    tma = meta.pop("TMA", _config is None) and _tma_ok(x2, weight)
+    xs, ws = x2, weight
+    if tma:
+        kernel, meta = _linear_kernel, meta if _config is not None else tma_config(M, N, K)
+        xs = TensorDescriptor.from_tensor(x2, [meta["BLOCK_M"], meta["BLOCK_K"]])
+        ws = TensorDescriptor.from_tensor(weight.t(), [meta["BLOCK_N"], meta["BLOCK_K"]])
     r2 = r2 if r2 is not None else y2
     grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
     launch(
-        kernel, grid, x2, weight, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
+        kernel, grid, xs, ws, bias if bias is not None else y2, r2, y2, stats_out if stats_out is not None else y2,
         M, N, K, triton.next_power_of_2(M), negative_slope,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), r2.stride(0), y2.stride(0),
         stats_out.stride(0) if stats_out is not None else 0,
         HAS_BIAS=bias is not None, ACTIVATION=activation, HAS_RESIDUAL=residual is not None,
         STATS_OUT=stats_out is not None,
-        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=8, **meta,
+        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", TMA=tma, GROUP_M=8, **meta,
     )
     # prefill rows: a separate reduction of the stored output, which a dry pass (compile_ahead)
     # leaves unwritten: there the caller's keys stay as they are

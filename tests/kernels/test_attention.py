@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -91,3 +93,30 @@ def test_attention_errors(device):
         kernels.attention(q, q, q, k_out=torch.empty_like(q))
     with pytest.raises(ValueError, match=r"v_out: expected shape \(1, 2, 4, 16\)"):
         kernels.attention(q, q, q, k_out=torch.empty_like(q), v_out=randn(1, 2, 5, 16, device=device))
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_both_program_orders_give_the_same_bits(first, device, monkeypatch):
+    """heads_first only orders the programs: each query block's arithmetic is the same, with
+    lengths and the cache copies, at a T off the blocks."""
+    module = importlib.import_module("kernels.attention")  # `kernels.attention` is the function
+    B, H, T, D = 2, 3, 70, 32
+    dtype = torch.float16
+    q, k, v = (randn(B, H, T, D, dtype=dtype, device=device) for _ in range(3))
+    lens = torch.tensor([70, 41], dtype=torch.int32, device=device)
+    outs = []
+    for order in (first, not first):
+        monkeypatch.setattr(module, "heads_first", lambda causal, heads, sms, order=order: order)
+        ko, vo = poisoned((B, H, T, D), dtype, device), poisoned((B, H, T, D), dtype, device)
+        outs.append((kernels.attention(q, k, v, causal=True, seq_lens=lens, k_out=ko, v_out=vo), ko, vo))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert torch.equal(outs[0][1], k) and torch.equal(outs[0][2], v)
+    assert_rel_close(outs[0][0], _ref(q, k, v, True, seq_lens=lens), dtype, "attention, both orders")
+
+
+def test_heads_first_only_causal_grids_of_at_most_one_wave_of_pairs():
+    from kernels.attention import heads_first
+
+    assert heads_first(True, 12, 132) and heads_first(True, 132, 132)
+    assert not heads_first(True, 133, 132) and not heads_first(False, 12, 132)

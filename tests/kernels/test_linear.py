@@ -201,3 +201,59 @@ def test_a_dry_pass_leaves_argmax_keys_alone(device, monkeypatch):
     with _tuning.dry_launches():
         kernels.linear(x, w, argmax_keys=keys, keys_only=True)
     assert (keys == EMPTY).all()
+
+
+@pytest.mark.parametrize("M,K,N", [(130, 200, 100), (65, 64, 136)] + ([(1024, 768, 3072), (2048, 3072, 768)] if ON_GPU else []))
+def test_prefill_tensor_descriptors_same_bits_as_pointer_loads(M, K, N, device, monkeypatch):
+    """The prefill tile kernel with x and W by tensor descriptors (TMA) against pointer loads in
+    the same layout: the same bits, with K, M and N off the tiles (zero fill past the edges), the
+    epilogue's residual and row statistics; and the launcher takes the descriptors by default."""
+    if not LINEAR_MODULE._tma_ok(randn(1, 8, dtype=torch.float16, device=device),
+                                 _weight(8, 8, "linear_t", torch.float16, device)):
+        pytest.skip("tensor descriptors run on Hopper GPUs and the interpreter")
+    dtype = torch.float16
+    x, w = randn(M, K, dtype=dtype, device=device), _weight(K, N, "linear_t", dtype, device)
+    b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    layout = LINEAR_MODULE.tma_config(M, N, K)
+    outs = []
+    for tma in (True, False):
+        stats = kernels.new_row_stats(M, N, device)
+        y = kernels.linear(x, w, b, activation="gelu_tanh", residual=h, out=poisoned((M, N), dtype, device),
+                           stats_out=stats, _config={**layout, "TMA": tma})
+        outs.append((y, stats))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    made = []
+    descriptor = LINEAR_MODULE.TensorDescriptor
+
+    class Recorded(descriptor):
+        @staticmethod
+        def from_tensor(tensor, block_shape, **kw):
+            made.append(tuple(block_shape))
+            return descriptor.from_tensor(tensor, block_shape, **kw)
+
+    monkeypatch.setattr(LINEAR_MODULE, "TensorDescriptor", Recorded)
+    default = kernels.linear(x, w, b, activation="gelu_tanh", residual=h)
+    assert made == [(layout["BLOCK_M"], layout["BLOCK_K"]), (layout["BLOCK_N"], layout["BLOCK_K"])]
+    assert torch.equal(default, outs[0][0])
+    assert_rel_close(default, _ref(x, w, bias=b, activation="gelu_tanh", residual=h), dtype, "linear by TMA")
+
+
+def test_tensor_descriptors_only_where_tma_reads_the_layout(device):
+    """fp32, Conv1D (in, out) weights, rows not 16-byte aligned (K = 50) and a base off 16 bytes
+    take the pointer loads."""
+    ok = LINEAR_MODULE._tma_ok
+    h = dict(dtype=torch.float16, device=device)
+    x, w = randn(4, 64, **h), _weight(64, 32, "linear_t", torch.float16, device)
+    if not ok(x, w):
+        pytest.skip("tensor descriptors run on Hopper GPUs and the interpreter")
+    assert not ok(x.float(), w.float())
+    assert not ok(x, _weight(64, 32, "conv1d", torch.float16, device))
+    assert not ok(randn(4, 50, **h), _weight(50, 32, "linear_t", torch.float16, device))
+    assert not ok(randn(4, 65, **h)[:, 1:], w)
+
+
+def test_tma_config_takes_128_row_tiles_past_tma_wide():
+    cfg = LINEAR_MODULE.tma_config
+    assert cfg(1024, 768, 3072)["BLOCK_M"] == 64 and cfg(1024, 768, 3072)["num_stages"] == 4
+    assert cfg(1024, 3072, 768)["num_stages"] == 3
+    assert cfg(2048, 3072, 768)["BLOCK_M"] == 128
