@@ -122,15 +122,15 @@ _CONFIGS = _configs()
 _attention_tuned = autotune(_CONFIGS, key=["T_BUCKET", "D", "CAUSAL", "HEADS_FIRST"])(_attention_kernel)
 
 
-def heads_first(causal, heads, sms):
-    """Whether the grid runs every (batch, head) pair's query blocks last to first, heads fastest,
+def heads_first(causal, pairs, sms):
+    """Whether the grid runs every (batch, head) pair's query blocks last to first, pairs fastest,
     rather than one pair's blocks first to last: under a causal mask the last blocks see the most
-    keys, and where every pair fits the first wave (heads <= sms) starting them first keeps them
+    keys, and where every pair fits the first wave (pairs <= sms) starting them first keeps them
     off the grid's tail. H200, alone in a CUDA graph (bench/results/h200/session-102/call2-probe.log):
     1 x 12 heads at 1,024 positions 15.45 -> 14.12 us, 1 x 25 23.19 -> 19.76, 8 x 12 at 128
     6.12 -> 5.64; past the SMs (16 x 12 at 1,024) 109.7 -> 114.4, as the blocks sharing a pair's
     keys no longer run side by side."""
-    return causal and heads <= sms
+    return causal and pairs <= sms
 
 
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):

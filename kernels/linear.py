@@ -14,8 +14,8 @@ Two kernels behind one launcher:
 - prefill rows use the classic output-tile kernel below, grouped program order for L2 reuse.
   Where x and W are in the layout TMA reads (2-byte floats, 16-byte aligned rows, W out-major)
   on a Hopper GPU, their tiles come in by tensor descriptors, in a layout tma_config picks;
-  elsewhere by pointer loads, autotuned on (M bucket, N, K). With a folded layernorm the launcher standardizes the rows
-  first ((x - mean) * rstd, the layernorm kernel without gain and shift), and the tile kernel
+  elsewhere by pointer loads, autotuned on (M bucket, N, K). With a folded layernorm the
+  launcher standardizes the rows first ((x - mean) * rstd, the layernorm kernel without gain and shift), and the tile kernel
   multiplies those by g * W: many column tiles share a row, and taking its statistics in each
   (in the epilogue, from partial sums) made a 1024-token prompt's first token 1.44 ms against
   1.35 on an H100.
@@ -92,7 +92,7 @@ def _linear_kernel(
     n_mask = rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if TMA:  # x_ptr and w_ptr are tensor descriptors of x (M, K) and W's out-major (N, K): zero past the edges
+        if TMA:  # x_ptr, w_ptr: descriptors of x (M, K) and W's out-major (N, K), zero past the edges
             a = x_ptr.load([pid_m * BLOCK_M, k0])
             w = w_ptr.load([pid_n * BLOCK_N, k0]).T
         else:
@@ -188,7 +188,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
     unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
-    rows: BLOCK_M/BLOCK_N/BLOCK_K) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
+    rows: BLOCK_M/BLOCK_N/BLOCK_K, pointer loads unless TMA=True where _tma_ok allows it) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
     CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
     """
     check_tensor("x", x, min_ndim=1)
@@ -236,7 +236,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)
         x2 = standardize(x2, ln_eps)
     kernel, meta = pick(_linear_tuned, _CONFIGS)
-    if _config is not None:  # (TMA=True in it: the descriptors' path, where _tma_ok allows it)
+    if _config is not None:
         kernel, meta = _linear_kernel, dict(_config)
     tma = meta.pop("TMA", _config is None) and _tma_ok(x2, weight)
     xs, ws = x2, weight

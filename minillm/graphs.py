@@ -1,5 +1,6 @@
 """CUDA graph capture: the one way the package captures (the engine's decode and prefill steps,
-the torch-compile peer, the kernel benchmarks' ms_graph)."""
+the torch-compile peer, the kernel benchmarks' ms_graph), and the staged inputs a captured
+prefill reads."""
 import torch
 
 

@@ -95,8 +95,8 @@ def profile_length(engine, prompt, repeats):
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60)
     section = [f"## prompt {len(prompt)} tokens", "",
                f"- median TTFT over {repeats} warm calls: **{ttft:.3f} ms**",
-               f"- host time of the engine's prefill call (ids staged, the graph launched), median: {prefill_us:.1f} us; "
-               f"of its graph's replay alone: {replay_us:.1f} us",
+               f"- host time of the engine's prefill call (ids staged, the graph launched), median: "
+               f"{prefill_us:.1f} us; of its graph's replay alone: {replay_us:.1f} us",
                f"- GPU busy a call (kernels and copies, torch.profiler, {PROFILED_CALLS} calls; each call also "
                f"reads its one new id back after the TTFT): {busy:.1f} us", "",
                f"### cProfile, {repeats} calls, by own time (each call includes the id read-back after the TTFT)",

@@ -203,7 +203,8 @@ def test_a_dry_pass_leaves_argmax_keys_alone(device, monkeypatch):
     assert (keys == EMPTY).all()
 
 
-@pytest.mark.parametrize("M,K,N", [(130, 200, 100), (65, 64, 136)] + ([(1024, 768, 3072), (2048, 3072, 768)] if ON_GPU else []))
+@pytest.mark.parametrize("M,K,N", [(130, 200, 100), (65, 64, 136)]
+                         + ([(1024, 768, 3072), (2048, 3072, 768)] if ON_GPU else []))
 def test_prefill_tensor_descriptors_same_bits_as_pointer_loads(M, K, N, device, monkeypatch):
     """The prefill tile kernel with x and W by tensor descriptors (TMA) against pointer loads in
     the same layout: the same bits, with K, M and N off the tiles (zero fill past the edges), the
