@@ -45,8 +45,10 @@ EMBED_FOLD = os.environ.get("MINILLM_EMBED_FOLD", "1") != "0"
 # prefill tiles by tensor descriptors (TMA) where x and W allow it; MINILLM_PREFILL_TMA=0 keeps the
 # pointer loads (A/B timing)
 PREFILL_TMA = os.environ.get("MINILLM_PREFILL_TMA", "1") != "0"
-# output elements (M x N) from which tma_config takes 128-row tiles
-TMA_WIDE = 4 << 20
+# where tma_config takes 128-row tiles: a widening layer's output elements (M x N), another's
+# multiply-adds (M x N x K)
+TMA_WIDE = 7 << 19
+TMA_DEEP = 5 << 30
 
 
 def _cfg(bm, bn, bk, warps, stages):
@@ -119,16 +121,24 @@ _linear_tuned = autotune(_CONFIGS, key=["M_BUCKET", "N", "K", "stride_wk", "stri
 def tma_config(M, N, K):
     """The prefill tile layout where x and W come in by tensor descriptors: a rule, not the
     autotuner, whose on-disk cache skips configs with a pre-hook (which would set the
-    descriptors' tile shapes), so every process would tune again. gpt2's layers on an H200, alone
-    in a CUDA graph, the same bits in every layout (bench/results/h200/session-102/call2-probe.log):
-    at 1,024 rows 64-row tiles, in 4 stages where K is the longer side (attn-out 6.0 us,
-    mlp-out 12.5, the pointer loads' best 6.6 and 14.6) and 3 elsewhere (qkv 9.1, fc 11.4 against
-    11.7 and 12.8); past TMA_WIDE output elements 128-row tiles in 8 warps (at 2,048 rows qkv
-    17.2, fc 21.9 against 19.5 and 25.6). The four layers 45.7 -> 39.1 us at 1,024 rows, 83.7 ->
-    68.7 at 2,048 (cuBLAS 31.9 and 54.2)."""
-    if M * N > TMA_WIDE:
-        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4 if N <= K else 3)
+    descriptors' tile shapes), so every process would tune again. Each layer alone in a CUDA
+    graph on an H200, every layout the same bits (bench/results/h200/session-102/call2-probe.log,
+    call5-rule.log; one reading each):
+    - widening layers (qkv, fc): 64-row tiles in 3 stages, past TMA_WIDE output elements 128-row
+      tiles in 8 warps (gpt2 at 1,024 rows: qkv 9.1, fc 11.4 us against the pointer loads' 11.7
+      and 12.8; at 2,048 qkv 17.2, fc 21.9 against 19.5 and 25.6);
+    - the others (attn-out, mlp-out): 64-row tiles in 4 stages (gpt2 at 1,024 rows attn-out 6.0,
+      mlp-out 12.5 against 6.6 and 14.6), past TMA_DEEP multiply-adds 128-row tiles in 4 warps
+      (gpt2-xl's mlp-out at 1,024 rows 41.6 against 45.0, at 2,048 85.7 against 99.0).
+    The four layers at 1,024 / 2,048 rows: gpt2 45.7 -> 39.0 / 83.7 -> 68.7 us (cuBLAS 31.9 /
+    54.2), gpt2-xl 158.4 -> 131.2 / 276.5 -> 256.3 (116.7 / 223.9)."""
+    if N > K:
+        if M * N > TMA_WIDE:
+            return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)
+    if M * N * K > TMA_DEEP:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
 
 
 def _tma_ok(x2, weight):

@@ -253,8 +253,10 @@ def test_tensor_descriptors_only_where_tma_reads_the_layout(device):
     assert not ok(randn(4, 65, **h)[:, 1:], w)
 
 
-def test_tma_config_takes_128_row_tiles_past_tma_wide():
+def test_tma_config_takes_128_row_tiles_for_large_layers():
     cfg = LINEAR_MODULE.tma_config
-    assert cfg(1024, 768, 3072)["BLOCK_M"] == 64 and cfg(1024, 768, 3072)["num_stages"] == 4
-    assert cfg(1024, 3072, 768)["num_stages"] == 3
-    assert cfg(2048, 3072, 768)["BLOCK_M"] == 128
+    rows = lambda M, N, K: (cfg(M, N, K)["BLOCK_M"], cfg(M, N, K)["num_warps"], cfg(M, N, K)["num_stages"])
+    assert rows(1024, 2304, 768) == (64, 4, 3) and rows(1024, 3072, 768) == (64, 4, 3)  # gpt2 qkv, fc
+    assert rows(2048, 3072, 768) == (128, 8, 3) and rows(1024, 5120, 1280) == (128, 8, 3)
+    assert rows(1024, 768, 768) == (64, 4, 4) and rows(2048, 768, 3072) == (64, 4, 4)  # gpt2 attn-out, mlp-out
+    assert rows(1024, 1600, 6400) == (128, 4, 4)  # gpt2-xl mlp-out
