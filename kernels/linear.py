@@ -15,8 +15,8 @@ Two kernels behind one launcher:
   Where x and W are in the layout TMA reads (2-byte floats, 16-byte aligned rows, W out-major)
   on a Hopper GPU, their tiles come in by tensor descriptors, in a layout tma_config picks;
   elsewhere by pointer loads, autotuned on (M bucket, N, K). With a folded layernorm the
-  launcher standardizes the rows first ((x - mean) * rstd, the layernorm kernel without gain and shift), and the tile kernel
-  multiplies those by g * W: many column tiles share a row, and taking its statistics in each
+  launcher standardizes the rows first ((x - mean) * rstd, the layernorm kernel without gain
+  and shift), and the tile kernel multiplies those by g * W: many column tiles share a row, and taking its statistics in each
   (in the epilogue, from partial sums) made a 1024-token prompt's first token 1.44 ms against
   1.35 on an H100.
 """

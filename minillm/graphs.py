@@ -35,15 +35,15 @@ class StagedInputs:
 
     def __init__(self, batch, length, device):
         n = 2 * batch * length + batch  # int32 words: the ids' int64 pairs, then the lengths
-        self.device = torch.empty(n, dtype=torch.int32, device=device)
+        self.buffer = torch.empty(n, dtype=torch.int32, device=device)  # what the graph reads
         self.host = torch.empty(n, dtype=torch.int32, pin_memory=torch.device(device).type == "cuda")
         self.ids, self.host_ids = (t[:2 * batch * length].view(torch.int64).view(batch, length)
-                                   for t in (self.device, self.host))
-        self.lens, self.host_lens = (t[2 * batch * length:] for t in (self.device, self.host))
+                                   for t in (self.buffer, self.host))
+        self.lens, self.host_lens = (t[2 * batch * length:] for t in (self.buffer, self.host))
 
     def load(self, ids, lens):
         """Copy ids (B, T) int64 and lens (B,) int32, host tensors, to the device views. The host
         buffer is rewritten at the next call's load: callers wait for the device between calls."""
         self.host_ids.copy_(ids)
         self.host_lens.copy_(lens)
-        self.device.copy_(self.host, non_blocking=True)
+        self.buffer.copy_(self.host, non_blocking=True)

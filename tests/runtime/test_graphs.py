@@ -13,7 +13,7 @@ def test_staged_inputs_are_views_of_one_buffer_refilled_in_place(batch, length):
     s = StagedInputs(batch, length, dev)
     assert s.ids.dtype == torch.int64 and s.ids.shape == (batch, length) and s.ids.is_contiguous()
     assert s.lens.dtype == torch.int32 and s.lens.shape == (batch,)
-    assert s.ids.data_ptr() == s.device.data_ptr() and s.lens.data_ptr() == s.device.data_ptr() + 8 * batch * length
+    assert s.ids.data_ptr() == s.buffer.data_ptr() and s.lens.data_ptr() == s.buffer.data_ptr() + 8 * batch * length
     ids_ptr, lens_ptr = s.ids.data_ptr(), s.lens.data_ptr()
     g = torch.Generator().manual_seed(batch * 100 + length)
     for _ in range(2):  # a second load writes the same memory: a captured graph keeps reading it
