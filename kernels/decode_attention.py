@@ -8,10 +8,8 @@ launch, deterministic, and the grid depends only on shapes, so it replays in a C
 while seq_lens changes on the device.
 
 Optionally the new token's key and value are written into the cache by the same launch
-(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers. Given the
-new rows' positions before the step (`positions`), a program knows its row's length before its
-wait: its prefetched tile stops there, a split past it exits at once, and the merge counts the
-splits that hold rows. The launch layouts (splits, tiles, prefetch, pipelining, the new row's form) are chosen in
+(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers. The
+launch layouts (splits, tiles, prefetch, pipelining, the new row's form) are chosen in
 decode_attention_config.py.
 """
 import math
@@ -20,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
+from ._checks import check_device_usable, check_tensor
 from ._tuning import launch, use_pdl
 from ._workspace import arrival_counters
-from .decode_attention_config import launch_layout, use_early_lens
+from .decode_attention_config import launch_layout
 
 LOG2E = 1.4426950408889634
 @triton.jit
@@ -77,13 +75,12 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, pos_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    EARLY_LENS: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -94,23 +91,15 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     start = pid_s * chunk
-    if EARLY_LENS:  # the positions are final before the step (caller's promise): the length is known now
-        seq_len = tl.load(pos_ptr + b) + 1
-        if start >= seq_len:  # no row in this split: no partial either (the merge counts the live splits)
-            return
-        row_end = seq_len
-    else:
-        row_end = L
     if PREFETCH_N > 0:  # rows written by earlier steps (caller's promise): read before the wait
         offs_p = start + tl.arange(0, PREFETCH_N)
-        tile_mask = (offs_p < row_end)[:, None] & d_mask[None, :]
+        tile_mask = (offs_p < L)[:, None] & d_mask[None, :]
         k0 = tl.load(k_base + offs_p[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
         v0 = tl.load(v_base + offs_p[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if not EARLY_LENS:
-        seq_len = tl.load(lens_ptr + b)
+    seq_len = tl.load(lens_ptr + b)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
     end = tl.minimum(start + chunk, seq_len)  # this split's cache rows: [start, end)
@@ -165,17 +154,13 @@ def _decode_attention_kernel(
         tl.store(row, m_i)
         tl.store(row + 1, l_i)
         tl.store(row + 2 + offs_d, acc)
-        n_live = NUM_SPLITS
-        if EARLY_LENS:  # splits past the length exited: the others' partials, read as empty ones would store
-            n_live = tl.cdiv(seq_len, chunk)
         arrived = tl.atomic_add(count_ptr + pid_bh, 1, sem="acq_rel")
-        if arrived == n_live - 1:
+        if arrived == NUM_SPLITS - 1:
             offs_s = tl.arange(0, NUM_SPLITS)
-            s_mask = offs_s < n_live
             rows = part_ptr + (pid_bh * NUM_SPLITS + offs_s) * (BLOCK_D + 2)
-            m_s = tl.load(rows, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(rows + 1, mask=s_mask, other=0.0, cache_modifier=".cg")
-            acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
+            m_s = tl.load(rows, cache_modifier=".cg")
+            l_s = tl.load(rows + 1, cache_modifier=".cg")
+            acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], cache_modifier=".cg")
             m = tl.max(m_s, axis=0)  # finite: the new row's owner (or split 0, seq_len >= 1) has a row
             w = tl.exp2(m_s - m)  # empty splits: exp2(-inf) = 0
             out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
@@ -208,7 +193,7 @@ def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, positions=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -219,19 +204,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_tiles) before waiting on the previous kernel (programmatic dependent launch). Only
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
-    positions: optional (B,) int32, seq_lens - 1, final before any kernel that may still run when
-    this one starts (a decode step's input positions), read before the wait: a prefetched tile
-    stops at the row's length and a split past it exits at once (the same result; unused where
-    MINILLM_ATTN_EARLY_LENS=0).
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
     "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
-    if positions is not None:
-        check_tensor("positions", positions, ndim=1, dtypes=(torch.int32,), device=q.device)
-        check_shape("positions", positions, (B,))
-    early_lens = use_early_lens(positions)
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
@@ -249,15 +226,14 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
     launch(
-        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens,
-        positions if early_lens else seq_lens, kn, vn, part, counts,
+        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, EARLY_LENS=early_lens, launch_pdl=pdl,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o
