@@ -143,6 +143,7 @@ def _decode_attention_kernel(
         acc = tl.where(live, acc1, acc)
         p_new = tl.where(live, p1, p_new)
         first = start + PREFETCH_N
+    # the tiles after those read before the wait
     if PAIRED:
         # two tiles an iteration, each into its own online softmax (the second's starts empty at
         # m_i), merged after the loop: both tiles' loads go out together, and the two update
