@@ -74,15 +74,6 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
 
 
 @triton.jit
-def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride_vl):
-    """A cache tile's keys and values in the rows asked for (zero elsewhere)."""
-    mask = rows[:, None] & d_mask[None, :]
-    k = tl.load(k_base + offs_l[:, None] * stride_kl + offs_d[None, :], mask=mask, other=0.0)
-    v = tl.load(v_base + offs_l[:, None] * stride_vl + offs_d[None, :], mask=mask, other=0.0)
-    return k, v
-
-
-@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
@@ -90,7 +81,6 @@ def _decode_attention_kernel(
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    PAIRED: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -143,45 +133,15 @@ def _decode_attention_kernel(
         acc = tl.where(live, acc1, acc)
         p_new = tl.where(live, p1, p_new)
         first = start + PREFETCH_N
-    # the tiles after those read before the wait
-    if PAIRED:
-        # two tiles an iteration, each into its own online softmax (the second's starts empty at
-        # m_i), merged after the loop: both tiles' loads go out together, and the two update
-        # chains are independent (see decode_attention_config.paired_tiles)
-        m_b = m_i
-        l_b = 0.0
-        acc_b = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for start_n in tl.range(first, end, 2 * BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            offs_nb = offs_n + BLOCK_N
-            n_mask = offs_n < end
-            nb_mask = offs_nb < end
-            k, v = _cache_tiles(k_base, v_base, offs_n, offs_d, n_mask, d_mask, stride_kl, stride_vl)
-            kb, vb = _cache_tiles(k_base, v_base, offs_nb, offs_d, nb_mask, d_mask, stride_kl, stride_vl)
-            m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
-                                                HAS_NEW, NEW_APART, False)
-            m2, l2, acc2, _ = _attend_tile(q, kb, vb, offs_nb, nb_mask, pos, k_new, v_new, m_b, l_b, acc_b, 0.0,
-                                           HAS_NEW, NEW_APART, False)
-            live_b = start_n + BLOCK_N < end  # no row in the second tile: keep its state (an update is NaN)
-            m_b = tl.where(live_b, m2, m_b)
-            l_b = tl.where(live_b, l2, l_b)
-            acc_b = tl.where(live_b, acc2, acc_b)
-        has_b = l_b > 0.0
-        m = tl.maximum(m_i, m_b)
-        alpha = tl.where(has_b, tl.exp2(m_i - m), 1.0)
-        alpha_b = tl.where(has_b, tl.exp2(m_b - m), 0.0)
-        l_i = l_i * alpha + l_b * alpha_b
-        acc = acc * alpha + acc_b * alpha_b
-        p_new = p_new * alpha
-        m_i = tl.where(has_b, m, m_i)
-    else:
-        # LOOP_STAGES > 1: Triton copies the tiles ahead into shared memory (cp.async); the same arithmetic
-        for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < end
-            k, v = _cache_tiles(k_base, v_base, offs_n, offs_d, n_mask, d_mask, stride_kl, stride_vl)
-            m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
-                                                HAS_NEW, NEW_APART, False)
+    # LOOP_STAGES > 1: Triton copies the tiles ahead into shared memory (cp.async); the same arithmetic
+    for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
+                                            HAS_NEW, NEW_APART, False)
     if NEW_APART:
         acc += p_new * v_new.to(tl.float32)
 
@@ -245,7 +205,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
-    "NEW_APART": ..., "PAIRED": ...} in place of the defaults (benchmarks, tests).
+    "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
     B, H, D = q.shape
@@ -259,7 +219,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     BLOCK_D = max(16, triton.next_power_of_2(D))
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
-    paired = meta.pop("PAIRED")
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -274,7 +233,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, PAIRED=bool(paired), launch_pdl=pdl,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o

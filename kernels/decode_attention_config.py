@@ -38,10 +38,6 @@ if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
 NEW_APART_ENV = env_int("MINILLM_ATTN_NEW_APART")
 if NEW_APART_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
-# see paired_tiles; MINILLM_ATTN_PAIRED=1 or 0 forces it on (where it applies) or off (A/B timing)
-PAIRED_ENV = env_int("MINILLM_ATTN_PAIRED")
-if PAIRED_ENV not in (None, 0, 1):
-    raise ValueError(f"MINILLM_ATTN_PAIRED: expected 0 or 1, got {PAIRED_ENV}")
 
 
 def _programs_wanted(device):
@@ -173,17 +169,9 @@ def new_row_apart(block_n, warps, stages):
     return _narrow(block_n, warps) and stages == 1
 
 
-def paired_tiles(block_n, warps, stages):
-    """Whether the cache loop takes two tiles an iteration, each into its own online softmax,
-    merged after the loop: both tiles' loads go out together and the two update chains interleave.
-    Only in the unpipelined loop (loop_stages 1; the pipelined one already has its tiles in
-    flight); off unless MINILLM_ATTN_PAIRED=1 (under timing)."""
-    return bool(PAIRED_ENV) and stages == 1
-
-
 def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
     """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
-    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES, NEW_APART and PAIRED, from the rules above
+    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
     with the base tiles. One ValueError naming the argument for a count out of range."""
     if num_splits is None:
@@ -201,15 +189,10 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
         meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits)
     if meta.get("NEW_APART") is None:
         meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
-    if meta.get("PAIRED") is None:
-        meta["PAIRED"] = paired_tiles(block_n, warps, meta["LOOP_STAGES"])
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
     if tiles < 0 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected 0 or a power of two, "
                          f"got {tiles}")
     if stages < 1:
         raise ValueError(f"LOOP_STAGES (_config or MINILLM_ATTN_STAGES): expected an integer >= 1, got {stages}")
-    if meta["PAIRED"] and stages > 1:
-        raise ValueError(f"PAIRED (_config or MINILLM_ATTN_PAIRED): the paired loop is unpipelined, got LOOP_STAGES "
-                         f"{stages}")
     return splits, chunk, meta

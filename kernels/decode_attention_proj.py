@@ -42,12 +42,21 @@ from ._l2_ahead import _ask_l2_ranges, l2_ranges, launch_args as l2_launch_args
 from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
-from .decode_attention import LOG2E, _attend_rows, _cache_tiles, check_inputs, decode_attention
+from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
 from .decode_attention_proj_config import early_f32, fixed_merge, fixed_stats_fit, fused_layout
 from .linear import linear
 
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
 PREFETCH_MODES = {False: 0, "cache": 1, True: 2}
+
+
+@triton.jit
+def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride_vl):
+    """A cache tile's keys and values in the rows asked for (zero elsewhere)."""
+    mask = rows[:, None] & d_mask[None, :]
+    k = tl.load(k_base + offs_l[:, None] * stride_kl + offs_d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_base + offs_l[:, None] * stride_vl + offs_d[None, :], mask=mask, other=0.0)
+    return k, v
 
 
 @triton.jit

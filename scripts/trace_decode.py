@@ -125,7 +125,7 @@ PATCHES = {
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
-        ("PAIRED: tl.constexpr,\n):", "PAIRED: tl.constexpr, trace_ptr,\n):"),
+        ("NEW_APART: tl.constexpr,\n):", "NEW_APART: tl.constexpr, trace_ptr,\n):"),
         ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
         ("\n\ndef check_inputs(", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef check_inputs("),
@@ -170,8 +170,7 @@ SLAB_STAMPS = {
 ATTN_WAIT = "    t2 = _now()\n    t1 = t2\n"
 ATTN_STAMPS = {
     "attn-q": [("    first = start\n", Q_IN + "    first = start\n")],
-    "attn-first": [("    # the tiles after those read before the wait\n",
-                    "    t1 = _now_after(l_i)\n    # the tiles after those read before the wait\n")],
+    "attn-first": [("    # LOOP_STAGES > 1: Triton", "    t1 = _now_after(l_i)\n    # LOOP_STAGES > 1: Triton")],
     "attn-loop": [("    o_ptrs = o_ptr + b * stride_ob",
                    "    t1 = _now_after(l_i)\n    o_ptrs = o_ptr + b * stride_ob")],
 }

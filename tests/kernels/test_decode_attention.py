@@ -36,12 +36,9 @@ def test_decode_attention(B, H, L, D, dtype, device):
                                     {"BLOCK_N": 32, "num_warps": 2, "PREFETCH_TILES": 4},
                                     {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3},
                                     {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False},
-                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True},
-                                    {"BLOCK_N": 32, "num_warps": 2, "PAIRED": True},
-                                    {"BLOCK_N": 16, "num_warps": 2, "NEW_APART": False, "PAIRED": True}]
+                                    {"BLOCK_N": 64, "num_warps": 4, "NEW_APART": True}]
                          # one warp (default_layout's): the interpreter runs it as it runs two
-                         + ([{"BLOCK_N": 32, "num_warps": 1}, {"BLOCK_N": 32, "num_warps": 1, "PAIRED": True}]
-                            if ON_GPU else []))
+                         + ([{"BLOCK_N": 32, "num_warps": 1}] if ON_GPU else []))
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("splits", [1, 2, 4, 16])
 def test_decode_attention_splits_and_new_token(splits, prefetch, config, device):
@@ -49,9 +46,7 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
     with each program's first tile (or first 4 tiles, past its chunk at 4 and 16 splits) read up
     front (empty splits, 1-token rows included). Both forms of the new row (new_row_apart: by
     default in the narrow unpipelined layout, 32 rows in 2 warps or 1, and forced on and off), with
-    it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1);
-    the paired loop (two tiles an iteration, two softmax states merged after it: paired_tiles),
-    whose second tile may hold the new row, part of it or no row.
+    it at a chunk's last row, in its middle and at a tile's first row (33 = a 32-row tile + 1).
     Cache rows past a sequence's length, the new row's own included, are NaN: they may be read
     (prefetched tiles), never used."""
     B, H, L, D = 4, 2, 150, 32
@@ -170,5 +165,3 @@ def test_decode_attention_errors(device):
         kernels.decode_attention(q, kc, kc, lens, _config={"PREFETCH_TILES": 3})
     with pytest.raises(ValueError, match="LOOP_STAGES"):
         kernels.decode_attention(q, kc, kc, lens, _config={"LOOP_STAGES": 0})
-    with pytest.raises(ValueError, match="PAIRED .* unpipelined"):
-        kernels.decode_attention(q, kc, kc, lens, _config={"LOOP_STAGES": 3, "PAIRED": True})
