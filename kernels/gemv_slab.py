@@ -24,8 +24,6 @@ keeps the first form (A/B timing): the weight tiles loaded before the wait, name
 (MAX_CHUNKS of them: a tile held across the wait cannot live in a loop), and x by pointer loads
 through registers after it.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -41,10 +39,6 @@ MAX_CHUNKS = 6  # K <= 6 x 128 for the named tiles
 PIPELINED_ENV = env_int("MINILLM_SLAB_PIPELINED", 7)
 if PIPELINED_ENV < 0 or PIPELINED_ENV == 1:
     raise ValueError(f"MINILLM_SLAB_PIPELINED: expected 0 (off) or pipeline stages >= 2, got {PIPELINED_ENV}")
-# MINILLM_SLAB_LATE_TRIGGER=N[,N...] (A/B timing): launches of those output widths let the next
-# kernel launch only once their products are done, not right after their wait, so the next one's
-# reads before its wait (a cache tile, an L2 request) do not queue ahead of this one's after it
-LATE_TRIGGER_N = frozenset(int(n) for n in os.environ.get("MINILLM_SLAB_LATE_TRIGGER", "").replace(",", " ").split())
 
 
 @triton.jit
@@ -91,7 +85,6 @@ def _gemv_slab_kernel(
     INPUT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_RESIDUAL: tl.constexpr,
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    LATE_LAUNCH: tl.constexpr,
     PIPELINED: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
@@ -127,7 +120,7 @@ def _gemv_slab_kernel(
         colsum = tl.load(fold_ptr + rn, mask=n_mask, other=0.0)[None, :]
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, residual) are visible now
-        if not EARLY_LAUNCH and not LATE_LAUNCH:
+        if not EARLY_LAUNCH:
             tl.extra.cuda.gdc_launch_dependents()
 
     x_rows = x_ptr + rm[:, None] * stride_xm
@@ -166,8 +159,6 @@ def _gemv_slab_kernel(
         acc = _add_chunk(acc, x3, w3, fresh, 3, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x4, w4, fresh, 4, CHUNKS, INPUT_PRECISION)
         acc = _add_chunk(acc, x5, w5, fresh, 5, CHUNKS, INPUT_PRECISION)
-    if USE_PDL and LATE_LAUNCH and not EARLY_LAUNCH:
-        tl.extra.cuda.gdc_launch_dependents()
     finish = True
     if PARTS > 1:  # the group sums added in order by the last group to arrive
         acc, finish = _add_stored(acc, part_ptr + rm[:, None] * N + rn[None, :], count_ptr + tl.program_id(0), group,
@@ -241,7 +232,6 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
         PIPELINED=stages > 1, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
-        LATE_LAUNCH=N in LATE_TRIGGER_N,
         num_warps=meta.get("num_warps", 4), launch_pdl=pdl, **({"num_stages": stages} if stages > 1 else {}),
     )
     return y2
