@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -31,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def variant(text):
-    """'NAME=VALUE,NAME=VALUE' (or '' for the environment as it is) -> {NAME: VALUE}."""
+    """'NAME=VALUE,NAME=VALUE' (or '' for the environment as it is) -> {NAME: VALUE}. A comma
+    starts a new pair only before NAME=, so a value may hold commas (MINILLM_X=768,3072)."""
     env = {}
-    for item in filter(None, text.split(",")):
+    for item in filter(None, re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", text)):
         name, eq, value = item.partition("=")
         if not eq or not name.isidentifier() or not name.isupper():
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs split by commas, got {item!r}")
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs split by commas (NAME upper-case), got {item!r}")
         env[name] = value
     return env
 

@@ -89,9 +89,17 @@ def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
     assert "| (as set) | MINILLM_GEMV_FIXED=2 |" in md and md.rstrip().endswith("|  | - | - |")
 
 
+def test_a_value_may_hold_commas():
+    """A comma starts a new pair only before NAME=: a list of widths stays one value."""
+    assert ab_decode.variant("MINILLM_A=768,3072,MINILLM_B=1") == {"MINILLM_A": "768,3072", "MINILLM_B": "1"}
+    assert ab_decode.variant("MINILLM_A=1,MINILLM_B=x,y") == {"MINILLM_A": "1", "MINILLM_B": "x,y"}
+    assert ab_decode.variant("") == {}
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--env", "1", "--env", ""], "expected NAME=VALUE pairs"),
     (["--env", "minillm_a=1", "--env", ""], "expected NAME=VALUE pairs"),
+    (["--env", "MINILLM_A=1,minillm_b=2", "--env", ""], "expected NAME=VALUE pairs"),
     (["--env", "MINILLM_A=1"], "expected two or more variants"),
     (["--env", "", "--env", "MINILLM_A=1", "--runs", "0"], "--runs: expected an integer >= 1"),
     (["--env", "MINILLM_A=1", "--env", "MINILLM_A=1"], "expected different variants"),
