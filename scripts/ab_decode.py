@@ -38,7 +38,8 @@ def variant(text):
     for item in filter(None, re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", text)):
         name, eq, value = item.partition("=")
         if not eq or not name.isidentifier() or not name.isupper():
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE pairs split by commas (NAME upper-case), got {item!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected NAME=VALUE pairs split by commas (NAME upper-case), got {item!r}")
         env[name] = value
     return env
 
