@@ -16,9 +16,9 @@ Two kernels behind one launcher:
   on a Hopper GPU, their tiles come in by tensor descriptors, in a layout tma_config picks;
   elsewhere by pointer loads, autotuned on (M bucket, N, K). With a folded layernorm the
   launcher standardizes the rows first ((x - mean) * rstd, the layernorm kernel without gain
-  and shift), and the tile kernel multiplies those by g * W: many column tiles share a row, and taking its statistics in each
-  (in the epilogue, from partial sums) made a 1024-token prompt's first token 1.44 ms against
-  1.35 on an H100.
+  and shift), and the tile kernel multiplies those by g * W: many column tiles share a row, and
+  taking its statistics in each (in the epilogue, from partial sums) made a 1024-token prompt's
+  first token 1.44 ms against 1.35 on an H100.
 """
 import os
 
@@ -198,8 +198,9 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
     unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
-    rows: BLOCK_M/BLOCK_N/BLOCK_K, pointer loads unless TMA=True where _tma_ok allows it) or of gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/
-    CHUNKS/SPLIT, optionally BLOCK_M and num_warps).
+    rows: BLOCK_M/BLOCK_N/BLOCK_K, pointer loads unless TMA=True where _tma_ok allows it) or of
+    gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/CHUNKS/SPLIT, optionally BLOCK_M and
+    num_warps).
     """
     check_tensor("x", x, min_ndim=1)
     check_device_usable("x", x)

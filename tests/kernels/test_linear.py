@@ -187,14 +187,11 @@ def test_a_dry_pass_leaves_argmax_keys_alone(device, monkeypatch):
     compile_ahead's dry pass the kernel runs nothing, so that output is unwritten memory: the
     reduction must not max it into the caller's keys (the engine's decode state keeps them
     EMPTY between steps)."""
-    import sys
-
     from kernels import _tuning
     from kernels.argmax_key import EMPTY
     from kernels.gemv_config import SMALL_M
 
-    # a dry launch runs nothing (kernels.linear is the function; its module by name)
-    monkeypatch.setattr(sys.modules["kernels.linear"], "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(LINEAR_MODULE, "launch", lambda *args, **kwargs: None)  # a dry launch runs nothing
     M, K, N = SMALL_M + 1, 32, 48
     x, w = randn(M, K, device=device), randn(K, N, device=device)
     keys = torch.full((M,), EMPTY, dtype=torch.int64, device=device)
