@@ -19,14 +19,11 @@ import triton
 import triton.language as tl
 
 from ._checks import check_device_usable, check_tensor
-from ._l2_ahead import ON as L2_ON, PIECE as L2_PIECE, _ask_l2
-from ._tuning import env_int, is_hopper, launch, use_pdl
+from ._tuning import launch, use_pdl
 from ._workspace import arrival_counters
 from .decode_attention_config import launch_layout
 
 LOG2E = 1.4426950408889634
-# MINILLM_ATTN_NEXT_L2=0 turns off the next layer's cache requests (l2_next; A/B timing)
-NEXT_L2 = env_int("MINILLM_ATTN_NEXT_L2", 1)
 @triton.jit
 def _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new):
     """Online-softmax update of (m_i, l_i, acc) with a tile of cache rows (log2 domain). Rows
@@ -78,13 +75,12 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, nk_ptr, nv_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    L2_NEXT: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -170,11 +166,6 @@ def _decode_attention_kernel(
             out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
             tl.atomic_xchg(count_ptr + pid_bh, 0, sem="relaxed")  # next launch: after the kernel boundary
             tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d_mask)
-    if L2_NEXT:  # this split's older rows in the next layer's cache, which its attention reads
-        rows = tl.maximum(tl.minimum(end, pos) - start, 0)
-        nbytes = rows * stride_kl * k_ptr.dtype.element_ty.primitive_bitwidth // 8
-        _ask_l2(nk_ptr + b * stride_kb + h * stride_kh + start * stride_kl, nbytes, 0, 1, L2_SLOTS, L2_PIECE)
-        _ask_l2(nv_ptr + b * stride_vb + h * stride_vh + start * stride_vl, nbytes, 0, 1, L2_SLOTS, L2_PIECE)
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -201,28 +192,8 @@ def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
 
 
-def check_l2_next(l2_next, k_cache, v_cache):
-    """l2_next's check (one ValueError naming it): None, or the next layer's (k, v) caches with
-    k_cache's and v_cache's shapes, strides and dtype, each cache row dense and every row start
-    on 16 bytes (a misaligned bulk request is a CUDA error that ends the context)."""
-    if l2_next is None:
-        return
-    if not isinstance(l2_next, (tuple, list)) or len(l2_next) != 2:
-        raise ValueError(f"l2_next: expected None or the next layer's (k_cache, v_cache), got {type(l2_next).__name__}")
-    for name, t, like in (("l2_next[0]", l2_next[0], k_cache), ("l2_next[1]", l2_next[1], v_cache)):
-        check_tensor(name, t, ndim=4, dtypes=(like.dtype,), device=like.device)
-        if t.shape != like.shape or t.stride() != like.stride():
-            raise ValueError(f"{name}: expected the shape {tuple(like.shape)} and strides {like.stride()} of this "
-                             f"layer's cache, got {tuple(t.shape)} and {t.stride()}")
-        row = t.shape[3] * t.element_size()
-        if t.stride(2) != t.shape[3] or (t.data_ptr() | t.stride(0) * t.element_size() | t.stride(1) * t.element_size()
-                                         | row) % 16:
-            raise ValueError(f"{name}: expected dense cache rows starting on 16 bytes, got strides {t.stride()} "
-                             f"({t.element_size()}-byte elements) at address {t.data_ptr():#x}")
-
-
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, l2_next=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -233,14 +204,10 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_tiles) before waiting on the previous kernel (programmatic dependent launch). Only
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
-    l2_next: the next layer's (k_cache, v_cache) (check_l2_next), whose rows before each
-    query's position every program asks L2 for at its end, so the next layer's attention reads
-    them from there (Hopper only; results unchanged; MINILLM_ATTN_NEXT_L2=0 turns it off).
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
     "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
-    check_l2_next(l2_next, k_cache, v_cache)
     B, H, D = q.shape
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
@@ -258,10 +225,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    l2_next = l2_next if l2_next is not None and NEXT_L2 and L2_ON and is_hopper(q.device) else None
-    nk, nv = l2_next if l2_next is not None else (k_cache, v_cache)
     launch(
-        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts, nk, nv,
+        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
@@ -269,7 +234,6 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
         NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
-        L2_NEXT=l2_next is not None, L2_SLOTS=32 * meta["num_warps"], L2_PIECE=L2_PIECE,
         **meta,
     )
     return o

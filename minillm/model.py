@@ -205,8 +205,7 @@ class GPT:
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(plan.l2_part(blk.fc[0], C), plan.l2_part(blk.mlp_proj[0], C))
-                                          if cuda_core else (),
-                                          l2_next=cache.layer(i + 1, B, max_len) if i + 1 < c.n_layer else None)
+                                          if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
                           l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)

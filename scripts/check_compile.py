@@ -140,10 +140,8 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
     from minillm.config import PRESETS
     from minillm.model import GPT
 
-    # two layers: a layer's launches may depend on whether one follows (decode attention's
-    # requests for the next layer's cache)
-    cfg = replace(PRESETS[name], n_layer=2)
-    model = GPT(cfg, random_weights(cfg, dtype, 2), "triton")
+    cfg = replace(PRESETS[name], n_layer=1)
+    model = GPT(cfg, random_weights(cfg, dtype, 1), "triton")
     tag = f"{name} {str(dtype).removeprefix('torch.')}"
     for B, T in prefills:
         where[0] = f"{tag} prefill {B}x{T}"

@@ -165,38 +165,3 @@ def test_decode_attention_errors(device):
         kernels.decode_attention(q, kc, kc, lens, _config={"PREFETCH_TILES": 3})
     with pytest.raises(ValueError, match="LOOP_STAGES"):
         kernels.decode_attention(q, kc, kc, lens, _config={"LOOP_STAGES": 0})
-
-
-@pytest.mark.parametrize("splits", [1, 4])
-def test_next_layer_requests_change_nothing(splits, device):
-    """l2_next: each program asks L2 for its rows of the next layer's cache (on Hopper; nothing
-    under the interpreter). The output and both layers' caches come out bit for bit as without
-    it, over the layout of a decode step's caches (views of one (layers, B, H, L, D) tensor)."""
-    B, H, L, D = 5, 3, 150, 64
-    kc, vc = randn(2, B, H, L, D, device=device), randn(2, B, H, L, D, device=device)
-    q, k_new, v_new = (randn(B, H, D, device=device) for _ in range(3))
-    lens = torch.tensor([150, 1, 77, 33, 96], dtype=torch.int32, device=device)
-    outs = []
-    for l2_next in (None, (kc[1], vc[1])):
-        k, v = kc.clone(), vc.clone()
-        o = kernels.decode_attention(q, k[0], v[0], lens, k_new=k_new, v_new=v_new, num_splits=splits,
-                                     prefetch_cache=True, out=poisoned((B, H, D), torch.float32, device),
-                                     l2_next=None if l2_next is None else (k[1], v[1]))
-        outs.append((o, k, v))
-    (o0, k0, v0), (o1, k1, v1) = outs
-    assert torch.equal(o0, o1) and torch.equal(k0, k1) and torch.equal(v0, v1)
-    assert_rel_close(o1, ref.decode_attention(q, kc[0].clone(), vc[0].clone(), lens, k_new=k_new, v_new=v_new),
-                     torch.float32, f"splits={splits}")
-
-
-def test_next_layer_requests_errors(device):
-    q = randn(2, 2, 16, device=device)
-    kc = randn(2, 2, 8, 16, device=device)
-    lens = torch.ones(2, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match=r"^l2_next: expected None or the next layer's \(k_cache, v_cache\)"):
-        kernels.decode_attention(q, kc, kc, lens, l2_next=kc)
-    with pytest.raises(ValueError, match=r"^l2_next\[1\]: expected the shape \(2, 2, 8, 16\)"):
-        kernels.decode_attention(q, kc, kc, lens, l2_next=(kc, randn(2, 2, 9, 16, device=device)))
-    wide = randn(2, 2, 8, 32, device=device)[..., :16]  # cache rows 64 bytes apart, 32 used
-    with pytest.raises(ValueError, match=r"^l2_next\[0\]: expected dense cache rows starting on 16 bytes"):
-        kernels.decode_attention(q, wide, wide, lens, l2_next=(wide, wide))
