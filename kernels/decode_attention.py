@@ -8,10 +8,8 @@ launch, deterministic, and the grid depends only on shapes, so it replays in a C
 while seq_lens changes on the device.
 
 Optionally the new token's key and value are written into the cache by the same launch
-(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers. Given the
-new rows' positions before the step (`positions`), a program knows its row's length before its
-wait: its prefetched tile stops there, a split past it exits at once, and the merge counts the
-splits that hold rows. The launch layouts (splits, tiles, prefetch, pipelining, the new row's form) are chosen in
+(`k_new`, `v_new` land at position seq_lens[b] - 1) and used directly from registers. The
+launch layouts (splits, tiles, prefetch, pipelining, the new row's form) are chosen in
 decode_attention_config.py.
 """
 import math
@@ -20,18 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_device_usable, check_shape, check_tensor
-from ._l2_ahead import ON as L2_ON, PIECE as L2_PIECE, _ask_l2
-from ._tuning import env_int, is_hopper, launch, use_pdl
+from ._checks import check_device_usable, check_tensor
+from ._tuning import launch, use_pdl
 from ._workspace import arrival_counters
-from .decode_attention_config import launch_layout, use_early_lens
+from .decode_attention_config import launch_layout
 
 LOG2E = 1.4426950408889634
-# when decode attention asks L2 for the next layer's cache (l2_next): 1 at its end, 2 before its
-# loop; MINILLM_ATTN_NEXT_L2=0 never (A/B timing)
-NEXT_L2 = env_int("MINILLM_ATTN_NEXT_L2", 1)
-if NEXT_L2 not in (0, 1, 2):
-    raise ValueError(f"MINILLM_ATTN_NEXT_L2: expected 0, 1 or 2, got {NEXT_L2}")
 @triton.jit
 def _attend_rows(q, k, v, rows, m_i, l_i, acc, p_new):
     """Online-softmax update of (m_i, l_i, acc) with a tile of cache rows (log2 domain). Rows
@@ -82,25 +74,13 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
 
 
 @triton.jit
-def _ask_l2_next(nk_ptr, nv_ptr, b, h, start, end, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-                 SLOTS: tl.constexpr, PIECE: tl.constexpr):
-    """Ask L2 for rows [start, end) of (row b, head h) of the next layer's K and V caches, which
-    its attention reads (each row dense: check_l2_next)."""
-    nbytes = tl.maximum(end - start, 0) * stride_kl * nk_ptr.dtype.element_ty.primitive_bitwidth // 8
-    _ask_l2(nk_ptr + b * stride_kb + h * stride_kh + start * stride_kl, nbytes, 0, 1, SLOTS, PIECE)
-    _ask_l2(nv_ptr + b * stride_vb + h * stride_vh + start * stride_vl, nbytes, 0, 1, SLOTS, PIECE)
-
-
-@triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, pos_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, nk_ptr, nv_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
-    EARLY_LENS: tl.constexpr,
-    L2_NEXT: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -111,23 +91,15 @@ def _decode_attention_kernel(
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     start = pid_s * chunk
-    if EARLY_LENS:  # the positions are final before the step (caller's promise): the length is known now
-        seq_len = tl.load(pos_ptr + b) + 1
-        if start >= seq_len:  # no row in this split: no partial either (the merge counts the live splits)
-            return
-        row_end = seq_len
-    else:
-        row_end = L
     if PREFETCH_N > 0:  # rows written by earlier steps (caller's promise): read before the wait
         offs_p = start + tl.arange(0, PREFETCH_N)
-        tile_mask = (offs_p < row_end)[:, None] & d_mask[None, :]
+        tile_mask = (offs_p < L)[:, None] & d_mask[None, :]
         k0 = tl.load(k_base + offs_p[:, None] * stride_kl + offs_d[None, :], mask=tile_mask, other=0.0)
         v0 = tl.load(v_base + offs_p[:, None] * stride_vl + offs_d[None, :], mask=tile_mask, other=0.0)
     if USE_PDL:  # launched early behind the kernel that writes q, k_new, v_new: wait for it
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if not EARLY_LENS:
-        seq_len = tl.load(lens_ptr + b)
+    seq_len = tl.load(lens_ptr + b)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     q = q * qk_scale  # log2 domain
     end = tl.minimum(start + chunk, seq_len)  # this split's cache rows: [start, end)
@@ -151,9 +123,6 @@ def _decode_attention_kernel(
             p_new = l_i
             end = tl.minimum(end, pos)
 
-    if L2_NEXT == 2:  # before the loop
-        _ask_l2_next(nk_ptr, nv_ptr, b, h, start, tl.minimum(end, pos), stride_kb, stride_kh, stride_kl, stride_vb,
-                     stride_vh, stride_vl, L2_SLOTS, L2_PIECE)
     first = start
     if PREFETCH_N > 0:  # (rows past `end`, read to the cache's end, may hold anything)
         m1, l1, acc1, p1 = _attend_tile(q, k0, v0, offs_p, offs_p < end, pos, k_new, v_new, m_i, l_i, acc, p_new,
@@ -185,25 +154,18 @@ def _decode_attention_kernel(
         tl.store(row, m_i)
         tl.store(row + 1, l_i)
         tl.store(row + 2 + offs_d, acc)
-        n_live = NUM_SPLITS
-        if EARLY_LENS:  # splits past the length exited: the others' partials, read as empty ones would store
-            n_live = tl.cdiv(seq_len, chunk)
         arrived = tl.atomic_add(count_ptr + pid_bh, 1, sem="acq_rel")
-        if arrived == n_live - 1:
+        if arrived == NUM_SPLITS - 1:
             offs_s = tl.arange(0, NUM_SPLITS)
-            s_mask = offs_s < n_live
             rows = part_ptr + (pid_bh * NUM_SPLITS + offs_s) * (BLOCK_D + 2)
-            m_s = tl.load(rows, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(rows + 1, mask=s_mask, other=0.0, cache_modifier=".cg")
-            acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
+            m_s = tl.load(rows, cache_modifier=".cg")
+            l_s = tl.load(rows + 1, cache_modifier=".cg")
+            acc_s = tl.load(rows[:, None] + 2 + offs_d[None, :], cache_modifier=".cg")
             m = tl.max(m_s, axis=0)  # finite: the new row's owner (or split 0, seq_len >= 1) has a row
             w = tl.exp2(m_s - m)  # empty splits: exp2(-inf) = 0
             out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
             tl.atomic_xchg(count_ptr + pid_bh, 0, sem="relaxed")  # next launch: after the kernel boundary
             tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d_mask)
-    if L2_NEXT == 1:  # at the end
-        _ask_l2_next(nk_ptr, nv_ptr, b, h, start, tl.minimum(end, pos), stride_kb, stride_kh, stride_kl, stride_vb,
-                     stride_vh, stride_vl, L2_SLOTS, L2_PIECE)
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -230,28 +192,8 @@ def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
                 raise ValueError(f"{name}: expected shape {tuple(q.shape)}, got {tuple(t.shape)}")
 
 
-def check_l2_next(l2_next, k_cache, v_cache):
-    """l2_next's check (one ValueError naming it): None, or the next layer's (k, v) caches with
-    k_cache's and v_cache's shapes, strides and dtype, each cache row dense and every row start
-    on 16 bytes (a misaligned bulk request is a CUDA error that ends the context)."""
-    if l2_next is None:
-        return
-    if not isinstance(l2_next, (tuple, list)) or len(l2_next) != 2:
-        raise ValueError(f"l2_next: expected None or the next layer's (k_cache, v_cache), got {type(l2_next).__name__}")
-    for name, t, like in (("l2_next[0]", l2_next[0], k_cache), ("l2_next[1]", l2_next[1], v_cache)):
-        check_tensor(name, t, ndim=4, dtypes=(like.dtype,), device=like.device)
-        if t.shape != like.shape or t.stride() != like.stride():
-            raise ValueError(f"{name}: expected the shape {tuple(like.shape)} and strides {like.stride()} of this "
-                             f"layer's cache, got {tuple(t.shape)} and {t.stride()}")
-        row = t.shape[3] * t.element_size()
-        if t.stride(2) != t.shape[3] or (t.data_ptr() | t.stride(0) * t.element_size() | t.stride(1) * t.element_size()
-                                         | row) % 16:
-            raise ValueError(f"{name}: expected dense cache rows starting on 16 bytes, got strides {t.stride()} "
-                             f"({t.element_size()}-byte elements) at address {t.data_ptr():#x}")
-
-
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, positions=None, l2_next=None, _config=None):
+                     num_splits=None, prefetch_cache=False, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -262,23 +204,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_tiles) before waiting on the previous kernel (programmatic dependent launch). Only
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
-    positions: optional (B,) int32, seq_lens - 1, final before any kernel that may still run when
-    this one starts (a decode step's input positions), read before the wait: a prefetched tile
-    stops at the row's length and a split past it exits at once (the same result; unused where
-    MINILLM_ATTN_EARLY_LENS=0).
-    l2_next: the next layer's (k_cache, v_cache) (check_l2_next), whose rows before each
-    query's position every program asks L2 for at its end, so the next layer's attention reads
-    them from there (Hopper only; results unchanged; MINILLM_ATTN_NEXT_L2=0 turns it off).
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
     "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
-    check_l2_next(l2_next, k_cache, v_cache)
     B, H, D = q.shape
-    if positions is not None:
-        check_tensor("positions", positions, ndim=1, dtypes=(torch.int32,), device=q.device)
-        check_shape("positions", positions, (B,))
-    early_lens = use_early_lens(positions)
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     check_tensor("out", o, ndim=3, dtypes=(q.dtype,), device=q.device, last_contiguous=True)
     if o.shape != q.shape:
@@ -295,19 +225,15 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
-    l2_next = l2_next if l2_next is not None and NEXT_L2 and L2_ON and is_hopper(q.device) else None
-    nk, nv = l2_next if l2_next is not None else (k_cache, v_cache)
     launch(
-        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens,
-        positions if early_lens else seq_lens, kn, vn, part, counts, nk, nv,
+        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, EARLY_LENS=early_lens, launch_pdl=pdl,
-        L2_NEXT=NEXT_L2 if l2_next is not None else 0, L2_SLOTS=32 * meta["num_warps"], L2_PIECE=L2_PIECE,
+        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
         **meta,
     )
     return o

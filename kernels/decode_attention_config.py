@@ -38,22 +38,6 @@ if LONG_SPLITS < 0 or LONG_SPLITS & (LONG_SPLITS - 1):
 NEW_APART_ENV = env_int("MINILLM_ATTN_NEW_APART")
 if NEW_APART_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
-# splits of the narrow layout at many rows (default_layout), where it runs unsplit;
-# MINILLM_ATTN_NARROW_SPLITS=N forces N there (A/B timing)
-NARROW_SPLITS_ENV = env_int("MINILLM_ATTN_NARROW_SPLITS")
-if NARROW_SPLITS_ENV is not None and (NARROW_SPLITS_ENV < 1 or NARROW_SPLITS_ENV & (NARROW_SPLITS_ENV - 1)):
-    raise ValueError(f"MINILLM_ATTN_NARROW_SPLITS: expected a power of two >= 1, got {NARROW_SPLITS_ENV}")
-# decode_attention's positions (the lengths before the wait); MINILLM_ATTN_EARLY_LENS=0 ignores them (A/B timing)
-EARLY_LENS_ENV = env_int("MINILLM_ATTN_EARLY_LENS", 1)
-if EARLY_LENS_ENV not in (0, 1):
-    raise ValueError(f"MINILLM_ATTN_EARLY_LENS: expected 0 or 1, got {EARLY_LENS_ENV}")
-EARLY_LENS_ON = EARLY_LENS_ENV == 1
-
-
-def use_early_lens(positions):
-    """Whether decode_attention reads the lengths before its wait: where it is given the positions
-    and MINILLM_ATTN_EARLY_LENS is not 0."""
-    return positions is not None and EARLY_LENS_ON
 
 
 def _programs_wanted(device):
@@ -103,10 +87,9 @@ def default_layout(device, bh, L, block_d):
         # twice (bench/results/h200/session-85/call4-ab.log, call5-ab.log, call6-ab.log): gpt2
         # batch 64 +3.4% / +4.0%, 48 +3.8%, 40 +3.4%, 32 +3.2%, 24 +3.1%, gpt2-xl batch 64 +3.8%
         # (one round); at gpt2 batch 16 (four tiles before the wait) one warp lost 6.9%
-        splits = NARROW_SPLITS_ENV or 1
         if ONE_WARP_ON and NARROW_ENV is None and 2 * bh >= wanted and L < PIPELINE_MIN_L:
-            return splits, *ONE_WARP
-        return splits, *NARROW
+            return 1, *ONE_WARP
+        return 1, *NARROW
     if block_d <= 64 and LONG_SPLITS and L >= 1024 and wanted * 3 // 4 <= bh < wanted:
         # a long cache and three quarters of the programs wanted: many narrow programs of a
         # 128-position chunk, not pipelined. Alternated in one call, 768-token prompts

@@ -182,7 +182,7 @@ def _decode_attention_proj_kernel(
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), l2_next=None, _layout=None, _early_f32=None):
+                          l2_ahead=(), _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -199,14 +199,11 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     seq_lens - 1), which must be final before any kernel that may still run when this one
     starts (a decode step's input positions: only the step's last kernel advances them), so it
     holds while the kernel before this one may still run; True the lengths and the residual as
-    well, which needs the kernel before to launch this one only after its own wait; with True,
-    `positions` (optional) goes to decode_attention where the layout runs the two kernels.
+    well, which needs the kernel before to launch this one only after its own wait.
     early_launch: the next kernel may launch at this one's start
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
-    l2_next: the next layer's caches, for decode_attention's requests where the two kernels run
-    (the fused launch's short caches come in with its own tiles).
     _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
     early_f32's (tests, benchmarks)."""
     if k_new is None or v_new is None:
@@ -214,8 +211,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
         raise ValueError(f"prefetch: expected False, True or 'cache', got {prefetch!r}")
     check_inputs(q, k_cache, v_cache, seq_lens, k_new, v_new)
-    if (prefetch == "cache" and positions is None) or (not prefetch and positions is not None):
-        raise ValueError("positions: expected a (B,) tensor with prefetch='cache', None with prefetch=False, "
+    if (prefetch == "cache") != (positions is not None):
+        raise ValueError("positions: expected a (B,) tensor with prefetch='cache' and None otherwise, "
                          f"got {'None' if positions is None else 'a tensor'} with prefetch={prefetch!r}")
     if positions is not None:
         check_tensor("positions", positions, ndim=1, dtypes=(torch.int32,), device=q.device)
@@ -243,8 +240,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     if layout is None:
         # decode_attention reads only the cache before its wait, and launches the linear after it:
         # whatever launched this op, the residual is final by then
-        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch),
-                                positions=positions, l2_next=l2_next)
+        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch))
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout
@@ -262,7 +258,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
         q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias if bias is not None else y, residual, y,
         part, counts, stats_out if stats_out is not None else part, words,
-        positions if prefetch == "cache" else seq_lens,
+        positions if positions is not None else seq_lens,
         B, N, D, scale * LOG2E,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),

@@ -198,16 +198,14 @@ class GPT:
             # cache's older rows before its wait, up to pos (final before the step: only
             # append_tokens, after the lm_head, advances it); x (written by mlp-out, before qkv)
             # and the lengths too where qkv triggers late, and so launches it only after its own wait
-            # (decode attention, where it runs apart, takes the lengths from pos before its wait)
             qkv_early = "qkv" in early
             x = ops.decode_attention_proj(qkv[:, 0], k_cache, v_cache, seq_lens, qkv[:, 1], qkv[:, 2],
                                           *blk.attn_proj, residual=x, out=x, stats_out=st_attn,
                                           prefetch="cache" if qkv_early else True,
-                                          positions=pos,
+                                          positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
                                           l2_ahead=(plan.l2_part(blk.fc[0], C), plan.l2_part(blk.mlp_proj[0], C))
-                                          if cuda_core else (),
-                                          l2_next=cache.layer(i + 1, B, max_len) if i + 1 < c.n_layer else None)
+                                          if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
                           l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)

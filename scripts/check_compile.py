@@ -189,8 +189,6 @@ def drive_library(dtype, where):
     kernels.decode_attention(r(3, 4, 64), kc, vc, lens)
     # the split form and its merge: a GPU splits 12 (row, head) pairs; this driver stands for 2 SMs and would not
     kernels.decode_attention(r(3, 4, 64), kc, vc, lens, num_splits=4)
-    # with the positions: the lengths read before the wait, splits past them exiting there
-    kernels.decode_attention(r(3, 4, 64), kc, vc, lens, num_splits=4, prefetch_cache=True, positions=lens - 1)
     logits, q, seen = r(64, 50257), torch.rand(64, 50257), torch.rand(64, 50257) < 0.1
     kernels.sample_logits(logits, q, 50, 0.8, 0.9, 1.2, seen)  # every step the sampler has
     kernels.sample_logits(logits, q, 128, 1.0, 1.0)  # its widest lists (each sort compiles for ~20 s)

@@ -1,5 +1,3 @@
-import importlib
-
 import pytest
 import torch
 
@@ -71,55 +69,6 @@ def test_decode_attention_splits_and_new_token(splits, prefetch, config, device)
         assert torch.equal(kc.masked_fill(past, 0), expect_k.masked_fill(past, 0))
         assert torch.equal(vc.masked_fill(past, 0), expect_v.masked_fill(past, 0))
         assert_rel_close(o, ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
-
-
-@pytest.mark.parametrize("config", [None, {"BLOCK_N": 32, "num_warps": 2, "NEW_APART": False}]
-                         + ([{"BLOCK_N": 32, "num_warps": 1}] if ON_GPU else []))
-@pytest.mark.parametrize("splits", [1, 4, 8])
-def test_decode_attention_early_lengths_same_bits(splits, config, device, monkeypatch):
-    """Given the positions, a program knows its row's length before its wait: its prefetched
-    tile stops there, a split past it exits before the wait and writes no partial, and the last
-    live split merges the live ones. The same bits as without them (an empty split's partial is
-    what the merge's masked loads read), and the caches the same: NaN rows past the lengths and
-    at the new row (a prefetched tile reaching past a length would not show in the result, so
-    the splits count too), a second launch reusing the arrival counters."""
-    without_env_switches(monkeypatch)
-    B, H, L, D = 4, 2, 256, 32
-    q, k_new, v_new = (randn(B, H, D, device=device) for _ in range(3))
-    kc, vc = randn(B, H, L, D, device=device), randn(B, H, L, D, device=device)
-    lens = torch.tensor([256, 1, 77, 33], dtype=torch.int32, device=device)
-    stale = (torch.arange(L, device=device)[None, :] >= lens[:, None] - 1)[:, None, :, None]
-    kc.masked_fill_(stale, float("nan"))
-    vc.masked_fill_(stale, float("nan"))
-    outs, caches = [], []
-    for positions in (None, lens - 1, lens - 1):
-        k, v = kc.clone(), vc.clone()
-        outs.append(kernels.decode_attention(q, k, v, lens, k_new=k_new, v_new=v_new, num_splits=splits,
-                                             prefetch_cache=True, positions=positions, _config=config,
-                                             out=poisoned((B, H, D), torch.float32, device)))
-        caches.append(torch.stack([k, v]).nan_to_num(7.0))
-    for o, c in zip(outs[1:], caches[1:]):
-        assert torch.equal(o, outs[0])
-        assert torch.equal(c, caches[0])
-    expect_k, expect_v = (t.masked_fill(stale, 0.0) for t in (kc, vc))
-    rows = torch.arange(B, device=device)
-    expect_k[rows, :, lens - 1] = k_new
-    expect_v[rows, :, lens - 1] = v_new
-    assert_rel_close(outs[1], ref.decode_attention(q, expect_k, expect_v, lens), torch.float32, f"splits={splits}")
-
-
-def test_narrow_splits_switch(device, monkeypatch):
-    """MINILLM_ATTN_NARROW_SPLITS (A/B timing) splits the narrow layout of many rows, one warp
-    or two, and nothing else."""
-    import kernels.decode_attention_config as cfg
-    without_env_switches(monkeypatch)
-    dev = torch.device(device)
-    bh = 64 * 12 if ON_GPU else 12  # past the programs wanted (the interpreter stands for 2 SMs)
-    assert default_layout(dev, bh, 256, 64) == (1, 32, 1)
-    monkeypatch.setattr(cfg, "NARROW_SPLITS_ENV", 4)
-    assert default_layout(dev, bh, 256, 64) == (4, 32, 1)
-    assert default_layout(dev, bh, 1024, 64) == (4, 32, 2)
-    assert default_layout(dev, 1, 256, 64)[1:] == (256, 8)  # few rows: the whole-cache tile, as before
 
 
 @pytest.mark.parametrize("L", [128, 200] + ([256] if ON_GPU else []))
@@ -216,45 +165,3 @@ def test_decode_attention_errors(device):
         kernels.decode_attention(q, kc, kc, lens, _config={"PREFETCH_TILES": 3})
     with pytest.raises(ValueError, match="LOOP_STAGES"):
         kernels.decode_attention(q, kc, kc, lens, _config={"LOOP_STAGES": 0})
-    with pytest.raises(ValueError, match=r"positions: expected dtype in \(int32\)"):
-        kernels.decode_attention(q, kc, kc, lens, positions=lens.long() - 1)
-    with pytest.raises(ValueError, match=r"positions: expected shape \(2,\)"):
-        kernels.decode_attention(q, kc, kc, lens, positions=lens[:1] - 1)
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("splits", [1, 4])
-def test_next_layer_requests_change_nothing(splits, mode, device, monkeypatch):
-    """l2_next: each program asks L2 for its rows of the next layer's cache (on Hopper; nothing
-    under the interpreter). The output and both layers' caches come out bit for bit as without
-    it, over the layout of a decode step's caches (views of one (layers, B, H, L, D) tensor)."""
-    attention_module = importlib.import_module("kernels.decode_attention")  # (the package's name is the function)
-    monkeypatch.setattr(attention_module, "NEXT_L2", mode)  # at the end, or before the loop
-    B, H, L, D = 5, 3, 150, 64
-    kc, vc = randn(2, B, H, L, D, device=device), randn(2, B, H, L, D, device=device)
-    q, k_new, v_new = (randn(B, H, D, device=device) for _ in range(3))
-    lens = torch.tensor([150, 1, 77, 33, 96], dtype=torch.int32, device=device)
-    outs = []
-    for l2_next in (None, (kc[1], vc[1])):
-        k, v = kc.clone(), vc.clone()
-        o = kernels.decode_attention(q, k[0], v[0], lens, k_new=k_new, v_new=v_new, num_splits=splits,
-                                     prefetch_cache=True, out=poisoned((B, H, D), torch.float32, device),
-                                     l2_next=None if l2_next is None else (k[1], v[1]))
-        outs.append((o, k, v))
-    (o0, k0, v0), (o1, k1, v1) = outs
-    assert torch.equal(o0, o1) and torch.equal(k0, k1) and torch.equal(v0, v1)
-    assert_rel_close(o1, ref.decode_attention(q, kc[0].clone(), vc[0].clone(), lens, k_new=k_new, v_new=v_new),
-                     torch.float32, f"splits={splits}")
-
-
-def test_next_layer_requests_errors(device):
-    q = randn(2, 2, 16, device=device)
-    kc = randn(2, 2, 8, 16, device=device)
-    lens = torch.ones(2, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match=r"^l2_next: expected None or the next layer's \(k_cache, v_cache\)"):
-        kernels.decode_attention(q, kc, kc, lens, l2_next=kc)
-    with pytest.raises(ValueError, match=r"^l2_next\[1\]: expected the shape \(2, 2, 8, 16\)"):
-        kernels.decode_attention(q, kc, kc, lens, l2_next=(kc, randn(2, 2, 9, 16, device=device)))
-    wide = randn(2, 2, 8, 32, device=device)[..., :16]  # cache rows 64 bytes apart, 32 used
-    with pytest.raises(ValueError, match=r"^l2_next\[0\]: expected dense cache rows starting on 16 bytes"):
-        kernels.decode_attention(q, wide, wide, lens, l2_next=(wide, wide))
