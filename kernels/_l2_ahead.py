@@ -27,10 +27,6 @@ from ._tuning import INTERPRET, is_hopper
 ON = os.environ.get("MINILLM_L2_AHEAD", "1") != "0" and not INTERPRET
 PIECE = 1024  # bytes a request, one a thread: 512 gained less (+2.0% against +2.8%), 4 KB (fc's alone) lost 2.3%
 MAX_RANGES = 2
-# bytes a request of the cache rows (cache_args); MINILLM_CACHE_L2_PIECE=n takes n (A/B timing)
-CACHE_PIECE = int(os.environ.get("MINILLM_CACHE_L2_PIECE", PIECE))
-if CACHE_PIECE < 16 or CACHE_PIECE % 16:
-    raise ValueError(f"MINILLM_CACHE_L2_PIECE: expected a multiple of 16 bytes, got {CACHE_PIECE}")
 
 
 def l2_ranges(name, tensors, device):
@@ -107,47 +103,3 @@ def _ask_l2_ranges(a_ptr, a_bytes, b_ptr, b_bytes, program, num_programs, SLOTS:
     """_ask_l2 for both of launch_args' ranges (an unused one has 0 bytes: no request)."""
     _ask_l2(a_ptr, a_bytes, program, num_programs, SLOTS, PIECE_BYTES)
     _ask_l2(b_ptr, b_bytes, program, num_programs, SLOTS, PIECE_BYTES)
-
-
-def cache_args(l2_cache, device, num_warps):
-    """(the kernel's cache arguments, its CACHE_* constexprs) for a layer's (k_cache, v_cache,
-    positions): k and v (B, H, L, D) views of one layer's cache, with dense rows starting on 16
-    bytes, positions (B,) int32, each row's older positions (the rows asked for). None: no
-    requests (the arguments then stand unused)."""
-    if l2_cache is None or not (ON and is_hopper(device)):
-        return (None, None, None, 0, 0, 0, 0, 0), dict(CACHE_L2=False, CACHE_PIECES=1, CACHE_SLOTS=32 * num_warps,
-                                                       CACHE_PIECE=CACHE_PIECE)
-    k, v, positions = l2_cache
-    for name, t in (("l2_cache[0]", k), ("l2_cache[1]", v)):
-        check_tensor(name, t, ndim=4, dtypes=None, device=device)
-        size = t.element_size()
-        if t.stride() != k.stride() or t.stride(2) != t.shape[3] or t.stride(3) != 1 or \
-                (t.data_ptr() | t.stride(0) * size | t.stride(1) * size | t.shape[3] * size) % 16:
-            raise ValueError(f"{name}: expected a layer's cache with dense rows on 16 bytes, got strides {t.stride()}")
-    check_tensor("l2_cache[2]", positions, ndim=1, dtypes=(torch.int32,), device=device)
-    B, H, L, D = k.shape
-    row = D * k.element_size()
-    pieces = triton.next_power_of_2(triton.cdiv(L * row, CACHE_PIECE))
-    slots = 32 * num_warps
-    return ((k, v, positions, k.stride(0) * k.element_size(), k.stride(1) * k.element_size(), row, B * H, H),
-            dict(CACHE_L2=True, CACHE_PIECES=min(pieces, slots), CACHE_SLOTS=slots, CACHE_PIECE=CACHE_PIECE))
-
-
-@triton.jit
-def _ask_l2_cache(k_ptr, v_ptr, pos_ptr, stride_b, stride_h, row_bytes, pairs, heads, program, num_programs,
-                  MAX_PIECES: tl.constexpr, SLOTS: tl.constexpr, PIECE_BYTES: tl.constexpr):
-    """This program's share of a layer's (row, head) pairs: each pair's rows before its row's
-    position, of both caches, asked into L2 in PIECE_BYTES requests (strides in bytes)."""
-    slot = tl.arange(0, SLOTS)
-    per = SLOTS // MAX_PIECES  # pairs an iteration
-    piece = slot % MAX_PIECES
-    for first in range(program * per, pairs, num_programs * per):
-        pair = first + slot // MAX_PIECES
-        live = pair < pairs
-        b = pair // heads
-        nbytes = tl.load(pos_ptr + b, mask=live, other=0) * row_bytes
-        off = piece * PIECE_BYTES
-        size = tl.minimum(nbytes - off, PIECE_BYTES)
-        base = b.to(tl.int64) * stride_b + (pair % heads).to(tl.int64) * stride_h + off
-        _ask_l2_at(k_ptr.to(tl.pointer_type(tl.int8)) + base, size.to(tl.int32), live & (size > 0))
-        _ask_l2_at(v_ptr.to(tl.pointer_type(tl.int8)) + base, size.to(tl.int32), live & (size > 0))

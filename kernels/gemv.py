@@ -209,15 +209,14 @@ def weight_descriptor(weight, block_k, block_n):
 
 def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope,
          ln_stats=None, stats_out=None, argmax_keys=None, prefetch_residual=False, config=None,
-         early_launch=False, l2_ahead_ranges=None, store=True, l2_cache=None):
+         early_launch=False, l2_ahead_ranges=None, store=True):
     """Launch for rows x2 (M <= 64, K) already checked by `linear`; writes y2 (M, N). The
     fewest rows go to the CUDA-core kernels where their configs allow: a vocabulary head with
     no residual, activation or statistics out to vocab_fma.py, other layers without statistics
     or argmax out to gemv_fma.py (both ignore ln_stats: they take statistics from whole rows);
     a SLAB layout (gemv_config.slab_layout: 33-64 rows of K <= 768, 17-64 of a layer in chunk
     groups) to gemv_slab.py.
-    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only);
-    l2_cache: see `linear` (gemv_slab only).
+    early_launch: see `linear`; l2_ahead_ranges: _l2_ahead.l2_ranges' list (gemv_fma only).
     store=False (with argmax_keys): the keys alone, y2 is not written.
     config: a dict like decode_config's or fma_config's (with ROWS), in its place (tests,
     benchmarks)."""
@@ -243,7 +242,7 @@ def gemv(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_s
         if argmax_keys is not None:
             raise ValueError("_config: the SLAB layout writes no argmax_keys")
         return gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats,
-                         stats_out, prefetch_residual, meta, early_launch, l2_cache)
+                         stats_out, prefetch_residual, meta, early_launch)
     meta.setdefault("CHUNK_GROUPS", 1)
     meta.setdefault("GROUP_SPLIT", False)
     parts = meta["PARTS"] = partial_count(meta)

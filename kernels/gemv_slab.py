@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ._epilogue import _finish_tile, _load_bias_residual, _load_row_stats, _row_stats, epilogue_meta
 from ._fixed_merge import _add_stored
-from ._l2_ahead import ON as L2_ON, _ask_l2_cache, _ask_l2_columns, cache_args
+from ._l2_ahead import ON as L2_ON, _ask_l2_columns
 from ._tuning import env_int, is_hopper, launch, use_pdl
 from ._workspace import arrival_counters
 
@@ -78,7 +78,6 @@ def _add_chunk(acc, x, w, fresh, c: tl.constexpr, CHUNKS: tl.constexpr, INPUT_PR
 @triton.jit
 def _gemv_slab_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, fold_ptr, stats_in_ptr, stats_out_ptr, part_ptr, count_ptr,
-    ck_ptr, cv_ptr, cpos_ptr, c_stride_b, c_stride_h, c_row_bytes, c_pairs, c_heads,
     M, N, ln_eps, negative_slope, zero,
     stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym, stride_si, stride_so,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -87,7 +86,6 @@ def _gemv_slab_kernel(
     EARLY_LAUNCH: tl.constexpr, LN_BLOCK: tl.constexpr, LN_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
     PIPELINED: tl.constexpr, PER: tl.constexpr, PARTS: tl.constexpr, L2_BYTES: tl.constexpr,
-    CACHE_L2: tl.constexpr, CACHE_PIECES: tl.constexpr, CACHE_SLOTS: tl.constexpr, CACHE_PIECE: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -114,10 +112,6 @@ def _gemv_slab_kernel(
         w3 = _w_chunk(w_ptr, 3, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
         w4 = _w_chunk(w_ptr, 4, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
         w5 = _w_chunk(w_ptr, 5, n0, N, stride_wk, stride_wn, K, CHUNKS, BLOCK_K, BLOCK_N)
-    if CACHE_L2:  # a layer's KV cache rows for decode attention (gemv_slab's l2_cache)
-        _ask_l2_cache(ck_ptr, cv_ptr, cpos_ptr, c_stride_b, c_stride_h, c_row_bytes, c_pairs, c_heads,
-                      tl.program_id(0) + tl.program_id(1) * tl.num_programs(0),
-                      tl.num_programs(0) * tl.num_programs(1), CACHE_PIECES, CACHE_SLOTS, CACHE_PIECE)
     # the epilogue's bias and column sums, and the residual where the caller vouches for it (gemv.py)
     bias, res = _load_bias_residual(bias_ptr, res_ptr, rm, rn, tile_mask, n_mask, stride_rm, HAS_BIAS,
                                     HAS_RESIDUAL and PREFETCH_RESIDUAL)
@@ -205,12 +199,11 @@ def l2_element_bytes(weight):
 
 
 def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negative_slope, ln_stats, stats_out,
-              prefetch_residual, meta, early_launch, l2_cache=None):
+              prefetch_residual, meta, early_launch):
     """Launch for rows x2 (M <= BLOCK_M, K) already checked by `linear`, with a SLAB layout of
     gemv_config.decode_config (or a test's); writes y2 (M, N). With CHUNK_GROUPS > 1 a program
     takes one group of chunks and the last of a column block to arrive adds the group sums
-    (gemv.py's GROUP_SPLIT arithmetic). l2_cache: a layer's (k_cache, v_cache, positions) whose
-    older rows the programs ask L2 for before their wait (_l2_ahead.cache_args; Hopper only)."""
+    (gemv.py's GROUP_SPLIT arithmetic)."""
     M, K = x2.shape
     N = weight.shape[1]
     chunks = triton.cdiv(K, meta["BLOCK_K"])
@@ -226,14 +219,11 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
     # the group sums' partials and counters; one group uses neither (no allocation a launch)
     part = x2.new_empty((parts * M * N,), dtype=torch.float32) if parts > 1 else dummy
     counts = arrival_counters(x2.device, triton.cdiv(N, meta["BLOCK_N"])) if parts > 1 else dummy
-    (ck, cv, cpos, *cache_ints), cache_meta = cache_args(l2_cache, x2.device, meta.get("num_warps", 4))
     launch(
         _gemv_slab_kernel, (triton.cdiv(N, meta["BLOCK_N"]), parts),
         x2, weight, bias if bias is not None else dummy, residual if residual is not None else y2, y2,
         ln_fold if ln_fold is not None else dummy, ln_stats if ln_stats is not None else dummy,
         stats_out if stats_out is not None else dummy, part, counts,
-        ck if ck is not None else dummy, cv if cv is not None else dummy, cpos if cpos is not None else dummy,
-        *cache_ints,
         M, N, ln_eps, negative_slope, 0.0,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         (residual if residual is not None else y2).stride(0), y2.stride(0),
@@ -242,7 +232,6 @@ def gemv_slab(x2, weight, bias, residual, y2, ln_fold, ln_eps, activation, negat
                         early_launch, pdl),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], CHUNKS=chunks,
         PIPELINED=stages > 1, L2_BYTES=l2_element_bytes(weight) if stages > 1 else 0, PER=per, PARTS=parts,
-        **cache_meta,
         num_warps=meta.get("num_warps", 4), launch_pdl=pdl, **({"num_stages": stages} if stages > 1 else {}),
     )
     return y2

@@ -171,7 +171,7 @@ def _check_layer(x, weight, bias, activation, ln_fold):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, l2_cache=None, _config=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, _config=None):
     """act(x @ weight + bias) + residual in one kernel, fp32 accumulation.
 
     x: (..., K); weight: (K, N), any strides; bias: (N,); residual and out: (..., N) like x.
@@ -196,9 +196,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     nothing before its wait that the kernel before this one writes (no prefetch_residual).
     l2_ahead: up to two dense tensors (later kernels' weights) whose bytes a one-row CUDA-core
     launch (gemv_fma.py) asks L2 for before its wait (_l2_ahead.py; Hopper only, results
-    unchanged); other layouts ignore them. l2_cache: a layer's (k_cache, v_cache, positions)
-    whose rows before each position the whole-slab layout (gemv_slab.py) asks L2 for before its
-    wait (Hopper only, results unchanged); other layouts ignore it.
+    unchanged); other layouts ignore them.
     _config: tests and benchmarks only: a launch config in place of the autotuner's (prefill
     rows: BLOCK_M/BLOCK_N/BLOCK_K, pointer loads unless TMA=True where _tma_ok allows it) or of
     gemv_config.decode_config's (decode rows: BLOCK_N/BLOCK_K/CHUNKS/SPLIT, optionally BLOCK_M and
@@ -243,7 +241,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     if M <= SMALL_M:
         gemv(x2, weight, bias, r2, y2, ln_fold, ln_eps, activation, negative_slope,
              ln_stats, stats_out, argmax_keys.view(-1) if argmax_keys is not None else None, prefetch_residual,
-             _config, early_launch, ranges, store=y is not None, l2_cache=l2_cache)
+             _config, early_launch, ranges, store=y is not None)
         return y
 
     if ln_fold is not None:  # then (x - mean) * rstd @ (g * W) + (b @ W + c)

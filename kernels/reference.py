@@ -114,7 +114,7 @@ def _mean_rstd(x, stats, eps):
 
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
-           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False, l2_cache=None):
+           prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False):
     """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
     (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
     product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance
@@ -191,9 +191,9 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), l2_cache=None, _layout=None):
+                          l2_ahead=(), _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions
-    (seq_lens - 1), l2_ahead and l2_cache only tell the kernel what it may read early."""
+    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early."""
     B, H, D = q.shape
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)

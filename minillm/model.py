@@ -60,11 +60,6 @@ def folded(weight, bias, ln_weight, ln_bias):
 # greedy decoding's lm_head past one row writes its argmax keys alone, no logits (linear's
 # keys_only); MINILLM_HEAD_LOGITS=1 stores them anyway (A/B timing)
 HEAD_KEYS_ONLY = os.environ.get("MINILLM_HEAD_LOGITS", "0") != "1"
-# which whole-slab linear asks L2 for a layer's KV cache rows before its wait (linear's
-# l2_cache): qkv its own layer's, attn-out, fc or mlp-out the next layer's; none by default (A/B timing)
-CACHE_L2_ROLE = os.environ.get("MINILLM_CACHE_L2", "none")
-if CACHE_L2_ROLE not in ("none", "qkv", "attn-out", "fc", "mlp-out"):
-    raise ValueError(f"MINILLM_CACHE_L2: expected none, qkv, attn-out, fc or mlp-out, got {CACHE_L2_ROLE!r}")
 
 
 class Block:
@@ -114,23 +109,21 @@ class GPT:
         return self.ops.linear(x, w, b, ln_fold=colsum, ln_eps=self.config.layer_norm_epsilon, ln_stats=stats, **kw)
 
     # early: the roles (plan.early_roles) that let the next kernel launch at their start
-    def _attention_in(self, blk, x, stats, early=frozenset(), l2_ahead=(), l2_cache=None):  # qkv = ln_1(x) @ W + b
-        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early, l2_ahead=l2_ahead, l2_cache=l2_cache)
+    def _attention_in(self, blk, x, stats, early=frozenset(), l2_ahead=()):  # qkv = ln_1(x) @ W + b
+        return self._ln_linear(x, blk.attn, stats, early_launch="qkv" in early, l2_ahead=l2_ahead)
 
     def _attention_out(self, blk, y, x, stats_out):  # prefill: x += proj(y)
         # x was last written before qkv, and attention (no dependent launch) lies between
         return self.ops.linear(y, *blk.attn_proj, residual=x, out=x, stats_out=stats_out, prefetch_residual=True)
 
-    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=(), l2_cache=None):
+    def _mlp(self, blk, x, stats, stats_out, early=frozenset(), l2_ahead=()):
         # fc early lets mlp-out launch at fc's start, maybe before attn-out (which writes x) is
         # done, so mlp-out then reads its residual after its wait
         fc_early = "fc" in early
-        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early,
-                            l2_cache=l2_cache if CACHE_L2_ROLE == "fc" else None)
+        f = self._ln_linear(x, blk.fc, stats, activation=self.config.activation, early_launch=fc_early)
         return self.ops.linear(f, *blk.mlp_proj, residual=x, out=x, stats_out=stats_out,
                                prefetch_residual=not fc_early,
-                               early_launch="mlp-out" in early, l2_ahead=l2_ahead,
-                               l2_cache=l2_cache if CACHE_L2_ROLE == "mlp-out" else None)  # x += mlp(ln_2(x))
+                               early_launch="mlp-out" in early, l2_ahead=l2_ahead)  # x += mlp(ln_2(x))
 
     def _logits(self, x, stats=None, argmax_keys=None):
         if self._screened(x.shape[0], argmax_keys):
@@ -195,13 +188,9 @@ class GPT:
                                       early_launch="qkv" in early)
         screened = self._screened(B, argmax_keys)
         for i, blk in enumerate(self.blocks):
-            # (A/B timing) a layer's older cache rows asked into L2 ahead of its decode attention
-            own = (*cache.layer(i, B, max_len), pos) if CACHE_L2_ROLE != "none" and not cuda_core else None
-            ahead = (*cache.layer(i + 1, B, max_len), pos) if own is not None and i + 1 < c.n_layer else None
             if i:
                 w_o = (plan.l2_part(blk.attn_proj[0], C),) if cuda_core else ()
-                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=w_o,
-                                         l2_cache=own if CACHE_L2_ROLE == "qkv" else None)
+                qkv = self._attention_in(blk, x, st_a, early, l2_ahead=w_o)
             qkv = qkv.view(B, 3, H, D)
             k_cache, v_cache = cache.layer(i, B, max_len)
             st_attn = st_b if st_fixed is None else st_fixed[i]
@@ -215,11 +204,10 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
-                                          l2_cache=ahead if CACHE_L2_ROLE == "attn-out" else None,
                                           l2_ahead=(plan.l2_part(blk.fc[0], C), plan.l2_part(blk.mlp_proj[0], C))
                                           if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,
-                          l2_ahead=self._next_weight(i, screened) if cuda_core else (), l2_cache=ahead)
+                          l2_ahead=self._next_weight(i, screened) if cuda_core else ())
         return self._logits(x, st_a, argmax_keys)
 
     def _next_weight(self, i, screened):

@@ -164,38 +164,3 @@ def test_gemv_slab_refusals(monkeypatch, device):
     with pytest.raises(ValueError, match="_config: the SLAB layout writes no argmax_keys"):
         kernels.linear(x[:, :256], w[:256], argmax_keys=torch.zeros(8, dtype=torch.int64, device=device),
                        _config=SLAB | {"CHUNKS": 2})
-
-
-@pytest.mark.parametrize("groups", [1, 4])
-def test_gemv_slab_cache_requests_change_nothing(groups, device):
-    """l2_cache: the programs ask L2 for a layer's cache rows before their wait (on Hopper;
-    nothing under the interpreter). The output, its statistics and the cache come out bit for
-    bit as without it, the rows spread over every program (one group or four)."""
-    M, K, N = 64, 512, 70
-    x, w, bias, kw, _ = _layer("attn-out", M, K, N, torch.float16, device)
-    slab = SLAB | {"BLOCK_K": 128, "CHUNKS": 4, "CHUNK_GROUPS": groups}
-    cache = randn(2, 3, M, 5, 96, 64, dtype=torch.float16, device=device)  # (k/v, layers, B, H, L, D)
-    before = cache.clone()
-    positions = torch.randint(0, 96, (M,), dtype=torch.int32, device=device)
-    outs = []
-    for l2_cache in (None, (cache[0, 1], cache[1, 1], positions)):
-        stats = kernels.new_row_stats(M, N, device)
-        y = kernels.linear(x, w, bias, out=poisoned((M, N), torch.float16, device), _config=slab,
-                           residual=kw["residual"], stats_out=stats, l2_cache=l2_cache)
-        outs.append((y, stats))
-    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=0, atol=0)
-    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=0)
-    assert torch.equal(cache, before)
-
-
-def test_gemv_slab_cache_requests_refusals(device):
-    x, w = randn(40, 256, device=device).half(), randn(256, 40, device=device).half()
-    slab = SLAB | {"CHUNKS": 2}
-    k = randn(40, 2, 16, 64, device=device).half()
-    pos = torch.zeros(40, dtype=torch.int32, device=device)
-    if not ON_GPU:
-        pytest.skip("the requests (and their checks) run on Hopper GPUs only")
-    with pytest.raises(ValueError, match=r"^l2_cache\[0\]: expected a layer's cache with dense rows"):
-        kernels.linear(x, w, _config=slab, l2_cache=(k[..., :32], k[..., :32], pos))
-    with pytest.raises(ValueError, match=r"^l2_cache\[2\]: expected dtype"):
-        kernels.linear(x, w, _config=slab, l2_cache=(k, k, pos.long()))
