@@ -1,0 +1,288 @@
+"""Probe: the batch-1 step's linears as ONE persistent Gluon launch fed by a TMA ring.
+
+The engine runs each linear as its own launch, and at gpt2-xl's size each launch is about one
+wave of programs, so every boundary drains the memory pipe (docs/performance.md, sixty-fourth
+session). The sixty-sixth session's persistent probe (scripts/bench_persistent.py, plain Triton)
+could not keep weights streaming through the waits: plain Triton neither pipelines loads across
+them nor keeps a tile's sum inside a warp.
+
+Here every SM runs one program that owns a contiguous share of every phase's (64 x 256) weight
+tiles and keeps STAGES of them in flight in shared memory (TMA copies, one mbarrier a slot),
+asked for in list order whatever the phase: weights never depend on activations, so the ring
+streams on while the program waits for the previous phase. A phase's input vector is staged in
+shared memory once the phase before is complete (each program counts itself in, release; readers
+poll, acquire). Each tile's products accumulate in registers (a warp owns whole rows, so the sum
+over K stays in the warp) and a run of tiles of one row block is added into the output by fp32
+atomics.
+
+The chain: per layer qkv (C -> 3C), attn-out (its first C -> C), fc (C -> 4C), mlp-out
+(4C -> C), then the lm_head; real arithmetic in fp32 over fp16 weights, checked against torch.
+Left out: attention, layernorms, GELU, residuals (a lower bound for a full step, not a step).
+
+    python3 scripts/probe_stream_step.py --model gpt2-xl --out DIR    # H100 / H200, Triton >= 3.9
+    python3 scripts/probe_stream_step.py --compile-only               # sm_90 compile on any machine
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minillm.config import PRESETS  # noqa: E402
+
+BN, BK = 64, 256  # a tile: 64 output rows x 256 of K, 32 KB of fp16 (TMA boxes reach 256)
+FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
+# a tile's table entry: flags | phase << 8, first row, first column, output offset, input offset,
+# columns of K left from the first, end of the output, unused
+NF = gl.constexpr(8)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # named so from 3.7 on
+
+
+@gluon.jit
+def _ring_entry(tab, j):
+    """What the ring needs of tile j: (flags and phase, first row, first column)."""
+    return gl.load(tab + j * NF), gl.load(tab + j * NF + 1), gl.load(tab + j * NF + 2)
+
+
+@gluon.jit
+def _work_entry(tab, j):
+    """What the work needs of tile j: (flags and phase, output offset, input offset, columns of
+    K left from the tile's first, end of the output)."""
+    e = tab + j * NF
+    return gl.load(e), gl.load(e + 3), gl.load(e + 4), gl.load(e + 5), gl.load(e + 6)
+
+
+@gluon.jit
+def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr):
+    """Ask for tile j's weights into its ring slot; its mbarrier completes on arrival."""
+    slot = j % STAGES
+    bar = bars.index(slot)
+    mbarrier.expect(bar, desc_k1.block_type.nbytes)
+    if (meta & 1) == 0:
+        _tma_load(desc_k1, [row0, col0], bar, ring.index(slot))
+    else:
+        _tma_load(desc_k4, [row0, col0], bar, ring.index(slot))
+
+
+@gluon.jit
+def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, want_ptr, arena_ptr, flags_ptr, table_stride,
+                        WAIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        num_warps: gl.constexpr):
+    pid = gl.program_id(0)
+    # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
+    # K reduced by shuffles inside the warp
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc_k1.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    n = gl.load(counts_ptr + pid)
+    tab = table_ptr + pid * table_stride
+    for s in gl.static_range(STAGES):
+        if s < n:
+            m, r, c = _ring_entry(tab, s)
+            _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES)
+
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, blk))
+    acc = gl.zeros([BN, BK], gl.float32, blk)
+    xk = gl.zeros([BK], gl.float32, gl.SliceLayout(0, blk))
+    # the table is read ahead (the work's entries two tiles, the ring's STAGES + 1) and the next
+    # tile's input one tile ahead, so their latency hides behind a tile's work
+    meta, out_off, x_off, k_left, out_end = _work_entry(tab, 0)
+    meta1, out_off1, x_off1, k_left1, out_end1 = _work_entry(tab, 1)
+    a_meta, a_row, a_col = _ring_entry(tab, STAGES)
+    for j in range(n):
+        meta2, out_off2, x_off2, k_left2, out_end2 = _work_entry(tab, j + 2)
+        b_meta, b_row, b_col = _ring_entry(tab, j + STAGES + 1)
+        # the next tile's input, unless it opens a phase (its input may not be written yet)
+        x_next = gl.load(arena_ptr + x_off1 + cols, mask=(cols < k_left1) & ((meta1 & 2) == 0), other=0.0,
+                         cache_modifier=".cg")
+        p = meta >> 8
+        if (meta & 2) != 0:  # the phase's first tile here: wait for its input
+            if WAIT:
+                if p > 0:
+                    want = gl.load(want_ptr + p - 1)  # programs with tiles in the phase before
+                    seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
+                    while seen < want:
+                        seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
+                    gl.barrier()
+            xk = gl.load(arena_ptr + x_off + cols, mask=cols < k_left, other=0.0, cache_modifier=".cg")
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        w = ring.index(slot).load(blk).to(gl.float32)
+        acc += w * xk[None, :]
+        gl.barrier()  # every warp is done with the slot before the ring refills it
+        fence_async_shared()
+        if j + STAGES < n:
+            _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES)
+        if (meta & 4) != 0:  # the end of a run of one row block: add it into the output
+            y = gl.sum(acc, axis=1)
+            gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
+            acc = gl.zeros([BN, BK], gl.float32, blk)
+        if (meta & 8) != 0:  # this program's last tile of the phase: count it in
+            gl.barrier()
+            gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
+        meta, out_off, x_off, k_left, out_end = meta1, out_off1, x_off1, k_left1, out_end1
+        meta1, out_off1, x_off1, k_left1, out_end1 = meta2, out_off2, x_off2, k_left2, out_end2
+        a_meta, a_row, a_col = b_meta, b_row, b_col
+        xk = x_next
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+
+def build(cfg, programs, device, seed=0):
+    """Weights (two slabs by K), every program's tile list, how many programs count themselves in
+    at each phase, the arena's size and the torch chain's pieces."""
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
+    shapes = []  # (slab, first row, N, K) per phase
+    r1 = r4 = 0
+    for _ in range(L):
+        for N, K in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C)):
+            slab = 1 if K == 4 * C else 0
+            start = r4 if slab else r1
+            shapes.append((slab, start, N, K))
+            if slab:
+                r4 += N
+            else:
+                r1 += N
+    shapes.append((0, r1, V, C))
+    r1 += V
+    g = torch.Generator(device=device).manual_seed(seed)
+    slabs = []
+    for rows, K in ((r1, C), (r4, 4 * C)):
+        w = torch.randn(rows, K, dtype=torch.float16, device=device, generator=g).div_(K ** 0.5)
+        slabs.append(w)
+    align = lambda v: (v + 31) // 32 * 32  # noqa: E731
+    at, outs = align(C), []
+    for _, _, N, _ in shapes:
+        outs.append(at)
+        at = align(at + N)
+    ins = [0] + outs[:-1]
+    wants, lists = [], [[] for _ in range(programs)]
+    for p, (slab, start, N, K) in enumerate(shapes):
+        kt = (K + BK - 1) // BK
+        tiles = [(nb, kk) for nb in range((N + BN - 1) // BN) for kk in range(kt)]
+        T, busy = len(tiles), 0
+        for q in range(programs):
+            mine = tiles[T * q // programs:T * (q + 1) // programs]
+            busy += bool(mine)
+            for i, (nb, kk) in enumerate(mine):
+                last = i == len(mine) - 1
+                meta = slab | (FIRST if i == 0 else 0) | (PHASE_END if last else 0) | p << 8
+                meta |= SEG_END if last or mine[i + 1][0] != nb else 0
+                lists[q].append([meta, start + nb * BN, kk * BK, outs[p] + nb * BN, ins[p] + kk * BK,
+                                 K - kk * BK, outs[p] + N, 0])
+        wants.append(busy)
+    counts = [len(lst) for lst in lists]
+    table = torch.zeros(programs, max(counts) + 8, NF.value, dtype=torch.int32)  # reads run past the end
+    for q, lst in enumerate(lists):
+        table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
+    return dict(slabs=slabs, shapes=shapes, outs=outs, arena=at, table=table.to(device),
+                counts=torch.tensor(counts, dtype=torch.int32, device=device),
+                wants=torch.tensor(wants, dtype=torch.int32, device=device))
+
+
+def reference(cfg, b, x0):
+    """The chain in torch (fp32 over the fp16 weights): the last phase's output."""
+    x = x0.float()
+    for slab, start, N, K in b["shapes"]:
+        x = b["slabs"][slab][start:start + N].float() @ x[:K]
+    return x
+
+
+def launcher(b, programs, stages, wait, warps=8):
+    """A callable that runs the step once (zeroed outputs and counters, then the launch), one
+    that only zeroes them, and the arena it writes."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [BN, BK], layout) for w in b["slabs"]]
+    dev = b["slabs"][0].device
+    arena = torch.zeros(b["arena"], dtype=torch.float32, device=dev)
+    flags = torch.zeros(len(b["shapes"]), dtype=torch.int32, device=dev)
+    C = b["shapes"][0][3]
+
+    def clear():
+        arena[C:].zero_()
+        flags.zero_()
+
+    def step():
+        clear()
+        _stream_step_kernel[(programs,)](descs[0], descs[1], b["table"], b["counts"], b["wants"], arena, flags,
+                                         b["table"].stride(0), WAIT=wait, STAGES=stages, BN=BN, BK=BK,
+                                         num_warps=warps)
+    return step, clear, arena
+
+
+def compile_only(args):
+    """Compile the kernel for sm_90 on this machine (no GPU): shared memory and registers."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from check_compile import cubin_usage, find_cuobjdump, target_only
+
+    target_only(90)
+    cfg = PRESETS["gpt2"]
+    b = build(cfg, 4, "cpu")
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [BN, BK], layout) for w in b["slabs"]]
+    arena = torch.zeros(b["arena"], dtype=torch.float32)
+    flags = torch.zeros(len(b["shapes"]), dtype=torch.int32)
+    for stages in args.stages:
+        k = _stream_step_kernel.warmup(descs[0], descs[1], b["table"], b["counts"], b["wants"], arena, flags,
+                                       b["table"].stride(0), WAIT=True, STAGES=stages, BN=BN, BK=BK,
+                                       num_warps=8, grid=(4,))
+        regs, local = cubin_usage(k, find_cuobjdump())
+        print(f"STAGES={stages}: shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
+    ap.add_argument("--stages", type=int, nargs="+", default=[5, 4, 3], help="ring depths to time (tiles)")
+    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
+    ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
+    args = ap.parse_args()
+    if args.compile_only:
+        return compile_only(args)
+    from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
+
+    require_cuda("probe_stream_step.py")
+    cfg = PRESETS[args.model]
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    b = build(cfg, programs, "cuda")
+    nbytes = sum(w.numel() * 2 for w in b["slabs"])
+    bw = copy_bandwidth()
+    floor_us = nbytes / (bw * 1e9) * 1e6
+    x0 = torch.randn(cfg.n_embd, device="cuda")
+    want = reference(cfg, b, x0)
+    rec = dict(model=args.model, programs=programs, tile=[BN, BK], weight_bytes=nbytes, copy_gbps=round(bw, 1),
+               floor_us=round(floor_us, 2), environment=environment(), runs=[])
+    for stages in args.stages:
+        for wait in (True, False):
+            step, _, arena = launcher(b, programs, stages, wait)
+            arena[:cfg.n_embd] = x0
+            step()
+            torch.cuda.synchronize()
+            got = arena[b["outs"][-1]:b["outs"][-1] + cfg.vocab_size]
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            us = ms_graph([step]) * 1e3
+            run = dict(stages=stages, wait=wait, us=round(us, 2), floor_fraction=round(floor_us / us, 3),
+                       rel_err=err, checked=wait)
+            rec["runs"].append(run)
+            print(json.dumps(run), flush=True)
+    _, clear, _ = launcher(b, programs, args.stages[0], True)
+    zero_us = ms_graph([clear]) * 1e3  # what the step's two zero fills cost alone
+    rec["zero_fill_us"] = round(zero_us, 2)
+    print(f"{args.model}: {nbytes / 1e9:.3f} GB of weights, floor {floor_us:.1f} us at {bw:.0f} GB/s; "
+          f"zero fills {zero_us:.2f} us")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"stream-step-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
