@@ -41,7 +41,9 @@ FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, input offset,
 # columns of K left from the first, end of the output, unused
 NF = gl.constexpr(8)
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # named so from 3.7 on
+# the names these have in Triton 3.6 and in the newest
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
@@ -112,13 +114,13 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, want_ptr, arena
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
                     while seen < want:
                         seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-                    gl.barrier()
+                    _barrier()
             xk = gl.load(arena_ptr + x_off + cols, mask=cols < k_left, other=0.0, cache_modifier=".cg")
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         w = ring.index(slot).load(blk).to(gl.float32)
         acc += w * xk[None, :]
-        gl.barrier()  # every warp is done with the slot before the ring refills it
+        _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
         if j + STAGES < n:
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES)
@@ -127,7 +129,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, want_ptr, arena
             gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
             acc = gl.zeros([BN, BK], gl.float32, blk)
         if (meta & 8) != 0:  # this program's last tile of the phase: count it in
-            gl.barrier()
+            _barrier()
             gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
         meta, out_off, x_off, k_left, out_end = meta1, out_off1, x_off1, k_left1, out_end1
         meta1, out_off1, x_off1, k_left1, out_end1 = meta2, out_off2, x_off2, k_left2, out_end2
