@@ -38,8 +38,9 @@ from minillm.config import PRESETS  # noqa: E402
 
 BN, BK = 64, 256  # a tile: 64 output rows x 256 of K, 32 KB of fp16 (TMA boxes reach 256)
 FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
-# a tile's table entry: flags | phase << 8, first row, first column, output offset, input offset,
-# columns of K left from the first, end of the output, unused
+XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
+# a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
+# input offset, its K, its output's end, how many programs count themselves in at the phase before
 NF = gl.constexpr(8)
 # the names these have in Triton 3.6 and in the newest
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -47,17 +48,19 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
-def _ring_entry(tab, j):
-    """What the ring needs of tile j: (flags and phase, first row, first column)."""
-    return gl.load(tab + j * NF), gl.load(tab + j * NF + 1), gl.load(tab + j * NF + 2)
+def _table_block(tab, b, rows, f):
+    """Tile entries 32b .. 32b + 31 of a program's list, one a lane (every warp a copy)."""
+    return gl.load(tab + (b * 32 + rows)[:, None] * NF + f[None, :])
 
 
 @gluon.jit
-def _work_entry(tab, j):
-    """What the work needs of tile j: (flags and phase, output offset, input offset, columns of
-    K left from the tile's first, end of the output)."""
-    e = tab + j * NF
-    return gl.load(e), gl.load(e + 3), gl.load(e + 4), gl.load(e + 5), gl.load(e + 6)
+def _entry(block, j, rows, f):
+    """Tile j's fields from the table block holding it: one in-warp sum (redux) a field."""
+    e = gl.sum(gl.where(rows[:, None] == (j % 32), block, 0), axis=0)
+    return (gl.sum(gl.where(f == 0, e, 0), axis=0), gl.sum(gl.where(f == 1, e, 0), axis=0),
+            gl.sum(gl.where(f == 2, e, 0), axis=0), gl.sum(gl.where(f == 3, e, 0), axis=0),
+            gl.sum(gl.where(f == 4, e, 0), axis=0), gl.sum(gl.where(f == 5, e, 0), axis=0),
+            gl.sum(gl.where(f == 6, e, 0), axis=0), gl.sum(gl.where(f == 7, e, 0), axis=0))
 
 
 @gluon.jit
@@ -73,53 +76,63 @@ def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr
 
 
 @gluon.jit
-def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, want_ptr, arena_ptr, flags_ptr, table_stride,
+def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
                         WAIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
     pid = gl.program_id(0)
     # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
     # K reduced by shuffles inside the warp
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0])
     ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc_k1.layout)
+    # the phase's input vector in BK chunks (a tile's chunk is one index away)
+    xs = gl.allocate_shared_memory(gl.float32, [XCHUNKS, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
     n = gl.load(counts_ptr + pid)
     tab = table_ptr + pid * table_stride
+    rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
+    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
+    # the table is held two blocks of 32 tiles at a time, the next block asked for a block ahead,
+    # so no tile waits on a table read
+    cur = _table_block(tab, 0, rows_t, f)
+    nxt = _table_block(tab, 1, rows_t, f)
     for s in gl.static_range(STAGES):
         if s < n:
-            m, r, c = _ring_entry(tab, s)
+            m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
             _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES)
 
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
-    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, blk))
+    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
     acc = gl.zeros([BN, BK], gl.float32, blk)
-    xk = gl.zeros([BK], gl.float32, gl.SliceLayout(0, blk))
-    # the table is read ahead (the work's entries two tiles, the ring's STAGES + 1) and the next
-    # tile's input one tile ahead, so their latency hides behind a tile's work
-    meta, out_off, x_off, k_left, out_end = _work_entry(tab, 0)
-    meta1, out_off1, x_off1, k_left1, out_end1 = _work_entry(tab, 1)
-    a_meta, a_row, a_col = _ring_entry(tab, STAGES)
     for j in range(n):
-        meta2, out_off2, x_off2, k_left2, out_end2 = _work_entry(tab, j + 2)
-        b_meta, b_row, b_col = _ring_entry(tab, j + STAGES + 1)
-        # the next tile's input, unless it opens a phase (its input may not be written yet)
-        x_next = gl.load(arena_ptr + x_off1 + cols, mask=(cols < k_left1) & ((meta1 & 2) == 0), other=0.0,
-                         cache_modifier=".cg")
+        if (j % 32 == 0) & (j > 0):
+            cur = nxt
+            nxt = _table_block(tab, j // 32 + 1, rows_t, f)
+        meta, _, col0, out_off, in_off, k_len, out_end, want = _entry(cur, j, rows_t, f)
+        # the ring's tile: from the next block only once it is needed (a branch, so the fresh
+        # block's registers are not waited on before then)
+        if j % 32 + STAGES < 32:
+            a_meta, a_row, a_col, _, _, _, _, _ = _entry(cur, j + STAGES, rows_t, f)
+        else:
+            a_meta, a_row, a_col, _, _, _, _, _ = _entry(nxt, j + STAGES, rows_t, f)
         p = meta >> 8
-        if (meta & 2) != 0:  # the phase's first tile here: wait for its input
+        if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
             if WAIT:
                 if p > 0:
-                    want = gl.load(want_ptr + p - 1)  # programs with tiles in the phase before
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
                     while seen < want:
                         seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-                    _barrier()
-            xk = gl.load(arena_ptr + x_off + cols, mask=cols < k_left, other=0.0, cache_modifier=".cg")
+            _barrier()  # and the last phase's input is no longer read
+            for c in gl.static_range(XCHUNKS):  # one element a thread a chunk: all loads in flight at once
+                xs.index(c).store(gl.load(arena_ptr + in_off + c * BK + xcols, mask=c * BK + xcols < k_len,
+                                          other=0.0, cache_modifier=".cg"))
+            _barrier()
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         w = ring.index(slot).load(blk).to(gl.float32)
-        acc += w * xk[None, :]
+        acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
         _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
         if j + STAGES < n:
@@ -131,10 +144,6 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, want_ptr, arena
         if (meta & 8) != 0:  # this program's last tile of the phase: count it in
             _barrier()
             gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
-        meta, out_off, x_off, k_left, out_end = meta1, out_off1, x_off1, k_left1, out_end1
-        meta1, out_off1, x_off1, k_left1, out_end1 = meta2, out_off2, x_off2, k_left2, out_end2
-        a_meta, a_row, a_col = b_meta, b_row, b_col
-        xk = x_next
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
@@ -179,16 +188,16 @@ def build(cfg, programs, device, seed=0):
                 last = i == len(mine) - 1
                 meta = slab | (FIRST if i == 0 else 0) | (PHASE_END if last else 0) | p << 8
                 meta |= SEG_END if last or mine[i + 1][0] != nb else 0
-                lists[q].append([meta, start + nb * BN, kk * BK, outs[p] + nb * BN, ins[p] + kk * BK,
-                                 K - kk * BK, outs[p] + N, 0])
+                lists[q].append([meta, start + nb * BN, kk * BK, outs[p] + nb * BN, ins[p], K, outs[p] + N,
+                                 wants[-1] if wants else 0])
         wants.append(busy)
     counts = [len(lst) for lst in lists]
-    table = torch.zeros(programs, max(counts) + 8, NF.value, dtype=torch.int32)  # reads run past the end
+    # whole blocks of 32, one more ahead: reads run past the end
+    table = torch.zeros(programs, (max(counts) + 31) // 32 * 32 + 64, NF.value, dtype=torch.int32)
     for q, lst in enumerate(lists):
         table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
     return dict(slabs=slabs, shapes=shapes, outs=outs, arena=at, table=table.to(device),
-                counts=torch.tensor(counts, dtype=torch.int32, device=device),
-                wants=torch.tensor(wants, dtype=torch.int32, device=device))
+                counts=torch.tensor(counts, dtype=torch.int32, device=device))
 
 
 def reference(cfg, b, x0):
@@ -215,9 +224,9 @@ def launcher(b, programs, stages, wait, warps=8):
 
     def step():
         clear()
-        _stream_step_kernel[(programs,)](descs[0], descs[1], b["table"], b["counts"], b["wants"], arena, flags,
+        _stream_step_kernel[(programs,)](descs[0], descs[1], b["table"], b["counts"], arena, flags,
                                          b["table"].stride(0), WAIT=wait, STAGES=stages, BN=BN, BK=BK,
-                                         num_warps=warps)
+                                         XCHUNKS=XCHUNKS, num_warps=warps)
     return step, clear, arena
 
 
@@ -234,9 +243,9 @@ def compile_only(args):
     arena = torch.zeros(b["arena"], dtype=torch.float32)
     flags = torch.zeros(len(b["shapes"]), dtype=torch.int32)
     for stages in args.stages:
-        k = _stream_step_kernel.warmup(descs[0], descs[1], b["table"], b["counts"], b["wants"], arena, flags,
+        k = _stream_step_kernel.warmup(descs[0], descs[1], b["table"], b["counts"], arena, flags,
                                        b["table"].stride(0), WAIT=True, STAGES=stages, BN=BN, BK=BK,
-                                       num_warps=8, grid=(4,))
+                                       XCHUNKS=XCHUNKS, num_warps=8, grid=(4,))
         regs, local = cubin_usage(k, find_cuobjdump())
         print(f"STAGES={stages}: shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
 
