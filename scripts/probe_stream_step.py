@@ -36,7 +36,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.config import PRESETS  # noqa: E402
 
-BN, BK = 64, 256  # a tile: 64 output rows x 256 of K, 32 KB of fp16 (TMA boxes reach 256)
+BK = 256  # a tile: BN output rows x 256 of K (TMA boxes reach 256 elements)
 FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
 XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
@@ -77,7 +77,7 @@ def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr
 
 @gluon.jit
 def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
-                        WAIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        MODE: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                         XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
     pid = gl.program_id(0)
     # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
@@ -119,7 +119,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
             a_meta, a_row, a_col, _, _, _, _, _ = _entry(nxt, j + STAGES, rows_t, f)
         p = meta >> 8
         if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
-            if WAIT:
+            if MODE == 0:
                 if p > 0:
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
                     while seen < want:
@@ -131,45 +131,44 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
             _barrier()
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        w = ring.index(slot).load(blk).to(gl.float32)
-        acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
+        if MODE < 3:
+            w = ring.index(slot).load(blk).to(gl.float32)
+            acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
         _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
         if j + STAGES < n:
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES)
-        if (meta & 4) != 0:  # the end of a run of one row block: add it into the output
+        if (MODE < 2) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
             y = gl.sum(acc, axis=1)
             gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
             acc = gl.zeros([BN, BK], gl.float32, blk)
-        if (meta & 8) != 0:  # this program's last tile of the phase: count it in
+        if (MODE < 2) & ((meta & 8) != 0):  # this program's last tile of the phase: count it in
             _barrier()
             gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
 
-def build(cfg, programs, device, seed=0):
-    """Weights (two slabs by K), every program's tile list, how many programs count themselves in
-    at each phase, the arena's size and the torch chain's pieces."""
+def weights(cfg, device, seed=0):
+    """The chain's weights as two slabs by K, and each phase's (slab, first row, N, K)."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    shapes = []  # (slab, first row, N, K) per phase
-    r1 = r4 = 0
+    shapes, rows = [], [0, 0]
     for _ in range(L):
         for N, K in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C)):
-            slab = 1 if K == 4 * C else 0
-            start = r4 if slab else r1
-            shapes.append((slab, start, N, K))
-            if slab:
-                r4 += N
-            else:
-                r1 += N
-    shapes.append((0, r1, V, C))
-    r1 += V
+            slab = int(K == 4 * C)
+            shapes.append((slab, rows[slab], N, K))
+            rows[slab] += N
+    shapes.append((0, rows[0], V, C))
+    rows[0] += V
     g = torch.Generator(device=device).manual_seed(seed)
-    slabs = []
-    for rows, K in ((r1, C), (r4, 4 * C)):
-        w = torch.randn(rows, K, dtype=torch.float16, device=device, generator=g).div_(K ** 0.5)
-        slabs.append(w)
+    slabs = [torch.randn(r, K, dtype=torch.float16, device=device, generator=g).div_(K ** 0.5)
+             for r, K in zip(rows, (C, 4 * C))]
+    return slabs, shapes
+
+
+def plan(shapes, C, programs, bn, device):
+    """Every program's tile list (a contiguous share of each phase's (row block, K chunk) tiles)
+    as a table, the tile counts, each phase's output offset and the arena's size."""
     align = lambda v: (v + 31) // 32 * 32  # noqa: E731
     at, outs = align(C), []
     for _, _, N, _ in shapes:
@@ -179,7 +178,7 @@ def build(cfg, programs, device, seed=0):
     wants, lists = [], [[] for _ in range(programs)]
     for p, (slab, start, N, K) in enumerate(shapes):
         kt = (K + BK - 1) // BK
-        tiles = [(nb, kk) for nb in range((N + BN - 1) // BN) for kk in range(kt)]
+        tiles = [(nb, kk) for nb in range((N + bn - 1) // bn) for kk in range(kt)]
         T, busy = len(tiles), 0
         for q in range(programs):
             mine = tiles[T * q // programs:T * (q + 1) // programs]
@@ -188,7 +187,7 @@ def build(cfg, programs, device, seed=0):
                 last = i == len(mine) - 1
                 meta = slab | (FIRST if i == 0 else 0) | (PHASE_END if last else 0) | p << 8
                 meta |= SEG_END if last or mine[i + 1][0] != nb else 0
-                lists[q].append([meta, start + nb * BN, kk * BK, outs[p] + nb * BN, ins[p], K, outs[p] + N,
+                lists[q].append([meta, start + nb * bn, kk * BK, outs[p] + nb * bn, ins[p], K, outs[p] + N,
                                  wants[-1] if wants else 0])
         wants.append(busy)
     counts = [len(lst) for lst in lists]
@@ -196,27 +195,26 @@ def build(cfg, programs, device, seed=0):
     table = torch.zeros(programs, (max(counts) + 31) // 32 * 32 + 64, NF.value, dtype=torch.int32)
     for q, lst in enumerate(lists):
         table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
-    return dict(slabs=slabs, shapes=shapes, outs=outs, arena=at, table=table.to(device),
-                counts=torch.tensor(counts, dtype=torch.int32, device=device))
+    return dict(table=table.to(device), counts=torch.tensor(counts, dtype=torch.int32, device=device), outs=outs,
+                arena=at, bn=bn)
 
 
-def reference(cfg, b, x0):
+def reference(slabs, shapes, x0):
     """The chain in torch (fp32 over the fp16 weights): the last phase's output."""
     x = x0.float()
-    for slab, start, N, K in b["shapes"]:
-        x = b["slabs"][slab][start:start + N].float() @ x[:K]
+    for slab, start, N, K in shapes:
+        x = slabs[slab][start:start + N].float() @ x[:K]
     return x
 
 
-def launcher(b, programs, stages, wait, warps=8):
+def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
     """A callable that runs the step once (zeroed outputs and counters, then the launch), one
     that only zeroes them, and the arena it writes."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [BN, BK], layout) for w in b["slabs"]]
-    dev = b["slabs"][0].device
-    arena = torch.zeros(b["arena"], dtype=torch.float32, device=dev)
-    flags = torch.zeros(len(b["shapes"]), dtype=torch.int32, device=dev)
-    C = b["shapes"][0][3]
+    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [pl["bn"], BK], layout) for w in slabs]
+    dev = slabs[0].device
+    arena = torch.zeros(pl["arena"], dtype=torch.float32, device=dev)
+    flags = torch.zeros(n_phases, dtype=torch.int32, device=dev)
 
     def clear():
         arena[C:].zero_()
@@ -224,8 +222,8 @@ def launcher(b, programs, stages, wait, warps=8):
 
     def step():
         clear()
-        _stream_step_kernel[(programs,)](descs[0], descs[1], b["table"], b["counts"], arena, flags,
-                                         b["table"].stride(0), WAIT=wait, STAGES=stages, BN=BN, BK=BK,
+        _stream_step_kernel[(programs,)](descs[0], descs[1], pl["table"], pl["counts"], arena, flags,
+                                         pl["table"].stride(0), MODE=mode, STAGES=stages, BN=pl["bn"], BK=BK,
                                          XCHUNKS=XCHUNKS, num_warps=warps)
     return step, clear, arena
 
@@ -237,23 +235,41 @@ def compile_only(args):
 
     target_only(90)
     cfg = PRESETS["gpt2"]
-    b = build(cfg, 4, "cpu")
+    slabs, shapes = weights(cfg, "cpu")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [BN, BK], layout) for w in b["slabs"]]
-    arena = torch.zeros(b["arena"], dtype=torch.float32)
-    flags = torch.zeros(len(b["shapes"]), dtype=torch.int32)
-    for stages in args.stages:
-        k = _stream_step_kernel.warmup(descs[0], descs[1], b["table"], b["counts"], arena, flags,
-                                       b["table"].stride(0), WAIT=True, STAGES=stages, BN=BN, BK=BK,
-                                       XCHUNKS=XCHUNKS, num_warps=8, grid=(4,))
-        regs, local = cubin_usage(k, find_cuobjdump())
-        print(f"STAGES={stages}: shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
+    for bn, stages in args.tiles:
+        pl = plan(shapes, cfg.n_embd, 4, bn, "cpu")
+        descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in slabs]
+        for mode in args.modes:
+            k = _stream_step_kernel.warmup(descs[0], descs[1], pl["table"], pl["counts"], torch.zeros(pl["arena"]),
+                                           torch.zeros(len(shapes), dtype=torch.int32), pl["table"].stride(0),
+                                           MODE=mode, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS, num_warps=8,
+                                           grid=(4,))
+            regs, local = cubin_usage(k, find_cuobjdump())
+            print(f"{bn}x{BK} tiles, {stages} stages, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
+                  f"{local} B local a thread")
+
+
+def tiles_arg(text):
+    """'64x6': 64-row tiles, a ring of 6."""
+    try:
+        bn, stages = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxSTAGES such as 64x6, got {text!r}") from None
+    if bn not in (16, 32, 64, 128) or not 1 <= stages <= 24 or bn * BK * 2 * stages > 200 * 1024:
+        raise argparse.ArgumentTypeError(f"{text!r}: rows 16-128 (a power of two) and a ring within 200 KB")
+    return bn, stages
+
+
+MODES = {0: "the step", 1: "no waits", 2: "no waits, no outputs", 3: "the ring alone"}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
-    ap.add_argument("--stages", type=int, nargs="+", default=[5, 4, 3], help="ring depths to time (tiles)")
+    ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 6)], help="ROWSxSTAGES layouts to time")
+    ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 2, 3], choices=sorted(MODES),
+                    help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
     args = ap.parse_args()
@@ -263,33 +279,33 @@ def main():
 
     require_cuda("probe_stream_step.py")
     cfg = PRESETS[args.model]
+    C = cfg.n_embd
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    b = build(cfg, programs, "cuda")
-    nbytes = sum(w.numel() * 2 for w in b["slabs"])
+    slabs, shapes = weights(cfg, "cuda")
+    nbytes = sum(w.numel() * 2 for w in slabs)
     bw = copy_bandwidth()
     floor_us = nbytes / (bw * 1e9) * 1e6
-    x0 = torch.randn(cfg.n_embd, device="cuda")
-    want = reference(cfg, b, x0)
-    rec = dict(model=args.model, programs=programs, tile=[BN, BK], weight_bytes=nbytes, copy_gbps=round(bw, 1),
+    x0 = torch.randn(C, device="cuda")
+    want = reference(slabs, shapes, x0)
+    rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), environment=environment(), runs=[])
-    for stages in args.stages:
-        for wait in (True, False):
-            step, _, arena = launcher(b, programs, stages, wait)
-            arena[:cfg.n_embd] = x0
+    for bn, stages in args.tiles:
+        pl = plan(shapes, C, programs, bn, "cuda")
+        for mode in args.modes:
+            step, clear, arena = launcher(slabs, pl, len(shapes), C, programs, stages, mode)
+            arena[:C] = x0
             step()
             torch.cuda.synchronize()
-            got = arena[b["outs"][-1]:b["outs"][-1] + cfg.vocab_size]
+            got = arena[pl["outs"][-1]:pl["outs"][-1] + cfg.vocab_size]
             err = ((got - want).abs().max() / want.abs().max()).item()
             us = ms_graph([step]) * 1e3
-            run = dict(stages=stages, wait=wait, us=round(us, 2), floor_fraction=round(floor_us / us, 3),
-                       rel_err=err, checked=wait)
+            run = dict(tile=[bn, BK], stages=stages, mode=MODES[mode], us=round(us, 2),
+                       floor_fraction=round(floor_us / us, 3), rel_err=err if mode == 0 else None)
             rec["runs"].append(run)
             print(json.dumps(run), flush=True)
-    _, clear, _ = launcher(b, programs, args.stages[0], True)
-    zero_us = ms_graph([clear]) * 1e3  # what the step's two zero fills cost alone
-    rec["zero_fill_us"] = round(zero_us, 2)
+    rec["zero_fill_us"] = round(ms_graph([clear]) * 1e3, 2)  # what the step's two zero fills cost alone
     print(f"{args.model}: {nbytes / 1e9:.3f} GB of weights, floor {floor_us:.1f} us at {bw:.0f} GB/s; "
-          f"zero fills {zero_us:.2f} us")
+          f"zero fills {rec['zero_fill_us']:.2f} us")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"stream-step-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
