@@ -64,8 +64,11 @@ def _entry(block, j, rows, f):
 
 
 @gluon.jit
-def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr):
-    """Ask for tile j's weights into its ring slot; its mbarrier completes on arrival."""
+def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr, TILED: gl.constexpr):
+    """Ask for tile j's weights into its ring slot; its mbarrier completes on arrival. TILED:
+    the weights are stored tile by tile (each tile's BN rows of BK one contiguous block, at row0)."""
+    if TILED:
+        col0 = 0
     slot = j % STAGES
     bar = bars.index(slot)
     mbarrier.expect(bar, desc_k1.block_type.nbytes)
@@ -77,7 +80,7 @@ def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr
 
 @gluon.jit
 def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
-                        MODE: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        MODE: gl.constexpr, TILED: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                         XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
     pid = gl.program_id(0)
     # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
@@ -101,7 +104,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
     for s in gl.static_range(STAGES):
         if s < n:
             m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
-            _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES)
+            _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES, TILED)
 
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
     xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
@@ -137,7 +140,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
         _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
         if j + STAGES < n:
-            _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES)
+            _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
         if (MODE < 2) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
             y = gl.sum(acc, axis=1)
             gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
@@ -166,9 +169,26 @@ def weights(cfg, device, seed=0):
     return slabs, shapes
 
 
-def plan(shapes, C, programs, bn, device):
+def tile_major(slabs, shapes, bn):
+    """The weights stored tile by tile: each phase's (bn x BK) tiles in (row block, K chunk)
+    order, each one contiguous block (K and N padded with zeros to whole tiles), in two slabs of
+    BK columns as the row-major ones; and each phase's first row there."""
+    parts, starts, at = [[], []], [], [0, 0]
+    for slab, start, N, K in shapes:
+        w = slabs[slab][start:start + N]
+        n_pad, k_pad = -N % bn, -K % BK
+        w = torch.nn.functional.pad(w, (0, k_pad, 0, n_pad))
+        nb, kt = w.shape[0] // bn, w.shape[1] // BK
+        parts[slab].append(w.view(nb, bn, kt, BK).permute(0, 2, 1, 3).reshape(-1, BK))
+        starts.append(at[slab])
+        at[slab] += nb * kt * bn
+    return [torch.cat(p) for p in parts], starts
+
+
+def plan(shapes, C, programs, bn, device, tiled_starts=None):
     """Every program's tile list (a contiguous share of each phase's (row block, K chunk) tiles)
-    as a table, the tile counts, each phase's output offset and the arena's size."""
+    as a table, the tile counts, each phase's output offset and the arena's size. tiled_starts:
+    each phase's first row in the tile-major slabs (tile_major), else row-major weights."""
     align = lambda v: (v + 31) // 32 * 32  # noqa: E731
     at, outs = align(C), []
     for _, _, N, _ in shapes:
@@ -187,7 +207,8 @@ def plan(shapes, C, programs, bn, device):
                 last = i == len(mine) - 1
                 meta = slab | (FIRST if i == 0 else 0) | (PHASE_END if last else 0) | p << 8
                 meta |= SEG_END if last or mine[i + 1][0] != nb else 0
-                lists[q].append([meta, start + nb * bn, kk * BK, outs[p] + nb * bn, ins[p], K, outs[p] + N,
+                row = start + nb * bn if tiled_starts is None else tiled_starts[p] + (nb * kt + kk) * bn
+                lists[q].append([meta, row, kk * BK, outs[p] + nb * bn, ins[p], K, outs[p] + N,
                                  wants[-1] if wants else 0])
         wants.append(busy)
     counts = [len(lst) for lst in lists]
@@ -196,7 +217,7 @@ def plan(shapes, C, programs, bn, device):
     for q, lst in enumerate(lists):
         table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
     return dict(table=table.to(device), counts=torch.tensor(counts, dtype=torch.int32, device=device), outs=outs,
-                arena=at, bn=bn)
+                arena=at, bn=bn, tiled=tiled_starts is not None)
 
 
 def reference(slabs, shapes, x0):
@@ -223,7 +244,8 @@ def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
     def step():
         clear()
         _stream_step_kernel[(programs,)](descs[0], descs[1], pl["table"], pl["counts"], arena, flags,
-                                         pl["table"].stride(0), MODE=mode, STAGES=stages, BN=pl["bn"], BK=BK,
+                                         pl["table"].stride(0), MODE=mode, TILED=pl["tiled"], STAGES=stages,
+                                         BN=pl["bn"], BK=BK,
                                          XCHUNKS=XCHUNKS, num_warps=warps)
     return step, clear, arena
 
@@ -243,7 +265,8 @@ def compile_only(args):
         for mode in args.modes:
             k = _stream_step_kernel.warmup(descs[0], descs[1], pl["table"], pl["counts"], torch.zeros(pl["arena"]),
                                            torch.zeros(len(shapes), dtype=torch.int32), pl["table"].stride(0),
-                                           MODE=mode, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS, num_warps=8,
+                                           MODE=mode, TILED=False, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS,
+                                           num_warps=8,
                                            grid=(4,))
             regs, local = cubin_usage(k, find_cuobjdump())
             print(f"{bn}x{BK} tiles, {stages} stages, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
@@ -270,6 +293,8 @@ def main():
     ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 6)], help="ROWSxSTAGES layouts to time")
     ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 2, 3], choices=sorted(MODES),
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
+    ap.add_argument("--layouts", nargs="+", default=["rows", "tiles"], choices=["rows", "tiles"],
+                    help="weights row-major (each tile 256-column pieces of BN rows) or tile by tile (contiguous)")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
     args = ap.parse_args()
@@ -289,18 +314,24 @@ def main():
     want = reference(slabs, shapes, x0)
     rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), environment=environment(), runs=[])
-    for bn, stages in args.tiles:
-        pl = plan(shapes, C, programs, bn, "cuda")
+    for layout, (bn, stages) in ((lay, t) for lay in args.layouts for t in args.tiles):
+        if layout == "tiles":
+            stored, starts = tile_major(slabs, shapes, bn)
+            pl = plan(shapes, C, programs, bn, "cuda", starts)
+        else:
+            stored, pl = slabs, plan(shapes, C, programs, bn, "cuda")
+        read = sum(w.numel() * 2 for w in stored)  # padded tiles read zeros too
         for mode in args.modes:
-            step, clear, arena = launcher(slabs, pl, len(shapes), C, programs, stages, mode)
+            step, clear, arena = launcher(stored, pl, len(shapes), C, programs, stages, mode)
             arena[:C] = x0
             step()
             torch.cuda.synchronize()
             got = arena[pl["outs"][-1]:pl["outs"][-1] + cfg.vocab_size]
             err = ((got - want).abs().max() / want.abs().max()).item()
             us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, mode=MODES[mode], us=round(us, 2),
-                       floor_fraction=round(floor_us / us, 3), rel_err=err if mode == 0 else None)
+            run = dict(layout=layout, tile=[bn, BK], stages=stages, mode=MODES[mode], us=round(us, 2),
+                       floor_fraction=round(floor_us / us, 3), read_tbps=round(read / us / 1e6, 3),
+                       rel_err=err if mode == 0 else None)
             rec["runs"].append(run)
             print(json.dumps(run), flush=True)
     rec["zero_fill_us"] = round(ms_graph([clear]) * 1e3, 2)  # what the step's two zero fills cost alone
