@@ -38,6 +38,8 @@ from minillm.config import PRESETS  # noqa: E402
 
 BK = 256  # a tile: BN output rows x 256 of K (TMA boxes reach 256 elements)
 FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
+# what a mode leaves out (bits; 0 is the step, the only one whose values are right)
+NO_WAIT, NO_OUT, NO_MATH, NO_X = gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8)
 XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
 # input offset, its K, its output's end, how many programs count themselves in at the phase before
@@ -122,30 +124,31 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
             a_meta, a_row, a_col, _, _, _, _, _ = _entry(nxt, j + STAGES, rows_t, f)
         p = meta >> 8
         if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
-            if MODE == 0:
+            if (MODE & NO_WAIT) == 0:
                 if p > 0:
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
                     while seen < want:
                         seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-            _barrier()  # and the last phase's input is no longer read
-            for c in gl.static_range(XCHUNKS):  # one element a thread a chunk: all loads in flight at once
-                xs.index(c).store(gl.load(arena_ptr + in_off + c * BK + xcols, mask=c * BK + xcols < k_len,
-                                          other=0.0, cache_modifier=".cg"))
-            _barrier()
+            if (MODE & NO_X) == 0:
+                _barrier()  # and the last phase's input is no longer read
+                for c in gl.static_range(XCHUNKS):  # one element a thread a chunk: all loads in flight at once
+                    xs.index(c).store(gl.load(arena_ptr + in_off + c * BK + xcols, mask=c * BK + xcols < k_len,
+                                              other=0.0, cache_modifier=".cg"))
+                _barrier()
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if MODE < 3:
+        if (MODE & NO_MATH) == 0:
             w = ring.index(slot).load(blk).to(gl.float32)
             acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
         _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
         if j + STAGES < n:
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
-        if (MODE < 2) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
+        if ((MODE & NO_OUT) == 0) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
             y = gl.sum(acc, axis=1)
             gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
             acc = gl.zeros([BN, BK], gl.float32, blk)
-        if (MODE < 2) & ((meta & 8) != 0):  # this program's last tile of the phase: count it in
+        if ((MODE & NO_OUT) == 0) & ((meta & 8) != 0):  # this program's last tile of the phase: count it in
             _barrier()
             gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
     for s in gl.static_range(STAGES):
@@ -284,14 +287,15 @@ def tiles_arg(text):
     return bn, stages
 
 
-MODES = {0: "the step", 1: "no waits", 2: "no waits, no outputs", 3: "the ring alone"}
+MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
+         9: "no waits, no input staged", 15: "the ring alone, no input staged"}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
     ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 6)], help="ROWSxSTAGES layouts to time")
-    ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 2, 3], choices=sorted(MODES),
+    ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 3, 7], choices=sorted(MODES),
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
     ap.add_argument("--layouts", nargs="+", default=["rows", "tiles"], choices=["rows", "tiles"],
                     help="weights row-major (each tile 256-column pieces of BN rows) or tile by tile (contiguous)")
