@@ -39,7 +39,8 @@ from minillm.config import PRESETS  # noqa: E402
 BK = 256  # a tile: BN output rows x 256 of K (TMA boxes reach 256 elements)
 FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
 # what a mode leaves out (bits; 0 is the step, the only one whose values are right)
-NO_WAIT, NO_OUT, NO_MATH, NO_X = gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8)
+NO_WAIT, NO_OUT, NO_MATH, NO_X, NO_RING = (gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8),
+                                           gl.constexpr(16))
 XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
 # input offset, its K, its output's end, how many programs count themselves in at the phase before
@@ -104,7 +105,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
     cur = _table_block(tab, 0, rows_t, f)
     nxt = _table_block(tab, 1, rows_t, f)
     for s in gl.static_range(STAGES):
-        if s < n:
+        if (s < n) & ((MODE & NO_RING) == 0):
             m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
             _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES, TILED)
 
@@ -136,13 +137,14 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
                                               other=0.0, cache_modifier=".cg"))
                 _barrier()
         slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        if (MODE & NO_RING) == 0:
+            mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if (MODE & NO_MATH) == 0:
             w = ring.index(slot).load(blk).to(gl.float32)
             acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
         _barrier()  # every warp is done with the slot before the ring refills it
         fence_async_shared()
-        if j + STAGES < n:
+        if (j + STAGES < n) & ((MODE & NO_RING) == 0):
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
         if ((MODE & NO_OUT) == 0) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
             y = gl.sum(acc, axis=1)
@@ -288,7 +290,8 @@ def tiles_arg(text):
 
 
 MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
-         9: "no waits, no input staged", 15: "the ring alone, no input staged"}
+         9: "no waits, no input staged", 15: "the ring alone, no input staged",
+         20: "the phases' chain alone (no weights read)", 28: "the chain alone, no input staged"}
 
 
 def main():
