@@ -45,6 +45,7 @@ XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
 # input offset, its K, its output's end, how many programs count themselves in at the phase before
 NF = gl.constexpr(8)
+FIX_SCALE = gl.constexpr(4294967296.0)  # counted words: 2^32 fixed point, the low 8 bits a count
 # the names these have in Triton 3.6 and in the newest
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -82,9 +83,27 @@ def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr
 
 
 @gluon.jit
+def _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, POLL: gl.constexpr, BK: gl.constexpr,
+                   XCHUNKS: gl.constexpr):
+    """Stage a phase's input from counted words (fixed point << 8 | K tiles added): read every
+    chunk again until each word has all `want` tiles in (POLL), then decode into shared memory."""
+    _barrier()  # the last phase's input is no longer read
+    busy = 1
+    while busy > 0:
+        bad = xcols < 0
+        for c in gl.static_range(XCHUNKS):  # one word a thread a chunk: all loads in flight at once
+            m = c * BK + xcols < k_len
+            w = gl.load(arena_ptr + in_off + c * BK + xcols, mask=m, other=0, cache_modifier=".cg")
+            bad = bad | (m & ((w & 0xFF) != want))
+            xs.index(c).store((w >> 8).to(gl.float32) * (1.0 / FIX_SCALE))
+        busy = gl.max(bad.to(gl.int32), axis=0) if POLL else 0
+    _barrier()
+
+
+@gluon.jit
 def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
-                        MODE: gl.constexpr, TILED: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                        XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
+                        MODE: gl.constexpr, TILED: gl.constexpr, COUNTED: gl.constexpr, STAGES: gl.constexpr,
+                        BN: gl.constexpr, BK: gl.constexpr, XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
     pid = gl.program_id(0)
     # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
     # K reduced by shuffles inside the warp
@@ -112,6 +131,7 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
     xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
     acc = gl.zeros([BN, BK], gl.float32, blk)
+    seg_tiles = 0
     for j in range(n):
         if (j % 32 == 0) & (j > 0):
             cur = nxt
@@ -125,12 +145,15 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
             a_meta, a_row, a_col, _, _, _, _, _ = _entry(nxt, j + STAGES, rows_t, f)
         p = meta >> 8
         if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
-            if (MODE & NO_WAIT) == 0:
+            if COUNTED:
+                if (MODE & NO_X) == 0:
+                    _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, (MODE & NO_WAIT) == 0, BK, XCHUNKS)
+            elif (MODE & NO_WAIT) == 0:
                 if p > 0:
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
                     while seen < want:
                         seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-            if (MODE & NO_X) == 0:
+            if ((MODE & NO_X) == 0) & (not COUNTED):
                 _barrier()  # and the last phase's input is no longer read
                 for c in gl.static_range(XCHUNKS):  # one element a thread a chunk: all loads in flight at once
                     xs.index(c).store(gl.load(arena_ptr + in_off + c * BK + xcols, mask=c * BK + xcols < k_len,
@@ -146,11 +169,19 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
         fence_async_shared()
         if (j + STAGES < n) & ((MODE & NO_RING) == 0):
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
+        seg_tiles += 1
         if ((MODE & NO_OUT) == 0) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
             y = gl.sum(acc, axis=1)
-            gl.atomic_add(arena_ptr + out_off + rows, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
+            out = arena_ptr + out_off + rows
+            if COUNTED:  # fixed point over the count of K tiles in, one 8-byte word: no fence needed
+                word = ((y * FIX_SCALE).to(gl.int64) << 8) + seg_tiles
+                gl.atomic_add(out, word, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
+            else:
+                gl.atomic_add(out, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
             acc = gl.zeros([BN, BK], gl.float32, blk)
-        if ((MODE & NO_OUT) == 0) & ((meta & 8) != 0):  # this program's last tile of the phase: count it in
+        if (meta & 4) != 0:
+            seg_tiles = 0
+        if ((MODE & NO_OUT) == 0) & ((meta & 8) != 0) & (not COUNTED):  # this program's last tile of the phase: count it in
             _barrier()
             gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
     for s in gl.static_range(STAGES):
@@ -190,10 +221,12 @@ def tile_major(slabs, shapes, bn):
     return [torch.cat(p) for p in parts], starts
 
 
-def plan(shapes, C, programs, bn, device, tiled_starts=None):
+def plan(shapes, C, programs, bn, device, tiled_starts=None, counted=False):
     """Every program's tile list (a contiguous share of each phase's (row block, K chunk) tiles)
     as a table, the tile counts, each phase's output offset and the arena's size. tiled_starts:
-    each phase's first row in the tile-major slabs (tile_major), else row-major weights."""
+    each phase's first row in the tile-major slabs (tile_major), else row-major weights.
+    counted: phases meet by counted words (the entry's last field the K tiles each input word
+    needs), else by counters (the programs that count themselves in at the phase before)."""
     align = lambda v: (v + 31) // 32 * 32  # noqa: E731
     at, outs = align(C), []
     for _, _, N, _ in shapes:
@@ -213,8 +246,11 @@ def plan(shapes, C, programs, bn, device, tiled_starts=None):
                 meta = slab | (FIRST if i == 0 else 0) | (PHASE_END if last else 0) | p << 8
                 meta |= SEG_END if last or mine[i + 1][0] != nb else 0
                 row = start + nb * bn if tiled_starts is None else tiled_starts[p] + (nb * kt + kk) * bn
-                lists[q].append([meta, row, kk * BK, outs[p] + nb * bn, ins[p], K, outs[p] + N,
-                                 wants[-1] if wants else 0])
+                if counted:
+                    want = (shapes[p - 1][3] + BK - 1) // BK if p else 1
+                else:
+                    want = wants[-1] if wants else 0
+                lists[q].append([meta, row, kk * BK, outs[p] + nb * bn, ins[p], K, outs[p] + N, want])
         wants.append(busy)
     counts = [len(lst) for lst in lists]
     # whole blocks of 32, one more ahead: reads run past the end
@@ -222,7 +258,17 @@ def plan(shapes, C, programs, bn, device, tiled_starts=None):
     for q, lst in enumerate(lists):
         table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
     return dict(table=table.to(device), counts=torch.tensor(counts, dtype=torch.int32, device=device), outs=outs,
-                arena=at, bn=bn, tiled=tiled_starts is not None)
+                arena=at, bn=bn, tiled=tiled_starts is not None, counted=counted)
+
+
+def encode(x):
+    """fp32 values as counted words, each with one tile in."""
+    return (x.double() * FIX_SCALE.value).long() * 256 + 1
+
+
+def decode(words):
+    """Counted words' values (fp64)."""
+    return (words >> 8).double() / FIX_SCALE.value
 
 
 def reference(slabs, shapes, x0):
@@ -239,7 +285,7 @@ def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [pl["bn"], BK], layout) for w in slabs]
     dev = slabs[0].device
-    arena = torch.zeros(pl["arena"], dtype=torch.float32, device=dev)
+    arena = torch.zeros(pl["arena"], dtype=torch.int64 if pl["counted"] else torch.float32, device=dev)
     flags = torch.zeros(n_phases, dtype=torch.int32, device=dev)
 
     def clear():
@@ -249,7 +295,8 @@ def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
     def step():
         clear()
         _stream_step_kernel[(programs,)](descs[0], descs[1], pl["table"], pl["counts"], arena, flags,
-                                         pl["table"].stride(0), MODE=mode, TILED=pl["tiled"], STAGES=stages,
+                                         pl["table"].stride(0), MODE=mode, TILED=pl["tiled"],
+                                         COUNTED=pl["counted"], STAGES=stages,
                                          BN=pl["bn"], BK=BK,
                                          XCHUNKS=XCHUNKS, num_warps=warps)
     return step, clear, arena
@@ -264,17 +311,18 @@ def compile_only(args):
     cfg = PRESETS["gpt2"]
     slabs, shapes = weights(cfg, "cpu")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    for bn, stages in args.tiles:
-        pl = plan(shapes, cfg.n_embd, 4, bn, "cpu")
+    for (bn, stages), counted in ((t, c) for t in args.tiles for c in args.protocols):
+        pl = plan(shapes, cfg.n_embd, 4, bn, "cpu", counted=counted)
         descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in slabs]
         for mode in args.modes:
-            k = _stream_step_kernel.warmup(descs[0], descs[1], pl["table"], pl["counts"], torch.zeros(pl["arena"]),
+            k = _stream_step_kernel.warmup(descs[0], descs[1], pl["table"], pl["counts"],
+                                           torch.zeros(pl["arena"], dtype=torch.int64 if counted else torch.float32),
                                            torch.zeros(len(shapes), dtype=torch.int32), pl["table"].stride(0),
-                                           MODE=mode, TILED=False, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS,
+                                           MODE=mode, TILED=False, COUNTED=counted, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS,
                                            num_warps=8,
                                            grid=(4,))
             regs, local = cubin_usage(k, find_cuobjdump())
-            print(f"{bn}x{BK} tiles, {stages} stages, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
+            print(f"{bn}x{BK} tiles, {stages} stages, counted {counted}, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
                   f"{local} B local a thread")
 
 
@@ -302,9 +350,13 @@ def main():
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
     ap.add_argument("--layouts", nargs="+", default=["rows", "tiles"], choices=["rows", "tiles"],
                     help="weights row-major (each tile 256-column pieces of BN rows) or tile by tile (contiguous)")
+    ap.add_argument("--protocols", nargs="+", default=["counters", "counted"], choices=["counters", "counted"],
+                    help="how phases meet: a counter a phase (release, acquire) or counted words (fixed point "
+                         "with the K tiles in, no fence)")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
     args = ap.parse_args()
+    args.protocols = [p == "counted" for p in args.protocols]
     if args.compile_only:
         return compile_only(args)
     from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
@@ -321,22 +373,25 @@ def main():
     want = reference(slabs, shapes, x0)
     rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), environment=environment(), runs=[])
-    for layout, (bn, stages) in ((lay, t) for lay in args.layouts for t in args.tiles):
+    for layout, (bn, stages), counted in ((lay, t, c) for lay in args.layouts for t in args.tiles
+                                          for c in args.protocols):
         if layout == "tiles":
             stored, starts = tile_major(slabs, shapes, bn)
-            pl = plan(shapes, C, programs, bn, "cuda", starts)
+            pl = plan(shapes, C, programs, bn, "cuda", starts, counted)
         else:
-            stored, pl = slabs, plan(shapes, C, programs, bn, "cuda")
+            stored, pl = slabs, plan(shapes, C, programs, bn, "cuda", counted=counted)
         read = sum(w.numel() * 2 for w in stored)  # padded tiles read zeros too
         for mode in args.modes:
             step, clear, arena = launcher(stored, pl, len(shapes), C, programs, stages, mode)
-            arena[:C] = x0
+            arena[:C] = encode(x0) if counted else x0
             step()
             torch.cuda.synchronize()
             got = arena[pl["outs"][-1]:pl["outs"][-1] + cfg.vocab_size]
+            got = decode(got) if counted else got
             err = ((got - want).abs().max() / want.abs().max()).item()
             us = ms_graph([step]) * 1e3
-            run = dict(layout=layout, tile=[bn, BK], stages=stages, mode=MODES[mode], us=round(us, 2),
+            run = dict(layout=layout, tile=[bn, BK], stages=stages, protocol="counted" if counted else "counters",
+                       mode=MODES[mode], us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3), read_tbps=round(read / us / 1e6, 3),
                        rel_err=err if mode == 0 else None)
             rec["runs"].append(run)
