@@ -41,6 +41,7 @@ FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8
 # what a mode leaves out (bits; 0 is the step, the only one whose values are right)
 NO_WAIT, NO_OUT, NO_MATH, NO_X, NO_RING = (gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8),
                                            gl.constexpr(16))
+SLEEP = gl.constexpr(32)  # not a part left out: counted words read again 0.5 us apart
 XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
 # a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
 # input offset, its K, its output's end, how many programs count themselves in at the phase before
@@ -84,12 +85,18 @@ def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr
 
 @gluon.jit
 def _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, POLL: gl.constexpr, BK: gl.constexpr,
-                   XCHUNKS: gl.constexpr):
+                   XCHUNKS: gl.constexpr, SLEEP: gl.constexpr):
     """Stage a phase's input from counted words (fixed point << 8 | K tiles added): read every
-    chunk again until each word has all `want` tiles in (POLL), then decode into shared memory."""
+    chunk again until each word has all `want` tiles in (POLL), then decode into shared memory.
+    SLEEP: a pause before each read again (every program reading the whole input again and again
+    keeps L2 busy)."""
     _barrier()  # the last phase's input is no longer read
-    busy = 1
-    while busy > 0:
+    busy = 0
+    first = 1
+    while (busy > 0) | (first > 0):
+        if SLEEP & (busy > 0):
+            gl.inline_asm("nanosleep.u32 500;")
+        first = 0
         bad = xcols < 0
         for c in gl.static_range(XCHUNKS):  # one word a thread a chunk: all loads in flight at once
             m = c * BK + xcols < k_len
@@ -147,7 +154,8 @@ def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flag
         if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
             if COUNTED:
                 if (MODE & NO_X) == 0:
-                    _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, (MODE & NO_WAIT) == 0, BK, XCHUNKS)
+                    _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, (MODE & NO_WAIT) == 0, BK, XCHUNKS,
+                                   (MODE & SLEEP) != 0)
             elif (MODE & NO_WAIT) == 0:
                 if p > 0:
                     seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
@@ -339,7 +347,8 @@ def tiles_arg(text):
 
 MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
          9: "no waits, no input staged", 15: "the ring alone, no input staged",
-         20: "the phases' chain alone (no weights read)", 28: "the chain alone, no input staged"}
+         20: "the phases' chain alone (no weights read)", 28: "the chain alone, no input staged",
+         32: "the step, polls 0.5 us apart", 52: "the chain alone, polls 0.5 us apart"}
 
 
 def main():
