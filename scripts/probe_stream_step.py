@@ -28,172 +28,17 @@ import sys
 from pathlib import Path
 
 import torch
-from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
+import stream_step_kernels as ssk  # noqa: E402
+from stream_step_kernels import FIRST, PHASE_END, SEG_END, stream_step_kernel, stream_step_ws_kernel  # noqa: E402
 
-BK = 256  # a tile: BN output rows x 256 of K (TMA boxes reach 256 elements)
-FIRST, SEG_END, PHASE_END = 2, 4, 8  # table flags; bit 0 picks the slab, bits 8+ the phase
-# what a mode leaves out (bits; 0 is the step, the only one whose values are right)
-NO_WAIT, NO_OUT, NO_MATH, NO_X, NO_RING = (gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8),
-                                           gl.constexpr(16))
-SLEEP = gl.constexpr(32)  # not a part left out: counted words read again 0.5 us apart
-XCHUNKS = 32  # a phase's input staged as (32, 256) fp32: K up to 8192
-# a tile's table entry: flags | phase << 8, first row, first column, output offset, the phase's
-# input offset, its K, its output's end, how many programs count themselves in at the phase before
-NF = gl.constexpr(8)
-FIX_SCALE = gl.constexpr(4294967296.0)  # counted words: 2^32 fixed point, the low 8 bits a count
-# the names these have in Triton 3.6 and in the newest
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF, ssk.FIX_SCALE  # the kernels' constants, as ints
 
-
-@gluon.jit
-def _table_block(tab, b, rows, f):
-    """Tile entries 32b .. 32b + 31 of a program's list, one a lane (every warp a copy)."""
-    return gl.load(tab + (b * 32 + rows)[:, None] * NF + f[None, :])
-
-
-@gluon.jit
-def _entry(block, j, rows, f):
-    """Tile j's fields from the table block holding it: one in-warp sum (redux) a field."""
-    e = gl.sum(gl.where(rows[:, None] == (j % 32), block, 0), axis=0)
-    return (gl.sum(gl.where(f == 0, e, 0), axis=0), gl.sum(gl.where(f == 1, e, 0), axis=0),
-            gl.sum(gl.where(f == 2, e, 0), axis=0), gl.sum(gl.where(f == 3, e, 0), axis=0),
-            gl.sum(gl.where(f == 4, e, 0), axis=0), gl.sum(gl.where(f == 5, e, 0), axis=0),
-            gl.sum(gl.where(f == 6, e, 0), axis=0), gl.sum(gl.where(f == 7, e, 0), axis=0))
-
-
-@gluon.jit
-def _ask(desc_k1, desc_k4, ring, bars, meta, row0, col0, j, STAGES: gl.constexpr, TILED: gl.constexpr):
-    """Ask for tile j's weights into its ring slot; its mbarrier completes on arrival. TILED:
-    the weights are stored tile by tile (each tile's BN rows of BK one contiguous block, at row0)."""
-    if TILED:
-        col0 = 0
-    slot = j % STAGES
-    bar = bars.index(slot)
-    mbarrier.expect(bar, desc_k1.block_type.nbytes)
-    if (meta & 1) == 0:
-        _tma_load(desc_k1, [row0, col0], bar, ring.index(slot))
-    else:
-        _tma_load(desc_k4, [row0, col0], bar, ring.index(slot))
-
-
-@gluon.jit
-def _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, POLL: gl.constexpr, BK: gl.constexpr,
-                   XCHUNKS: gl.constexpr, SLEEP: gl.constexpr):
-    """Stage a phase's input from counted words (fixed point << 8 | K tiles added): read every
-    chunk again until each word has all `want` tiles in (POLL), then decode into shared memory.
-    SLEEP: a pause before each read again (every program reading the whole input again and again
-    keeps L2 busy)."""
-    _barrier()  # the last phase's input is no longer read
-    busy = 0
-    first = 1
-    while (busy > 0) | (first > 0):
-        if SLEEP & (busy > 0):
-            gl.inline_asm("nanosleep.u32 500;")
-        first = 0
-        bad = xcols < 0
-        for c in gl.static_range(XCHUNKS):  # one word a thread a chunk: all loads in flight at once
-            m = c * BK + xcols < k_len
-            w = gl.load(arena_ptr + in_off + c * BK + xcols, mask=m, other=0, cache_modifier=".cg")
-            bad = bad | (m & ((w & 0xFF) != want))
-            xs.index(c).store((w >> 8).to(gl.float32) * (1.0 / FIX_SCALE))
-        busy = gl.max(bad.to(gl.int32), axis=0) if POLL else 0
-    _barrier()
-
-
-@gluon.jit
-def _stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
-                        MODE: gl.constexpr, TILED: gl.constexpr, COUNTED: gl.constexpr, STAGES: gl.constexpr,
-                        BN: gl.constexpr, BK: gl.constexpr, XCHUNKS: gl.constexpr, num_warps: gl.constexpr):
-    pid = gl.program_id(0)
-    # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
-    # K reduced by shuffles inside the warp
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0])
-    ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc_k1.layout)
-    # the phase's input vector in BK chunks (a tile's chunk is one index away)
-    xs = gl.allocate_shared_memory(gl.float32, [XCHUNKS, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    n = gl.load(counts_ptr + pid)
-    tab = table_ptr + pid * table_stride
-    rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
-    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
-    # the table is held two blocks of 32 tiles at a time, the next block asked for a block ahead,
-    # so no tile waits on a table read
-    cur = _table_block(tab, 0, rows_t, f)
-    nxt = _table_block(tab, 1, rows_t, f)
-    for s in gl.static_range(STAGES):
-        if (s < n) & ((MODE & NO_RING) == 0):
-            m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
-            _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES, TILED)
-
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
-    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
-    acc = gl.zeros([BN, BK], gl.float32, blk)
-    seg_tiles = 0
-    for j in range(n):
-        if (j % 32 == 0) & (j > 0):
-            cur = nxt
-            nxt = _table_block(tab, j // 32 + 1, rows_t, f)
-        meta, _, col0, out_off, in_off, k_len, out_end, want = _entry(cur, j, rows_t, f)
-        # the ring's tile: from the next block only once it is needed (a branch, so the fresh
-        # block's registers are not waited on before then)
-        if j % 32 + STAGES < 32:
-            a_meta, a_row, a_col, _, _, _, _, _ = _entry(cur, j + STAGES, rows_t, f)
-        else:
-            a_meta, a_row, a_col, _, _, _, _, _ = _entry(nxt, j + STAGES, rows_t, f)
-        p = meta >> 8
-        if (meta & 2) != 0:  # the phase's first tile here: wait for its input, stage it
-            if COUNTED:
-                if (MODE & NO_X) == 0:
-                    _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, (MODE & NO_WAIT) == 0, BK, XCHUNKS,
-                                   (MODE & SLEEP) != 0)
-            elif (MODE & NO_WAIT) == 0:
-                if p > 0:
-                    seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-                    while seen < want:
-                        seen = gl.atomic_add(flags_ptr + p - 1, 0, sem="acquire", scope="gpu")
-            if ((MODE & NO_X) == 0) & (not COUNTED):
-                _barrier()  # and the last phase's input is no longer read
-                for c in gl.static_range(XCHUNKS):  # one element a thread a chunk: all loads in flight at once
-                    xs.index(c).store(gl.load(arena_ptr + in_off + c * BK + xcols, mask=c * BK + xcols < k_len,
-                                              other=0.0, cache_modifier=".cg"))
-                _barrier()
-        slot = j % STAGES
-        if (MODE & NO_RING) == 0:
-            mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if (MODE & NO_MATH) == 0:
-            w = ring.index(slot).load(blk).to(gl.float32)
-            acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
-        _barrier()  # every warp is done with the slot before the ring refills it
-        fence_async_shared()
-        if (j + STAGES < n) & ((MODE & NO_RING) == 0):
-            _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
-        seg_tiles += 1
-        if ((MODE & NO_OUT) == 0) & ((meta & 4) != 0):  # the end of a run of one row block: add it into the output
-            y = gl.sum(acc, axis=1)
-            out = arena_ptr + out_off + rows
-            if COUNTED:  # fixed point over the count of K tiles in, one 8-byte word: no fence needed
-                word = ((y * FIX_SCALE).to(gl.int64) << 8) + seg_tiles
-                gl.atomic_add(out, word, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
-            else:
-                gl.atomic_add(out, y, mask=out_off + rows < out_end, sem="relaxed", scope="gpu")
-            acc = gl.zeros([BN, BK], gl.float32, blk)
-        if (meta & 4) != 0:
-            seg_tiles = 0
-        if ((MODE & NO_OUT) == 0) & ((meta & 8) != 0) & (not COUNTED):  # this program's last tile of the phase: count it in
-            _barrier()
-            gl.atomic_add(flags_ptr + p, 1, sem="release", scope="gpu")
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(s))
 
 
 def weights(cfg, device, seed=0):
@@ -262,7 +107,7 @@ def plan(shapes, C, programs, bn, device, tiled_starts=None, counted=False):
         wants.append(busy)
     counts = [len(lst) for lst in lists]
     # whole blocks of 32, one more ahead: reads run past the end
-    table = torch.zeros(programs, (max(counts) + 31) // 32 * 32 + 64, NF.value, dtype=torch.int32)
+    table = torch.zeros(programs, (max(counts) + 31) // 32 * 32 + 64, NF, dtype=torch.int32)
     for q, lst in enumerate(lists):
         table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
     return dict(table=table.to(device), counts=torch.tensor(counts, dtype=torch.int32, device=device), outs=outs,
@@ -271,12 +116,12 @@ def plan(shapes, C, programs, bn, device, tiled_starts=None, counted=False):
 
 def encode(x):
     """fp32 values as counted words, each with one tile in."""
-    return (x.double() * FIX_SCALE.value).long() * 256 + 1
+    return (x.double() * FIX_SCALE).long() * 256 + 1
 
 
 def decode(words):
     """Counted words' values (fp64)."""
-    return (words >> 8).double() / FIX_SCALE.value
+    return (words >> 8).double() / FIX_SCALE
 
 
 def reference(slabs, shapes, x0):
@@ -287,7 +132,22 @@ def reference(slabs, shapes, x0):
     return x
 
 
-def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
+def launch(kernel_form, descs, pl, arena, flags, programs, stages, mode, **compile_only):
+    """One launch of the step's kernel in form "one" (one role) or "wsN" (warp specialized, at
+    most N tiles in flight)."""
+    args = (descs[0], descs[1], pl["table"], pl["counts"], arena, flags, pl["table"].stride(0))
+    meta = dict(MODE=mode, TILED=pl["tiled"], COUNTED=pl["counted"], STAGES=stages, BN=pl["bn"], num_warps=8)
+    if kernel_form == "one":
+        kernel = stream_step_kernel
+    else:
+        kernel, meta["MAXF"] = stream_step_ws_kernel, int(kernel_form[2:])
+        meta["maxnreg"] = 168  # 12 warps (8 + the loader's warpgroup): 232 registers for the 8
+    if compile_only:
+        return kernel.warmup(*args, **meta, **compile_only)
+    return kernel[(programs,)](*args, **meta)
+
+
+def launcher(slabs, pl, n_phases, C, programs, stages, mode, kernel_form):
     """A callable that runs the step once (zeroed outputs and counters, then the launch), one
     that only zeroes them, and the arena it writes."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
@@ -302,36 +162,27 @@ def launcher(slabs, pl, n_phases, C, programs, stages, mode, warps=8):
 
     def step():
         clear()
-        _stream_step_kernel[(programs,)](descs[0], descs[1], pl["table"], pl["counts"], arena, flags,
-                                         pl["table"].stride(0), MODE=mode, TILED=pl["tiled"],
-                                         COUNTED=pl["counted"], STAGES=stages,
-                                         BN=pl["bn"], BK=BK,
-                                         XCHUNKS=XCHUNKS, num_warps=warps)
+        launch(kernel_form, descs, pl, arena, flags, programs, stages, mode)
     return step, clear, arena
 
 
 def compile_only(args):
     """Compile the kernel for sm_90 on this machine (no GPU): shared memory and registers."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from check_compile import cubin_usage, find_cuobjdump, target_only
 
     target_only(90)
     cfg = PRESETS["gpt2"]
     slabs, shapes = weights(cfg, "cpu")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    for (bn, stages), counted in ((t, c) for t in args.tiles for c in args.protocols):
+    for (bn, stages), counted, form in ((t, c, k) for t in args.tiles for c in args.protocols for k in args.forms):
         pl = plan(shapes, cfg.n_embd, 4, bn, "cpu", counted=counted)
         descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in slabs]
+        arena = torch.zeros(pl["arena"], dtype=torch.int64 if counted else torch.float32)
         for mode in args.modes:
-            k = _stream_step_kernel.warmup(descs[0], descs[1], pl["table"], pl["counts"],
-                                           torch.zeros(pl["arena"], dtype=torch.int64 if counted else torch.float32),
-                                           torch.zeros(len(shapes), dtype=torch.int32), pl["table"].stride(0),
-                                           MODE=mode, TILED=False, COUNTED=counted, STAGES=stages, BN=bn, BK=BK, XCHUNKS=XCHUNKS,
-                                           num_warps=8,
-                                           grid=(4,))
+            k = launch(form, descs, pl, arena, torch.zeros(len(shapes), dtype=torch.int32), 4, stages, mode, grid=(4,))
             regs, local = cubin_usage(k, find_cuobjdump())
-            print(f"{bn}x{BK} tiles, {stages} stages, counted {counted}, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
-                  f"{local} B local a thread")
+            print(f"{form}, {bn}x{BK} tiles, {stages} stages, counted {counted}, mode {mode}: "
+                  f"shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
 
 
 def tiles_arg(text):
@@ -343,6 +194,13 @@ def tiles_arg(text):
     if bn not in (16, 32, 64, 128) or not 1 <= stages <= 24 or bn * BK * 2 * stages > 200 * 1024:
         raise argparse.ArgumentTypeError(f"{text!r}: rows 16-128 (a power of two) and a ring within 200 KB")
     return bn, stages
+
+
+def form_arg(text):
+    """'one' or 'wsN'."""
+    if text == "one" or (text.startswith("ws") and text[2:].isdigit() and int(text[2:]) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one or wsN (N tiles in flight at most, N > 0), got {text!r}")
 
 
 MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
@@ -362,6 +220,8 @@ def main():
     ap.add_argument("--protocols", nargs="+", default=["counters", "counted"], choices=["counters", "counted"],
                     help="how phases meet: a counter a phase (release, acquire) or counted words (fixed point "
                          "with the K tiles in, no fence)")
+    ap.add_argument("--forms", nargs="+", default=["one"], type=form_arg,
+                    help="the kernel: one (one role) or wsN (a loader warp, at most N tiles in flight)")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
     args = ap.parse_args()
@@ -382,8 +242,8 @@ def main():
     want = reference(slabs, shapes, x0)
     rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), environment=environment(), runs=[])
-    for layout, (bn, stages), counted in ((lay, t, c) for lay in args.layouts for t in args.tiles
-                                          for c in args.protocols):
+    for layout, (bn, stages), counted, form in ((lay, t, c, k) for lay in args.layouts for t in args.tiles
+                                                for c in args.protocols for k in args.forms):
         if layout == "tiles":
             stored, starts = tile_major(slabs, shapes, bn)
             pl = plan(shapes, C, programs, bn, "cuda", starts, counted)
@@ -391,7 +251,7 @@ def main():
             stored, pl = slabs, plan(shapes, C, programs, bn, "cuda", counted=counted)
         read = sum(w.numel() * 2 for w in stored)  # padded tiles read zeros too
         for mode in args.modes:
-            step, clear, arena = launcher(stored, pl, len(shapes), C, programs, stages, mode)
+            step, clear, arena = launcher(stored, pl, len(shapes), C, programs, stages, mode, form)
             arena[:C] = encode(x0) if counted else x0
             step()
             torch.cuda.synchronize()
@@ -399,7 +259,8 @@ def main():
             got = decode(got) if counted else got
             err = ((got - want).abs().max() / want.abs().max()).item()
             us = ms_graph([step]) * 1e3
-            run = dict(layout=layout, tile=[bn, BK], stages=stages, protocol="counted" if counted else "counters",
+            run = dict(form=form, layout=layout, tile=[bn, BK], stages=stages,
+                       protocol="counted" if counted else "counters",
                        mode=MODES[mode], us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3), read_tbps=round(read / us / 1e6, 3),
                        rel_err=err if mode == 0 else None)
