@@ -175,7 +175,7 @@ def _load(desc_k1, desc_k4, ring, ready, empty, tab, n, STAGES: gl.constexpr, MA
             nxt = _table_block(tab, j // 32 + 1, rows_t, f)
         meta, row0, col0, _, _, _, _, _ = _entry(cur, j, rows_t, f)
         mbarrier.wait(empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
-        if j >= MAXF:
+        if (MAXF < STAGES) & (j >= MAXF):  # (MAXF >= STAGES: the slots alone bound it)
             mbarrier.wait(ready.index((j - MAXF) % STAGES), ((j - MAXF) // STAGES) & 1)
         _ask(desc_k1, desc_k4, ring, ready, meta, row0, col0, j, STAGES, TILED)
 
