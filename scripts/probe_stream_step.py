@@ -37,7 +37,7 @@ from minillm.config import PRESETS  # noqa: E402
 import stream_step_kernels as ssk  # noqa: E402
 from stream_step_kernels import FIRST, PHASE_END, SEG_END, stream_step_kernel, stream_step_ws_kernel  # noqa: E402
 
-BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF, ssk.FIX_SCALE  # the kernels' constants, as ints
+BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF.value, ssk.FIX_SCALE.value  # the kernels' constants, as numbers
 
 
 

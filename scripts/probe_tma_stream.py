@@ -59,9 +59,21 @@ CONFIGS = [(64, 256, 0, 6, 1), (256, 64, 128, 6, 1), (128, 64, 128, 12, 1), (64,
            (64, 256, 0, 3, 2), (128, 64, 128, 6, 2), (64, 64, 128, 6, 4), (32, 256, 0, 12, 1)]
 
 
+def gbytes_arg(text):
+    """A buffer size in GB, more than 0 and at most 64."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GB, got {text!r}") from None
+    if not 0 < v <= 64:
+        raise argparse.ArgumentTypeError(f"expected more than 0 and at most 64 GB, got {text}")
+    return v
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gbytes", type=float, default=3.0, help="buffer size in GB (default 3.0, gpt2-xl's weights)")
+    ap.add_argument("--gbytes", type=gbytes_arg, default=3.0, help="buffer size in GB (default 3.0, gpt2-xl's weights)")
+    ap.add_argument("--configs", type=int, default=len(CONFIGS), help="how many of CONFIGS to run (default all)")
     ap.add_argument("--out", type=Path, help="folder for tma-stream.json")
     args = ap.parse_args()
     from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
@@ -71,7 +83,7 @@ def main():
     bw = copy_bandwidth()
     rec = dict(copy_gbps=round(bw, 1), environment=environment(), runs=[])
     print(f"copy rate {bw:.0f} GB/s")
-    for rows, cols, swizzle, stages, per_sm in CONFIGS:
+    for rows, cols, swizzle, stages, per_sm in CONFIGS[:args.configs]:
         programs = sms * per_sm
         box_bytes = rows * cols * 2
         boxes = int(args.gbytes * 1e9) // (box_bytes * programs)

@@ -66,8 +66,9 @@ def _stage_counted(arena_ptr, xs, in_off, k_len, want, xcols, POLL: gl.constexpr
     busy = 0
     first = 1
     while (busy > 0) | (first > 0):
-        if SLEEP_FIRST & (busy > 0):
-            gl.inline_asm("nanosleep.u32 500;")
+        if SLEEP_FIRST:  # (a constexpr branch alone: Triton 3.6's Gluon has no inline_asm)
+            if busy > 0:
+                gl.inline_asm("nanosleep.u32 500;")
         first = 0
         bad = xcols < 0
         for c in gl.static_range(XCHUNKS):  # one word a thread a chunk: all loads in flight at once
