@@ -109,7 +109,8 @@ def plan(shapes, C, programs, bn, device, tiled_starts=None, counted=False):
     # whole blocks of 32, one more ahead: reads run past the end
     table = torch.zeros(programs, (max(counts) + 31) // 32 * 32 + 64, NF, dtype=torch.int32)
     for q, lst in enumerate(lists):
-        table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
+        if lst:  # (a program may have no tile at all in a small model)
+            table[q, :len(lst)] = torch.tensor(lst, dtype=torch.int32)
     return dict(table=table.to(device), counts=torch.tensor(counts, dtype=torch.int32, device=device), outs=outs,
                 arena=at, bn=bn, tiled=tiled_starts is not None, counted=counted)
 

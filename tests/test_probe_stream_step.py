@@ -29,7 +29,7 @@ def entries(pl, q):
 
 
 @pytest.mark.parametrize("cfg", [TINY, WIDE])
-@pytest.mark.parametrize("programs,bn", [(1, 64), (5, 32), (13, 16)])
+@pytest.mark.parametrize("programs,bn", [(1, 64), (5, 32), (13, 16), (132, 64)])  # 132: some have no tile
 def test_plan_covers_every_weight_once(cfg, programs, bn):
     slabs, shapes = pss.weights(cfg, "cpu")
     pl = pss.plan(shapes, cfg.n_embd, programs, bn, "cpu")
