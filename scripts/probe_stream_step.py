@@ -148,14 +148,18 @@ def reference(slabs, shapes, x0):
 
 
 def launch(kernel_form, descs, pl, arena, flags, programs, stages, mode, **compile_only):
-    """One launch of the step's kernel in form "one" (one role) or "wsN" (warp specialized, at
-    most N tiles in flight)."""
-    args = (descs[0], descs[1], pl["table"], pl["counts"], arena, flags, pl["table"].stride(0))
+    """One launch of the step's kernel in form "one" (one role) or "wsN[lM]" (warp specialized,
+    at most N tiles in flight; lM: with each tile L2 asked for the one M tiles later)."""
+    tail = (pl["table"], pl["counts"], arena, flags, pl["table"].stride(0))
     meta = dict(MODE=mode, TILED=pl["tiled"], COUNTED=pl["counted"], STAGES=stages, BN=pl["bn"], num_warps=8)
     if kernel_form == "one":
-        kernel = stream_step_kernel
+        kernel, args = stream_step_kernel, (descs[0], descs[1]) + tail
     else:
-        kernel, meta["MAXF"] = stream_step_ws_kernel, int(kernel_form[2:])
+        maxf, _, ahead = kernel_form[2:].partition("l")
+        if ahead and not pl["tiled"]:
+            raise ValueError(f"form {kernel_form}: L2 requests ahead need the weights tile by tile (--layouts tiles)")
+        kernel, args = stream_step_ws_kernel, (descs[0], descs[1], descs[0].base, descs[1].base) + tail
+        meta.update(MAXF=int(maxf), L2_AHEAD=int(ahead or 0))
         meta["maxnreg"] = 168  # 12 warps (8 + the loader's warpgroup): 232 registers for the 8
     if compile_only:
         return kernel.warmup(*args, **meta, **compile_only)
@@ -190,8 +194,9 @@ def compile_only(args):
     slabs, shapes = weights(cfg, "cpu")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     for (bn, stages), counted, form in ((t, c, k) for t in args.tiles for c in args.protocols for k in args.forms):
-        pl = plan(shapes, cfg.n_embd, 4, bn, "cpu", counted=counted)
-        descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in slabs]
+        stored, starts = tile_major(slabs, shapes, bn) if "l" in form else (slabs, None)
+        pl = plan(shapes, cfg.n_embd, 4, bn, "cpu", starts, counted)
+        descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in stored]
         arena = torch.zeros(pl["arena"], dtype=torch.int64 if counted else torch.float32)
         for mode in args.modes:
             k = launch(form, descs, pl, arena, torch.zeros(len(shapes), dtype=torch.int32), 4, stages, mode, grid=(4,))
@@ -212,10 +217,13 @@ def tiles_arg(text):
 
 
 def form_arg(text):
-    """'one' or 'wsN'."""
-    if text == "one" or (text.startswith("ws") and text[2:].isdigit() and int(text[2:]) > 0):
+    """'one', 'wsN' or 'wsNlM'."""
+    maxf, sep, ahead = text[2:].partition("l")
+    if text == "one" or (text.startswith("ws") and maxf.isdigit() and int(maxf) > 0
+                         and (not sep or (ahead.isdigit() and 0 < int(ahead) <= 32))):
         return text
-    raise argparse.ArgumentTypeError(f"expected one or wsN (N tiles in flight at most, N > 0), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected one, wsN or wsNlM (N tiles in flight at most, N > 0; L2 asked for "
+                                     f"the tile M later, 0 < M <= 32), got {text!r}")
 
 
 MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
@@ -236,7 +244,8 @@ def main():
                     help="how phases meet: a counter a phase (release, acquire) or counted words (fixed point "
                          "with the K tiles in, no fence)")
     ap.add_argument("--forms", nargs="+", default=["one"], type=form_arg,
-                    help="the kernel: one (one role) or wsN (a loader warp, at most N tiles in flight)")
+                    help="the kernel: one (one role), wsN (a loader warp, at most N tiles in flight) or wsNlM (and "
+                         "L2 asked for the tile M later; --layouts tiles)")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for stream-step-MODEL.json")
     args = ap.parse_args()
@@ -259,6 +268,9 @@ def main():
                floor_us=round(floor_us, 2), environment=environment(), runs=[])
     for layout, (bn, stages), counted, form in ((lay, t, c, k) for lay in args.layouts for t in args.tiles
                                                 for c in args.protocols for k in args.forms):
+        if "l" in form and layout == "rows":
+            print(f"(form {form} skipped with row-major weights: its L2 requests need them tile by tile)")
+            continue
         if layout == "tiles":
             stored, starts = tile_major(slabs, shapes, bn)
             pl = plan(shapes, C, programs, bn, "cuda", starts, counted)

@@ -161,10 +161,23 @@ def _consume(ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE: gl.cons
 
 
 @gluon.jit
-def _load(desc_k1, desc_k4, ring, ready, empty, tab, n, STAGES: gl.constexpr, MAXF: gl.constexpr,
-          TILED: gl.constexpr):
+def _l2_ahead(w1_ptr, w4_ptr, meta, row0, TILE_BYTES: gl.constexpr):
+    """Ask L2 for a tile stored tile by tile (one contiguous block at row0), from one lane."""
+    if (meta & 1) == 0:
+        addr = (w1_ptr + row0 * BK).to(gl.int64, bitcast=True)
+    else:
+        addr = (w4_ptr + row0 * BK).to(gl.int64, bitcast=True)
+    gl.inline_asm("{ .reg .pred first; .reg .u32 lane; mov.u32 lane, %laneid; setp.eq.u32 first, lane, 0; "
+                  f"@first cp.async.bulk.prefetch.L2.global [$0], {TILE_BYTES}; }}", "l", [addr])
+
+
+@gluon.jit
+def _load(desc_k1, desc_k4, w1_ptr, w4_ptr, ring, ready, empty, tab, n, STAGES: gl.constexpr, MAXF: gl.constexpr,
+          TILED: gl.constexpr, L2_AHEAD: gl.constexpr, TILE_BYTES: gl.constexpr):
     """The loader warp: fill each slot once it is given back, with at most MAXF tiles in flight
-    (fewer requests queued keep the phases' own reads quick)."""
+    (fewer requests queued keep the phases' own reads quick). L2_AHEAD > 0 (weights stored tile
+    by tile): with each tile, ask L2 for the one L2_AHEAD tiles later, so requests stay out while
+    the ring is full and the program waits on a phase."""
     tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [1, 1], [1, 0])
     rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
     f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
@@ -175,6 +188,13 @@ def _load(desc_k1, desc_k4, ring, ready, empty, tab, n, STAGES: gl.constexpr, MA
             cur = nxt
             nxt = _table_block(tab, j // 32 + 1, rows_t, f)
         meta, row0, col0, _, _, _, _, _ = _entry(cur, j, rows_t, f)
+        if L2_AHEAD > 0:  # (a constexpr branch alone: Triton 3.6's Gluon has no inline_asm)
+            if j + L2_AHEAD < n:
+                if j % 32 + L2_AHEAD < 32:
+                    l_meta, l_row, _, _, _, _, _, _ = _entry(cur, j + L2_AHEAD, rows_t, f)
+                else:
+                    l_meta, l_row, _, _, _, _, _, _ = _entry(nxt, j + L2_AHEAD, rows_t, f)
+                _l2_ahead(w1_ptr, w4_ptr, l_meta, l_row, TILE_BYTES)
         mbarrier.wait(empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
         if (MAXF < STAGES) & (j >= MAXF):  # (MAXF >= STAGES: the slots alone bound it)
             mbarrier.wait(ready.index((j - MAXF) % STAGES), ((j - MAXF) // STAGES) & 1)
@@ -182,9 +202,10 @@ def _load(desc_k1, desc_k4, ring, ready, empty, tab, n, STAGES: gl.constexpr, MA
 
 
 @gluon.jit
-def stream_step_ws_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags_ptr, table_stride,
-                          MODE: gl.constexpr, TILED: gl.constexpr, COUNTED: gl.constexpr, STAGES: gl.constexpr,
-                          MAXF: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
+def stream_step_ws_kernel(desc_k1, desc_k4, w1_ptr, w4_ptr, table_ptr, counts_ptr, arena_ptr, flags_ptr,
+                          table_stride, MODE: gl.constexpr, TILED: gl.constexpr, COUNTED: gl.constexpr,
+                          STAGES: gl.constexpr, MAXF: gl.constexpr, L2_AHEAD: gl.constexpr, BN: gl.constexpr,
+                          num_warps: gl.constexpr):
     pid = gl.program_id(0)
     ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc_k1.layout)
     # the phase's input vector in BK chunks (a tile's chunk is one index away)
@@ -198,7 +219,8 @@ def stream_step_ws_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, fl
     tab = table_ptr + pid * table_stride
     gl.warp_specialize([
         (_consume, (ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE, COUNTED, STAGES, BN, num_warps)),
-        (_load, (desc_k1, desc_k4, ring, ready, empty, tab, n, STAGES, MAXF, TILED)),
+        (_load, (desc_k1, desc_k4, w1_ptr, w4_ptr, ring, ready, empty, tab, n, STAGES, MAXF, TILED, L2_AHEAD,
+                 BN * BK * 2)),
     ], [1], [48])
 
 

@@ -124,7 +124,8 @@ def test_counted_words_add_values_and_counts():
     (["--tiles", "64"], "expected ROWSxSTAGES such as 64x6, got '64'"),
     (["--tiles", "48x4"], "rows 16-128 (a power of two)"),
     (["--tiles", "128x8"], "a ring within 200 KB"),
-    (["--forms", "ws0"], "expected one or wsN"),
+    (["--forms", "ws0"], "expected one, wsN or wsNlM"),
+    (["--forms", "ws1l40"], "0 < M <= 32"),
     (["--modes", "2"], "invalid choice: 2"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
@@ -143,15 +144,19 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 
 
 @hopper
-@pytest.mark.parametrize("form", ["one", "ws2"])
+@pytest.mark.parametrize("form", ["one", "ws2", "ws2l4"])  # ws2l4: L2 requests ahead, weights tile by tile
 @pytest.mark.parametrize("counted", [False, True])
 @pytest.mark.parametrize("bn,stages", [(64, 6), (32, 3)])
 def test_kernels_match_torch(form, counted, bn, stages):
     cfg = WIDE
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pss.weights(cfg, "cuda", seed=5)
-    pl = pss.plan(shapes, cfg.n_embd, programs, bn, "cuda", counted=counted)
-    step, _, arena = pss.launcher(slabs, pl, len(shapes), cfg.n_embd, programs, stages, 0, form)
+    if "l" in form:
+        stored, starts = pss.tile_major(slabs, shapes, bn)
+    else:
+        stored, starts = slabs, None
+    pl = pss.plan(shapes, cfg.n_embd, programs, bn, "cuda", starts, counted)
+    step, _, arena = pss.launcher(stored, pl, len(shapes), cfg.n_embd, programs, stages, 0, form)
     x0 = torch.randn(cfg.n_embd, device="cuda")
     want = pss.reference(slabs, shapes, x0)
     for _ in range(2):  # a second step: the zero fills start it over
