@@ -54,7 +54,6 @@ from stream_step_kernels import FIRST, PHASE_END, SEG_END, stream_step_kernel, s
 BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF.value, ssk.FIX_SCALE.value  # the kernels' constants, as numbers
 
 
-
 def weights(cfg, device, seed=0):
     """The chain's weights as two slabs by K, and each phase's (slab, first row, N, K)."""
     C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size

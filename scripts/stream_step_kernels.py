@@ -32,6 +32,24 @@ def _table_block(tab, b, rows, f):
 
 
 @gluon.jit
+def _table_start(tab, tbl: gl.constexpr):
+    """A program's table held 32 entries at a time: (rows, fields, the first block, the next)."""
+    rows = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
+    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
+    return rows, f, _table_block(tab, 0, rows, f), _table_block(tab, 1, rows, f)
+
+
+@gluon.jit
+def _table_turn(tab, cur, nxt, j, rows, f):
+    """At a block's first tile (past the first block) the next block is held and the one after
+    asked for: a block ahead, so no tile waits on a table read."""
+    if (j % 32 == 0) & (j > 0):
+        cur = nxt
+        nxt = _table_block(tab, j // 32 + 1, rows, f)
+    return cur, nxt
+
+
+@gluon.jit
 def _entry(block, j, rows, f):
     """Tile j's fields from the table block holding it: one in-warp sum (redux) a field."""
     e = gl.sum(gl.where(rows[:, None] == (j % 32), block, 0), axis=0)
@@ -131,20 +149,13 @@ def _consume(ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE: gl.cons
     # a warp owns whole rows of a tile: each thread 8 columns (16-byte shared loads), the sum over
     # K reduced by shuffles inside the warp
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0])
-    rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
-    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
+    rows_t, f, cur, nxt = _table_start(tab, gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0]))
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
     xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
     acc = gl.zeros([BN, BK], gl.float32, blk)
     seg_tiles = 0
-    # the table is held a block of 32 tiles at a time, the next block asked for a block ahead
-    cur = _table_block(tab, 0, rows_t, f)
-    nxt = _table_block(tab, 1, rows_t, f)
     for j in range(n):
-        if (j % 32 == 0) & (j > 0):
-            cur = nxt
-            nxt = _table_block(tab, j // 32 + 1, rows_t, f)
+        cur, nxt = _table_turn(tab, cur, nxt, j, rows_t, f)
         meta, _, col0, out_off, in_off, k_len, out_end, want = _entry(cur, j, rows_t, f)
         if (meta & 2) != 0:
             _open_phase(arena_ptr, flags_ptr, xs, meta >> 8, in_off, k_len, want, xcols, MODE, COUNTED)
@@ -178,15 +189,9 @@ def _load(desc_k1, desc_k4, w1_ptr, w4_ptr, ring, ready, empty, tab, n, STAGES: 
     (fewer requests queued keep the phases' own reads quick). L2_AHEAD > 0 (weights stored tile
     by tile): with each tile, ask L2 for the one L2_AHEAD tiles later, so requests stay out while
     the ring is full and the program waits on a phase."""
-    tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [1, 1], [1, 0])
-    rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
-    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
-    cur = _table_block(tab, 0, rows_t, f)
-    nxt = _table_block(tab, 1, rows_t, f)
+    rows_t, f, cur, nxt = _table_start(tab, gl.BlockedLayout([1, NF], [32, 1], [1, 1], [1, 0]))
     for j in range(n):
-        if (j % 32 == 0) & (j > 0):
-            cur = nxt
-            nxt = _table_block(tab, j // 32 + 1, rows_t, f)
+        cur, nxt = _table_turn(tab, cur, nxt, j, rows_t, f)
         meta, row0, col0, _, _, _, _, _ = _entry(cur, j, rows_t, f)
         if L2_AHEAD > 0:  # (a constexpr branch alone: Triton 3.6's Gluon has no inline_asm)
             if j + L2_AHEAD < n:
@@ -231,7 +236,6 @@ def stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags
     """One role: the program asks for tile j + STAGES after tile j's work."""
     pid = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-    tbl: gl.constexpr = gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0])
     ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc_k1.layout)
     xs = gl.allocate_shared_memory(gl.float32, [XCHUNKS, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -239,12 +243,7 @@ def stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags
         mbarrier.init(bars.index(s), count=1)
     n = gl.load(counts_ptr + pid)
     tab = table_ptr + pid * table_stride
-    rows_t = gl.arange(0, 32, layout=gl.SliceLayout(1, tbl))
-    f = gl.arange(0, NF, layout=gl.SliceLayout(0, tbl))
-    # the table is held two blocks of 32 tiles at a time, the next block asked for a block ahead,
-    # so no tile waits on a table read
-    cur = _table_block(tab, 0, rows_t, f)
-    nxt = _table_block(tab, 1, rows_t, f)
+    rows_t, f, cur, nxt = _table_start(tab, gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0]))
     for s in gl.static_range(STAGES):
         if (s < n) & ((MODE & NO_RING) == 0):
             m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
@@ -254,9 +253,7 @@ def stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags
     acc = gl.zeros([BN, BK], gl.float32, blk)
     seg_tiles = 0
     for j in range(n):
-        if (j % 32 == 0) & (j > 0):
-            cur = nxt
-            nxt = _table_block(tab, j // 32 + 1, rows_t, f)
+        cur, nxt = _table_turn(tab, cur, nxt, j, rows_t, f)
         meta, _, col0, out_off, in_off, k_len, out_end, want = _entry(cur, j, rows_t, f)
         # the ring's tile: from the next block only once it is needed (a branch, so the fresh
         # block's registers are not waited on before then)
