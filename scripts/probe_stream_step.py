@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -218,6 +219,9 @@ def tiles_arg(text):
 def form_arg(text):
     """'one', 'wsN' or 'wsNlM'."""
     maxf, sep, ahead = text[2:].partition("l")
+    if sep and not ssk.HAS_INLINE_ASM:
+        raise argparse.ArgumentTypeError(f"form {text}: L2 requests ahead need Gluon's inline_asm, which this Triton "
+                                         f"({triton.__version__}) lacks (3.9 has it)")
     if text == "one" or (text.startswith("ws") and maxf.isdigit() and int(maxf) > 0
                          and (not sep or (ahead.isdigit() and 0 < int(ahead) <= 32))):
         return text

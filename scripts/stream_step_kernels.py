@@ -23,6 +23,7 @@ SLEEP = gl.constexpr(32)  # not a part left out: counted words read again 0.5 us
 # the names these have in Triton 3.6 and in the newest
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+HAS_INLINE_ASM = hasattr(gl, "inline_asm")  # the loader's L2 requests ahead need it (3.6 has none)
 
 
 @gluon.jit

@@ -148,6 +148,8 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 @pytest.mark.parametrize("counted", [False, True])
 @pytest.mark.parametrize("bn,stages", [(64, 6), (32, 3)])
 def test_kernels_match_torch(form, counted, bn, stages):
+    if "l" in form and not pss.ssk.HAS_INLINE_ASM:
+        pytest.skip("L2 requests ahead: Gluon's inline_asm, which Triton 3.6 lacks (call 15 of session 105)")
     cfg = WIDE
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pss.weights(cfg, "cuda", seed=5)
