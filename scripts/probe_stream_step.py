@@ -166,11 +166,16 @@ def launch(kernel_form, descs, pl, arena, flags, programs, stages, mode, **compi
     return kernel[(programs,)](*args, **meta)
 
 
+def descriptors(slabs, bn):
+    """TMA descriptors of the two weight slabs, a (bn x BK) box each, unswizzled."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    return [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in slabs]
+
+
 def launcher(slabs, pl, n_phases, C, programs, stages, mode, kernel_form):
     """A callable that runs the step once (zeroed outputs and counters, then the launch), one
     that only zeroes them, and the arena it writes."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [pl["bn"], BK], layout) for w in slabs]
+    descs = descriptors(slabs, pl["bn"])
     dev = slabs[0].device
     arena = torch.zeros(pl["arena"], dtype=torch.int64 if pl["counted"] else torch.float32, device=dev)
     flags = torch.zeros(n_phases, dtype=torch.int32, device=dev)
@@ -192,11 +197,10 @@ def compile_only(args):
     target_only(90)
     cfg = PRESETS["gpt2"]
     slabs, shapes = weights(cfg, "cpu")
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     for (bn, stages), counted, form in ((t, c, k) for t in args.tiles for c in args.protocols for k in args.forms):
         stored, starts = tile_major(slabs, shapes, bn) if "l" in form else (slabs, None)
         pl = plan(shapes, cfg.n_embd, 4, bn, "cpu", starts, counted)
-        descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, BK], layout) for w in stored]
+        descs = descriptors(stored, bn)
         arena = torch.zeros(pl["arena"], dtype=torch.int64 if counted else torch.float32)
         for mode in args.modes:
             k = launch(form, descs, pl, arena, torch.zeros(len(shapes), dtype=torch.int32), 4, stages, mode, grid=(4,))

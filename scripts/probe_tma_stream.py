@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minillm.cli import _int_at_least  # noqa: E402
+from stream_step_kernels import _barrier, _tma_load  # noqa: E402  (their names in Triton 3.6 and the newest)
 
 
 @gluon.jit
@@ -76,7 +76,8 @@ def gbytes_arg(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gbytes", type=gbytes_arg, default=3.0, help="buffer size in GB (default 3.0, gpt2-xl's weights)")
-    ap.add_argument("--configs", type=int, default=len(CONFIGS), help="how many of CONFIGS to run (default all)")
+    ap.add_argument("--configs", type=_int_at_least(1), default=len(CONFIGS),
+                    help="how many of CONFIGS to run (default all)")
     ap.add_argument("--out", type=Path, help="folder for tma-stream.json")
     args = ap.parse_args()
     from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda

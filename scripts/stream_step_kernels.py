@@ -143,6 +143,27 @@ def _close_tile(arena_ptr, flags_ptr, acc, seg_tiles, meta, out_off, out_end, ro
 
 
 @gluon.jit
+def _work_start(blk: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
+    """The work's row offsets, the lanes that stage an input chunk (one element a thread), and a
+    zero accumulator."""
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
+    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
+    return rows, xcols, gl.zeros([BN, BK], gl.float32, blk)
+
+
+@gluon.jit
+def _tile_products(ring, xs, slot, col0, acc, blk: gl.constexpr, MODE: gl.constexpr):
+    """Add a landed tile's products with its input chunk into acc; then every warp is done with
+    the slot (a barrier) and its reads are ordered before the TMA that refills it."""
+    if (MODE & NO_MATH) == 0:
+        w = ring.index(slot).load(blk).to(gl.float32)
+        acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
+    _barrier()
+    fence_async_shared()
+    return acc
+
+
+@gluon.jit
 def _consume(ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE: gl.constexpr, COUNTED: gl.constexpr,
              STAGES: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
     """The warp-specialized form's work: every tile's products as its slot fills, the slot given
@@ -151,9 +172,7 @@ def _consume(ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE: gl.cons
     # K reduced by shuffles inside the warp
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     rows_t, f, cur, nxt = _table_start(tab, gl.BlockedLayout([1, NF], [32, 1], [num_warps, 1], [1, 0]))
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
-    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
-    acc = gl.zeros([BN, BK], gl.float32, blk)
+    rows, xcols, acc = _work_start(blk, BN, num_warps)
     seg_tiles = 0
     for j in range(n):
         cur, nxt = _table_turn(tab, cur, nxt, j, rows_t, f)
@@ -162,12 +181,8 @@ def _consume(ring, xs, ready, empty, tab, n, arena_ptr, flags_ptr, MODE: gl.cons
             _open_phase(arena_ptr, flags_ptr, xs, meta >> 8, in_off, k_len, want, xcols, MODE, COUNTED)
         slot = j % STAGES
         mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        if (MODE & NO_MATH) == 0:
-            w = ring.index(slot).load(blk).to(gl.float32)
-            acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
-        _barrier()  # every warp is done with the slot before the loader refills it
-        fence_async_shared()
-        mbarrier.arrive(empty.index(slot), count=1)
+        acc = _tile_products(ring, xs, slot, col0, acc, blk, MODE)
+        mbarrier.arrive(empty.index(slot), count=1)  # the slot back to the loader
         acc, seg_tiles = _close_tile(arena_ptr, flags_ptr, acc, seg_tiles, meta, out_off, out_end, rows, MODE,
                                      COUNTED)
 
@@ -249,9 +264,7 @@ def stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags
         if (s < n) & ((MODE & NO_RING) == 0):
             m, r, c, _, _, _, _, _ = _entry(cur, s, rows_t, f)
             _ask(desc_k1, desc_k4, ring, bars, m, r, c, s, STAGES, TILED)
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
-    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
-    acc = gl.zeros([BN, BK], gl.float32, blk)
+    rows, xcols, acc = _work_start(blk, BN, num_warps)
     seg_tiles = 0
     for j in range(n):
         cur, nxt = _table_turn(tab, cur, nxt, j, rows_t, f)
@@ -267,11 +280,7 @@ def stream_step_kernel(desc_k1, desc_k4, table_ptr, counts_ptr, arena_ptr, flags
         slot = j % STAGES
         if (MODE & NO_RING) == 0:
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if (MODE & NO_MATH) == 0:
-            w = ring.index(slot).load(blk).to(gl.float32)
-            acc += w * xs.index(col0 // BK).load(gl.SliceLayout(0, blk))[None, :]
-        _barrier()  # every warp is done with the slot before the ring refills it
-        fence_async_shared()
+        acc = _tile_products(ring, xs, slot, col0, acc, blk, MODE)
         if (j + STAGES < n) & ((MODE & NO_RING) == 0):
             _ask(desc_k1, desc_k4, ring, bars, a_meta, a_row, a_col, j + STAGES, STAGES, TILED)
         acc, seg_tiles = _close_tile(arena_ptr, flags_ptr, acc, seg_tiles, meta, out_off, out_end, rows, MODE,

@@ -21,6 +21,9 @@ def test_help_and_refusal():
     done = run("--gbytes", "0")
     err = [line for line in done.stderr.splitlines() if line.startswith("probe_tma_stream.py: error")]
     assert done.returncode == 2 and len(err) == 1 and "more than 0 and at most 64 GB" in err[0]
+    done = run("--configs", "0")
+    err = [line for line in done.stderr.splitlines() if line.startswith("probe_tma_stream.py: error")]
+    assert done.returncode == 2 and len(err) == 1 and "--configs: expected an integer >= 1" in err[0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
