@@ -1,0 +1,161 @@
+"""Probe: the batch-1 step's linears as a chain of launches, each one program an SM streaming its
+share of the weights through a TMA ring, the ring's first tiles asked for before the
+dependent-launch wait (scripts/pdl_ring_kernels.py).
+
+The hundred-and-fifth session ran the same linears as ONE persistent launch
+(scripts/probe_stream_step.py): its weights streamed at the floor, but each phase's boundary
+(counters in global memory) took 2.8 us that barely overlapped the stream. A dependent launch's
+boundary is the hardware's (bench_floor.py: about 1.3 us a kernel in a chain of streaming
+kernels), and the engine's linears cannot ask for all of their weights before their wait: their
+programs hold them in registers, a wave and a half a kernel. Here a launch takes at most half of
+every SM's shared memory and registers, so the next launch's program is resident beside it from
+its start and asks for its first tiles then: the bus should stay busy across every boundary.
+
+The chain: per layer qkv (C -> 3C), attn-out (its first C -> C), fc (C -> 4C), mlp-out (4C -> C),
+then the lm_head. The arithmetic is real (fp32 over fp16 weights), checked against torch. Left
+out: attention, the layernorms, GELU and the residuals, so the times are a lower bound for a
+full step; the probe asks whether the linears alone can beat the engine's whole step (gpt2-xl
+1,177 us on an H200) by enough to leave room for those.
+
+    python3 scripts/probe_pdl_ring.py --model gpt2-xl --tiles 64x2 32x4 --out DIR   # H100 / H200
+    python3 scripts/probe_pdl_ring.py --compile-only                  # sm_90 compile on any machine
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minillm.config import PRESETS  # noqa: E402
+from pdl_ring_kernels import ring_linear_kernel  # noqa: E402
+from probe_stream_step import BK, descriptors, reference, tiles_arg, weights  # noqa: E402
+
+MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next launch triggered late",
+         4: "no arithmetic", 5: "no waits, no arithmetic"}
+SMEM_PER_SM = 228 * 1024  # H100 / H200; a block also holds 1 KB for the system
+
+
+def phases(shapes, C, bn):
+    """Each launch's (slab, first row, N, K, input offset, output offset, tiles, K chunks) in one
+    fp32 arena (offsets 32-aligned), and the arena's size. Phase p reads phase p - 1's output
+    (attn-out its first C of qkv's), the first reads the arena's first C."""
+    align = lambda v: (v + 31) // 32 * 32  # noqa: E731
+    out, rows, at = [], [], align(C)
+    for slab, start, N, K in shapes:
+        kt = (K + BK - 1) // BK
+        rows.append((slab, start, N, K, out[-1] if out else 0, at, (N + bn - 1) // bn * kt, kt))
+        out.append(at)
+        at = align(at + N)
+    return rows, at
+
+
+def share(n_tiles, programs, pid):
+    """Program pid's tiles, as the kernel splits them: (first tile, count)."""
+    t0 = n_tiles * pid // programs
+    return t0, n_tiles * (pid + 1) // programs - t0
+
+
+def smem_bytes(bn, stages, kt):
+    """A launch's shared memory: the ring, x staged in fp32, the barriers."""
+    return stages * bn * BK * 2 + kt * BK * 4 + stages * 8
+
+
+def launch(desc, arena, ph, programs, stages, bn, mode, pdl, **compile_only):
+    slab, start, N, K, in_off, out_off, n_tiles, kt = ph
+    args = (desc, arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs)
+    # 8 warps at <= 128 registers: two programs an SM (this launch's and the next one's)
+    meta = dict(MODE=mode, STAGES=stages, BN=bn, KT=kt, num_warps=8, maxnreg=128, launch_pdl=pdl)
+    if compile_only:
+        return ring_linear_kernel.warmup(*args, **meta, **compile_only)
+    return ring_linear_kernel[(programs,)](*args, **meta)
+
+
+def launcher(slabs, shapes, C, programs, bn, stages, mode, pdl):
+    """A callable that runs the chain once (the arena's outputs zeroed, then every launch), and
+    the arena with the last phase's offset."""
+    descs = descriptors(slabs, bn)
+    rows, size = phases(shapes, C, bn)
+    arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
+
+    def step():
+        arena[C:].zero_()
+        for ph in rows:
+            launch(descs[ph[0]], arena, ph, programs, stages, bn, mode, pdl)
+    return step, arena, rows[-1][5]
+
+
+def compile_only(args):
+    """Compile every launch shape for sm_90 here (no GPU): shared memory, registers, spills."""
+    from check_compile import cubin_usage, find_cuobjdump, target_only
+
+    target_only(90)
+    cfg = PRESETS[args.model]
+    slabs, shapes = weights(cfg, "cpu")
+    tool = find_cuobjdump()
+    for bn, stages in args.tiles:
+        descs = descriptors(slabs, bn)
+        rows, size = phases(shapes, cfg.n_embd, bn)
+        arena = torch.zeros(size)
+        for kt in sorted({ph[7] for ph in rows}):
+            ph = next(p for p in rows if p[7] == kt)
+            for mode in args.modes:
+                k = launch(descs[ph[0]], arena, ph, 4, stages, bn, mode, True, grid=(4,))
+                regs, local = cubin_usage(k, tool)
+                print(f"{bn}x{stages}, K chunks {kt}, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
+                      f"{local} B local a thread")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
+    ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 2), (32, 4)],
+                    help="ROWSxSTAGES rings to time (two launches' rings and staged x must share an SM)")
+    ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 2], choices=sorted(MODES),
+                    help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
+    ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
+    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
+    ap.add_argument("--out", type=Path, help="folder for pdl-ring-MODEL.json")
+    args = ap.parse_args()
+    if args.compile_only:
+        return compile_only(args)
+    from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
+
+    require_cuda("probe_pdl_ring.py")
+    cfg = PRESETS[args.model]
+    C = cfg.n_embd
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = weights(cfg, "cuda")
+    nbytes = sum(w.numel() * 2 for w in slabs)
+    bw = copy_bandwidth()
+    floor_us = nbytes / (bw * 1e9) * 1e6
+    x0 = torch.randn(C, device="cuda")
+    want = reference(slabs, shapes, x0)
+    rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
+               floor_us=round(floor_us, 2), launches=len(shapes), environment=environment(), runs=[])
+    for (bn, stages), pdl, mode in ((t, p, m) for t in args.tiles for p in ([True, False] if args.no_pdl else [True])
+                                    for m in args.modes):
+        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, mode, pdl)
+        arena[:C] = x0
+        step()
+        torch.cuda.synchronize()
+        got = arena[last:last + cfg.vocab_size]
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        us = ms_graph([step]) * 1e3
+        kts = {(K + BK - 1) // BK for _, _, _, K in shapes}
+        run = dict(tile=[bn, BK], stages=stages, pdl=pdl, mode=MODES[mode], us=round(us, 2),
+                   floor_fraction=round(floor_us / us, 3), max_smem_bytes=max(smem_bytes(bn, stages, k) for k in kts),
+                   rel_err=err if mode == 0 else None)
+        rec["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    print(f"{args.model}: {nbytes / 1e9:.3f} GB of weights in {len(shapes)} launches, floor {floor_us:.1f} us "
+          f"at {bw:.0f} GB/s")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"pdl-ring-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""scripts/probe_pdl_ring.py and its kernel (scripts/pdl_ring_kernels.py): the launches' offsets
+chain each phase's output into the next one's input; a model of the kernel's tile split and runs
+in torch gives the chain's values; the command line refuses bad options in one line; on a Hopper
+GPU the kernel matches torch. (Gluon kernels do not run under the interpreter.)"""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm.config import GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "probe_pdl_ring.py"
+spec = importlib.util.spec_from_file_location("probe_pdl_ring", SCRIPT)
+ppr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ppr)
+
+# K = 320 and 1280 (2 and 5 K chunks, the last partial); N = 100 ends mid row block
+WIDE = GPTConfig(n_layer=2, n_head=2, n_embd=320, n_positions=32, vocab_size=100)
+
+
+def test_phases_chain_outputs_into_inputs():
+    C, bn = WIDE.n_embd, 32
+    _, shapes = ppr.weights(WIDE, "cpu")
+    rows, size = ppr.phases(shapes, C, bn)
+    assert [r[:4] for r in rows] == shapes
+    for p, (slab, start, N, K, in_off, out_off, n_tiles, kt) in enumerate(rows):
+        assert in_off == (rows[p - 1][5] if p else 0) and out_off % 32 == 0 and out_off >= (C if p == 0 else 0)
+        assert kt == -(-K // ppr.BK) and n_tiles == -(-N // bn) * kt
+        nxt = rows[p + 1][5] if p + 1 < len(rows) else size
+        assert out_off + N <= nxt  # outputs never overlap
+    assert rows[0][5] >= C  # x0 is not overwritten
+
+
+def emulate(slabs, shapes, C, programs, bn, x0):
+    """What the launches compute: each program's share of (row block, K chunk) tiles in order,
+    a run of one row block added into the output at its end (fp64)."""
+    BK = ppr.BK
+    rows, size = ppr.phases(shapes, C, bn)
+    arena = torch.zeros(size, dtype=torch.float64)
+    arena[:C] = x0.double()
+    for slab, start, N, K, in_off, out_off, n_tiles, kt in rows:
+        x = torch.zeros(kt * BK, dtype=torch.float64)
+        x[:K] = arena[in_off:in_off + K]
+        w = torch.zeros(-(-N // bn) * bn, kt * BK, dtype=torch.float64)  # TMA's zeros past K; rows past N masked
+        w[:N, :K] = slabs[slab][start:start + N].double()
+        covered = torch.zeros(n_tiles, dtype=torch.int32)
+        for pid in range(programs):
+            t0, n = ppr.share(n_tiles, programs, pid)
+            acc = torch.zeros(bn, dtype=torch.float64)
+            for t in range(t0, t0 + n):
+                nb, kk = divmod(t, kt)
+                covered[t] += 1
+                acc += w[nb * bn:(nb + 1) * bn, kk * BK:(kk + 1) * BK] @ x[kk * BK:(kk + 1) * BK]
+                if kk == kt - 1 or t == t0 + n - 1:
+                    m = min(bn, N - nb * bn)
+                    arena[out_off + nb * bn:out_off + nb * bn + m] += acc[:m]
+                    acc.zero_()
+        assert (covered == 1).all()
+    return arena[rows[-1][5]:rows[-1][5] + shapes[-1][2]]
+
+
+@pytest.mark.parametrize("programs,bn", [(1, 64), (7, 32), (13, 16), (132, 64)])  # 132: some programs idle
+def test_tile_split_gives_the_chain(programs, bn):
+    slabs, shapes = ppr.weights(WIDE, "cpu", seed=3)
+    x0 = torch.randn(WIDE.n_embd, generator=torch.Generator().manual_seed(1))
+    want = ppr.reference(slabs, shapes, x0).double()
+    got = emulate(slabs, shapes, WIDE.n_embd, programs, bn, x0)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_shared_memory_of_two_launches_fits_an_sm():
+    # the defaults' rings: two launches (the widest K beside the next) share one SM
+    for bn, stages in ((64, 2), (32, 4)):
+        assert ppr.smem_bytes(bn, stages, 25) + ppr.smem_bytes(bn, stages, 7) + 2048 <= ppr.SMEM_PER_SM
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--tiles", "64"], "expected ROWSxSTAGES such as 64x6, got '64'"),
+    (["--modes", "3"], "invalid choice: 3"),
+    (["--model", "gpt5"], "invalid choice: 'gpt5'"),
+])
+def test_cli_refuses_in_one_line(argv, expect):
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    err = [line for line in done.stderr.splitlines() if line.startswith("probe_pdl_ring.py: error")]
+    assert done.returncode == 2 and len(err) == 1 and expect in err[0], done.stderr[-500:]
+
+
+def test_help_has_an_example():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "python3 scripts/probe_pdl_ring.py --model gpt2-xl" in done.stdout
+
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                            reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
+
+
+@hopper
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("mode", [0, 2])  # 2: the next launch triggered late
+@pytest.mark.parametrize("bn,stages", [(64, 2), (32, 4), (16, 3)])
+def test_kernel_matches_torch(pdl, mode, bn, stages):
+    cfg = WIDE
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = ppr.weights(cfg, "cuda", seed=5)
+    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, mode, pdl)
+    x0 = torch.randn(cfg.n_embd, device="cuda")
+    want = ppr.reference(slabs, shapes, x0)
+    for _ in range(2):  # a second step: the zero fill starts it over
+        arena[:cfg.n_embd] = x0
+        step()
+        got = arena[last:last + cfg.vocab_size]
+        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4
