@@ -27,50 +27,98 @@ def _ask_tile(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.constexp
 
 
 @gluon.jit
-def ring_linear_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MODE: gl.constexpr,
-                       STAGES: gl.constexpr, BN: gl.constexpr, KT: gl.constexpr, num_warps: gl.constexpr):
+def _reg_tile(w_ptr, ld, slab_rows, row0, t, valid, K, KT: gl.constexpr, BN: gl.constexpr, blk: gl.constexpr):
+    """Tile t into registers by plain loads (zeros past K and past the slab's rows, or where the
+    program has no such tile)."""
+    r = row0 + (t // KT) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
+    c = (t % KT) * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, blk))
+    m = ((r < slab_rows) & valid)[:, None] & (c < K)[None, :]
+    return gl.load(w_ptr + r.to(gl.int64)[:, None] * ld + c[None, :], mask=m, other=0.0)
+
+
+@gluon.jit
+def _x_row(t, j, KT: gl.constexpr, XS: gl.constexpr):
+    """The row of staged x that tile t (the share's j-th) reads: by K chunk or by tile."""
+    if XS == KT:
+        r = t % KT
+    else:
+        r = j
+    return r
+
+
+@gluon.jit
+def _add_tile(acc, w, xs, t, j, n, y_ptr, N, rows, KT: gl.constexpr, XS: gl.constexpr, BN: gl.constexpr,
+              blk: gl.constexpr, MODE: gl.constexpr):
+    """acc plus tile t's products with its x chunk; at the end of a run of one row block, added
+    into y and cleared."""
+    if (MODE & NO_MATH) == 0:
+        xc = xs.index(_x_row(t, j, KT, XS)).load(gl.SliceLayout(0, blk))
+        acc += gl.sum(w.to(gl.float32) * xc[None, :], axis=1)
+    if ((t % KT) == KT - 1) | (j == n - 1):
+        if (MODE & NO_MATH) == 0:
+            out = (t // KT) * BN + rows
+            gl.atomic_add(y_ptr + out, acc, mask=out < N, sem="relaxed", scope="gpu")
+        acc = gl.zeros_like(acc)
+    return acc
+
+
+@gluon.jit
+def ring_linear_kernel(desc, w_ptr, x_ptr, y_ptr, row0, slab_rows, N, K, n_tiles, programs, MODE: gl.constexpr,
+                       STAGES: gl.constexpr, BN: gl.constexpr, KT: gl.constexpr, REG: gl.constexpr,
+                       XS: gl.constexpr, num_warps: gl.constexpr):
     """y[:N] += W[row0:row0 + N, :K] @ x[:K] over this program's contiguous share of the (BN x BK)
     tiles in (row block, K chunk) order; a run of one row block is added by atomics (y zeroed
-    before the chain)."""
+    before the chain). The share's first REG tiles (0-2) come into registers, the rest through
+    the ring; all asked for before the wait as far as they fit. x is staged by K chunk (XS ==
+    KT) or, where the share has fewer tiles than K has chunks, by tile (XS rows)."""
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
     n = n_tiles * (pid + 1) // programs - t0
     # a warp owns whole rows of a tile: the sum over K stays inside it
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     ring = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], desc.layout)
-    xs = gl.allocate_shared_memory(gl.float32, [KT, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    xs = gl.allocate_shared_memory(gl.float32, [XS, BK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
-        if s < n:
-            _ask_tile(desc, ring, bars, row0, t0 + s, s, KT, BN)
+        if REG + s < n:
+            _ask_tile(desc, ring, bars, row0, t0 + REG + s, s, KT, BN)
+    w0 = _reg_tile(w_ptr, K, slab_rows, row0, t0, (REG > 0) & (n > 0), K, KT, BN, blk)
+    w1 = _reg_tile(w_ptr, K, slab_rows, row0, t0 + 1, (REG > 1) & (n > 1), K, KT, BN, blk)
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()  # the next launch's program may take the SM's other half now
     if (MODE & NO_WAIT) == 0:
         gdc_wait()  # the launch before (whose output is x) has ended and its writes are seen
     xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
-    for c in gl.static_range(KT):  # x staged once, every chunk's load in flight at once
-        xs.index(c).store(gl.load(x_ptr + c * BK + xcols, mask=c * BK + xcols < K, other=0.0))
+    for i in gl.static_range(XS):  # x staged once, every chunk's load in flight at once
+        if XS == KT:
+            xm = i * BK + xcols < K
+            xs.index(i).store(gl.load(x_ptr + i * BK + xcols, mask=xm, other=0.0))
+        else:
+            c = (t0 + i) % KT
+            xm = (c * BK + xcols < K) & (i < n)
+            xs.index(i).store(gl.load(x_ptr + c * BK + xcols, mask=xm, other=0.0))
     _barrier()
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, blk))
     acc = gl.zeros([BN], gl.float32, gl.SliceLayout(1, blk))  # a tile's sum reduced at once: few registers
-    for j in range(n):
+    if REG > 0:
+        if n > 0:
+            acc = _add_tile(acc, w0, xs, t0, 0, n, y_ptr, N, rows, KT, XS, BN, blk, MODE)
+    if REG > 1:
+        if n > 1:
+            acc = _add_tile(acc, w1, xs, t0 + 1, 1, n, y_ptr, N, rows, KT, XS, BN, blk, MODE)
+    for j in range(REG, n):
         t = t0 + j
-        slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if (MODE & NO_MATH) == 0:
-            w = ring.index(slot).load(blk).to(gl.float32)
-            acc += gl.sum(w * xs.index(t % KT).load(gl.SliceLayout(0, blk))[None, :], axis=1)
+        q = j - REG  # its ring turn
+        slot = q % STAGES
+        mbarrier.wait(bars.index(slot), (q // STAGES) & 1)
+        w = ring.index(slot).load(blk)
         _barrier()  # every warp is done with the slot before the TMA that refills it
         fence_async_shared()
         if j + STAGES < n:
             _ask_tile(desc, ring, bars, row0, t + STAGES, slot, KT, BN)
-        if ((t % KT) == KT - 1) | (j == n - 1):  # the end of a run of one row block
-            if (MODE & NO_MATH) == 0:
-                out = (t // KT) * BN + rows
-                gl.atomic_add(y_ptr + out, acc, mask=out < N, sem="relaxed", scope="gpu")
-            acc = gl.zeros_like(acc)
+        acc = _add_tile(acc, w, xs, t, j, n, y_ptr, N, rows, KT, XS, BN, blk, MODE)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
     for s in gl.static_range(STAGES):

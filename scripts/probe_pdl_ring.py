@@ -58,22 +58,29 @@ def share(n_tiles, programs, pid):
     return t0, n_tiles * (pid + 1) // programs - t0
 
 
-def smem_bytes(bn, stages, kt):
+def x_rows(n_tiles, kt, programs):
+    """Rows of staged x: one a K chunk, or one a tile where a share has fewer tiles."""
+    return min(kt, -(-n_tiles // programs))
+
+
+def smem_bytes(bn, stages, xs):
     """A launch's shared memory: the ring, x staged in fp32, the barriers."""
-    return stages * bn * BK * 2 + kt * BK * 4 + stages * 8
+    return stages * bn * BK * 2 + xs * BK * 4 + stages * 8
 
 
-def launch(desc, arena, ph, programs, stages, bn, mode, pdl, **compile_only):
+def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, **compile_only):
     slab, start, N, K, in_off, out_off, n_tiles, kt = ph
-    args = (desc, arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs)
+    args = (descs[slab], slabs[slab], arena[in_off:], arena[out_off:], start, slabs[slab].shape[0], N, K, n_tiles,
+            programs)
     # 8 warps at <= 128 registers: two programs an SM (this launch's and the next one's)
-    meta = dict(MODE=mode, STAGES=stages, BN=bn, KT=kt, num_warps=8, maxnreg=128, launch_pdl=pdl)
+    meta = dict(MODE=mode, STAGES=stages, BN=bn, KT=kt, REG=reg, XS=x_rows(n_tiles, kt, programs), num_warps=8,
+                maxnreg=128, launch_pdl=pdl)
     if compile_only:
         return ring_linear_kernel.warmup(*args, **meta, **compile_only)
     return ring_linear_kernel[(programs,)](*args, **meta)
 
 
-def launcher(slabs, shapes, C, programs, bn, stages, mode, pdl):
+def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl):
     """A callable that runs the chain once (the arena's outputs zeroed, then every launch), and
     the arena with the last phase's offset."""
     descs = descriptors(slabs, bn)
@@ -83,7 +90,7 @@ def launcher(slabs, shapes, C, programs, bn, stages, mode, pdl):
     def step():
         arena[C:].zero_()
         for ph in rows:
-            launch(descs[ph[0]], arena, ph, programs, stages, bn, mode, pdl)
+            launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl)
     return step, arena, rows[-1][5]
 
 
@@ -95,17 +102,16 @@ def compile_only(args):
     cfg = PRESETS[args.model]
     slabs, shapes = weights(cfg, "cpu")
     tool = find_cuobjdump()
-    for bn, stages in args.tiles:
+    for (bn, stages), reg in ((t, r) for t in args.tiles for r in args.reg):
         descs = descriptors(slabs, bn)
         rows, size = phases(shapes, cfg.n_embd, bn)
         arena = torch.zeros(size)
-        for kt in sorted({ph[7] for ph in rows}):
-            ph = next(p for p in rows if p[7] == kt)
+        for ph in rows[:4]:  # a layer's four shapes
             for mode in args.modes:
-                k = launch(descs[ph[0]], arena, ph, 4, stages, bn, mode, True, grid=(4,))
+                k = launch(descs, slabs, arena, ph, args.programs, stages, bn, reg, mode, True, grid=(args.programs,))
                 regs, local = cubin_usage(k, tool)
-                print(f"{bn}x{stages}, K chunks {kt}, mode {mode}: shared {k.metadata.shared} B, {regs} registers, "
-                      f"{local} B local a thread")
+                print(f"{bn}x{stages}, {reg} tiles in registers, N {ph[2]}, K {ph[3]}, mode {mode}: shared "
+                      f"{k.metadata.shared} B, {regs} registers, {local} B local a thread")
 
 
 def main():
@@ -115,6 +121,9 @@ def main():
                     help="ROWSxSTAGES rings to time (two launches' rings and staged x must share an SM)")
     ap.add_argument("--modes", type=int, nargs="+", default=[0, 1, 2], choices=sorted(MODES),
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
+    ap.add_argument("--reg", type=int, nargs="+", default=[0], choices=[0, 1, 2],
+                    help="tiles of each share loaded into registers before the wait, ahead of the ring's")
+    ap.add_argument("--programs", type=int, default=132, help="programs a launch with --compile-only (the SMs)")
     ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
     ap.add_argument("--out", type=Path, help="folder for pdl-ring-MODEL.json")
@@ -135,18 +144,18 @@ def main():
     want = reference(slabs, shapes, x0)
     rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), launches=len(shapes), environment=environment(), runs=[])
-    for (bn, stages), pdl, mode in ((t, p, m) for t in args.tiles for p in ([True, False] if args.no_pdl else [True])
-                                    for m in args.modes):
-        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, mode, pdl)
+    for (bn, stages), reg, pdl, mode in ((t, r, p, m) for t in args.tiles for r in args.reg
+                                         for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
+        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl)
         arena[:C] = x0
         step()
         torch.cuda.synchronize()
         got = arena[last:last + cfg.vocab_size]
         err = ((got - want).abs().max() / want.abs().max()).item()
         us = ms_graph([step]) * 1e3
-        kts = {(K + BK - 1) // BK for _, _, _, K in shapes}
-        run = dict(tile=[bn, BK], stages=stages, pdl=pdl, mode=MODES[mode], us=round(us, 2),
-                   floor_fraction=round(floor_us / us, 3), max_smem_bytes=max(smem_bytes(bn, stages, k) for k in kts),
+        xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
+        run = dict(tile=[bn, BK], stages=stages, reg_tiles=reg, pdl=pdl, mode=MODES[mode], us=round(us, 2),
+                   floor_fraction=round(floor_us / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x) for x in xs],
                    rel_err=err if mode == 0 else None)
         rec["runs"].append(run)
         print(json.dumps(run), flush=True)

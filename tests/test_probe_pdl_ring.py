@@ -72,10 +72,15 @@ def test_tile_split_gives_the_chain(programs, bn):
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
 
 
-def test_shared_memory_of_two_launches_fits_an_sm():
-    # the defaults' rings: two launches (the widest K beside the next) share one SM
-    for bn, stages in ((64, 2), (32, 4)):
-        assert ppr.smem_bytes(bn, stages, 25) + ppr.smem_bytes(bn, stages, 7) + 2048 <= ppr.SMEM_PER_SM
+def test_x_rows_and_shared_memory():
+    assert ppr.x_rows(625, 25, 132) == 5 and ppr.x_rows(700, 7, 132) == 6 and ppr.x_rows(175, 7, 132) == 2
+    assert ppr.x_rows(50, 7, 1) == 7  # one program: every K chunk once
+    # gpt2-xl at 64 x 3 with x staged by tile: any two of a layer's launches share one SM
+    C = 1600
+    shapes = [(0, 0, 3 * C, C), (0, 3 * C, C, C), (0, 4 * C, 4 * C, C), (1, 0, C, 4 * C)]  # (slab, row, N, K)
+    rows, _ = ppr.phases(shapes, C, 64)
+    each = [ppr.smem_bytes(64, 3, ppr.x_rows(ph[6], ph[7], 132)) for ph in rows[:4]]
+    assert max(each) * 2 + 2048 <= ppr.SMEM_PER_SM
 
 
 @pytest.mark.parametrize("argv,expect", [
@@ -101,12 +106,12 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 @hopper
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("mode", [0, 2])  # 2: the next launch triggered late
-@pytest.mark.parametrize("bn,stages", [(64, 2), (32, 4), (16, 3)])
-def test_kernel_matches_torch(pdl, mode, bn, stages):
+@pytest.mark.parametrize("bn,stages,reg", [(64, 2, 0), (32, 4, 1), (16, 3, 2), (64, 3, 2)])
+def test_kernel_matches_torch(pdl, mode, bn, stages, reg):
     cfg = WIDE
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = ppr.weights(cfg, "cuda", seed=5)
-    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, mode, pdl)
+    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, reg, mode, pdl)
     x0 = torch.randn(cfg.n_embd, device="cuda")
     want = ppr.reference(slabs, shapes, x0)
     for _ in range(2):  # a second step: the zero fill starts it over
