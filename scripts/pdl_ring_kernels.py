@@ -15,7 +15,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from stream_step_kernels import BK, _barrier, _tma_load
 
 # what a mode changes (bits; 0 is the chain, the only one whose values are right)
-NO_WAIT, LATE_TRIGGER, NO_MATH = gl.constexpr(1), gl.constexpr(2), gl.constexpr(4)
+NO_WAIT, LATE_TRIGGER, NO_MATH, NO_X = gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8)
 
 
 @gluon.jit
@@ -91,7 +91,7 @@ def ring_linear_kernel(desc, w_ptr, x_ptr, y_ptr, row0, slab_rows, N, K, n_tiles
     if (MODE & NO_WAIT) == 0:
         gdc_wait()  # the launch before (whose output is x) has ended and its writes are seen
     xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
-    for i in gl.static_range(XS):  # x staged once, every chunk's load in flight at once
+    for i in gl.static_range(XS if (MODE & NO_X) == 0 else 0):  # x staged once, all loads in flight at once
         if XS == KT:
             xm = i * BK + xcols < K
             xs.index(i).store(gl.load(x_ptr + i * BK + xcols, mask=xm, other=0.0))

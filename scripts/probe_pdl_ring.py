@@ -34,7 +34,8 @@ from pdl_ring_kernels import ring_linear_kernel  # noqa: E402
 from probe_stream_step import BK, descriptors, reference, tiles_arg, weights  # noqa: E402
 
 MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next launch triggered late",
-         4: "no arithmetic", 5: "no waits, no arithmetic"}
+         4: "no arithmetic", 5: "no waits, no arithmetic", 8: "no x staged after the wait",
+         12: "the ring and the waits alone (no x staged, no arithmetic)"}
 SMEM_PER_SM = 228 * 1024  # H100 / H200; a block also holds 1 KB for the system
 
 
