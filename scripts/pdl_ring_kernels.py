@@ -9,7 +9,7 @@ hardware's grid dependency handles (no counters in global memory, unlike the one
 launch of scripts/stream_step_kernels.py)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from stream_step_kernels import BK, _barrier, _tma_load
@@ -119,6 +119,83 @@ def ring_linear_kernel(desc, w_ptr, x_ptr, y_ptr, row0, slab_rows, N, K, n_tiles
         if j + STAGES < n:
             _ask_tile(desc, ring, bars, row0, t + STAGES, slot, KT, BN)
         acc = _add_tile(acc, w, xs, t, j, n, y_ptr, N, rows, KT, XS, BN, blk, MODE)
+    if (MODE & LATE_TRIGGER) != 0:
+        gdc_launch_dependents()
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+
+@gluon.jit
+def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.constexpr):
+    """Ask for tile t as four (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)."""
+    bar = bars.index(slot)
+    mbarrier.expect(bar, 4 * desc.block_type.nbytes)
+    for s in gl.static_range(4):
+        _tma_load(desc, [row0 + (t // KT) * BN, (t % KT) * BK + s * 64], bar, ring.index(slot * 4 + s))
+
+
+@gluon.jit
+def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MODE: gl.constexpr,
+                           STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr, num_warps: gl.constexpr):
+    """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
+    wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
+    no conversions and no shuffles after the wait, where the CUDA-core form spends about a
+    microsecond a launch on the tiles that landed before it."""
+    BN: gl.constexpr = 64
+    pid = gl.program_id(0)
+    t0 = n_tiles * pid // programs
+    n = n_tiles * (pid + 1) // programs - t0
+    ring = gl.allocate_shared_memory(gl.float16, [STAGES * 4, BN, 64], desc.layout)
+    # x as the (8 x 64) K-major B operand of each box: row 0 the chunk, rows 1-7 zero
+    xl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    xs = gl.allocate_shared_memory(gl.float16, [XS * 4, 8, 64], xl)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
+        if s < n:
+            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, BN)
+    if (MODE & LATE_TRIGGER) == 0:
+        gdc_launch_dependents()
+    if (MODE & NO_WAIT) == 0:
+        gdc_wait()
+    xb: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [1, num_warps], [1, 0])  # (8, 64)
+    r8 = gl.arange(0, 8, layout=gl.SliceLayout(1, xb))
+    c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xb))
+    for i in gl.static_range(XS if (MODE & NO_X) == 0 else 0):
+        for s in gl.static_range(4):
+            if XS == KT:
+                col = i * BK + s * 64 + c64
+                ok = col < K
+            else:
+                col = ((t0 + i) % KT) * BK + s * 64 + c64
+                ok = (col < K) & (i < n)
+            v = gl.load(x_ptr + col[None, :] + r8[:, None] * 0, mask=ok[None, :] & (r8[:, None] == 0), other=0.0)
+            xs.index(i * 4 + s).store(v.to(gl.float16))
+    fence_async_shared()  # x's stores before the tensor cores read them
+    _barrier()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    acc = gl.zeros([BN, 8], gl.float32, mma)
+    for j in range(n):
+        t = t0 + j
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        xr = _x_row(t, j, KT, XS)
+        if (MODE & NO_MATH) == 0:
+            for s in gl.static_range(4):
+                acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc)
+        _barrier()
+        fence_async_shared()
+        if j + STAGES < n:
+            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, BN)
+        if ((t % KT) == KT - 1) | (j == n - 1):
+            if (MODE & NO_MATH) == 0:
+                out = (t // KT) * BN + rows
+                y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
+                gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
+            acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
     for s in gl.static_range(STAGES):

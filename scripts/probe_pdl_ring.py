@@ -30,8 +30,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
-from pdl_ring_kernels import ring_linear_kernel  # noqa: E402
+from pdl_ring_kernels import ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
 from probe_stream_step import BK, descriptors, reference, tiles_arg, weights  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next launch triggered late",
          4: "no arithmetic", 5: "no waits, no arithmetic", 8: "no x staged after the wait",
@@ -64,13 +66,35 @@ def x_rows(n_tiles, kt, programs):
     return min(kt, -(-n_tiles // programs))
 
 
-def smem_bytes(bn, stages, xs):
-    """A launch's shared memory: the ring, x staged in fp32, the barriers."""
-    return stages * bn * BK * 2 + xs * BK * 4 + stages * 8
+def smem_bytes(bn, stages, xs, form="cuda"):
+    """A launch's shared memory: the ring, x staged (fp32 rows; mma: fp16 (8 x 64) boxes, 7 rows
+    zero), the barriers."""
+    return stages * bn * BK * 2 + xs * BK * (4 if form == "cuda" else 16) + stages * 8
 
 
-def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, **compile_only):
+def mma_descriptors(slabs):
+    """TMA descriptors of the two weight slabs in (64 x 64) boxes, 128-byte swizzle (wgmma's A)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return [TensorDescriptor(w, list(w.shape), list(w.stride()), [64, 64], layout) for w in slabs]
+
+
+def reference_fp16_x(slabs, shapes, x0):
+    """The chain in torch with each phase's input rounded to fp16, as the tensor cores read it."""
+    x = x0.float()
+    for slab, start, N, K in shapes:
+        x = slabs[slab][start:start + N].float() @ x[:K].half().float()
+    return x
+
+
+def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="cuda", **compile_only):
     slab, start, N, K, in_off, out_off, n_tiles, kt = ph
+    if form == "mma":  # one warpgroup, 64-row tiles
+        args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs)
+        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=x_rows(n_tiles, kt, programs), num_warps=4,
+                    launch_pdl=pdl)
+        if compile_only:
+            return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
+        return ring_linear_mma_kernel[(programs,)](*args, **meta)
     args = (descs[slab], slabs[slab], arena[in_off:], arena[out_off:], start, slabs[slab].shape[0], N, K, n_tiles,
             programs)
     # 8 warps at <= 128 registers: two programs an SM (this launch's and the next one's)
@@ -81,17 +105,17 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, **comp
     return ring_linear_kernel[(programs,)](*args, **meta)
 
 
-def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl):
+def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form="cuda"):
     """A callable that runs the chain once (the arena's outputs zeroed, then every launch), and
     the arena with the last phase's offset."""
-    descs = descriptors(slabs, bn)
+    descs = descriptors(slabs, bn) if form == "cuda" else mma_descriptors(slabs)
     rows, size = phases(shapes, C, bn)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
 
     def step():
         arena[C:].zero_()
         for ph in rows:
-            launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl)
+            launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form)
     return step, arena, rows[-1][5]
 
 
@@ -103,16 +127,28 @@ def compile_only(args):
     cfg = PRESETS[args.model]
     slabs, shapes = weights(cfg, "cpu")
     tool = find_cuobjdump()
-    for (bn, stages), reg in ((t, r) for t in args.tiles for r in args.reg):
-        descs = descriptors(slabs, bn)
+    for (bn, stages), reg, form in runs(args):
+        descs = descriptors(slabs, bn) if form == "cuda" else mma_descriptors(slabs)
         rows, size = phases(shapes, cfg.n_embd, bn)
         arena = torch.zeros(size)
         for ph in rows[:4]:  # a layer's four shapes
             for mode in args.modes:
-                k = launch(descs, slabs, arena, ph, args.programs, stages, bn, reg, mode, True, grid=(args.programs,))
+                k = launch(descs, slabs, arena, ph, args.programs, stages, bn, reg, mode, True, form,
+                           grid=(args.programs,))
                 regs, local = cubin_usage(k, tool)
-                print(f"{bn}x{stages}, {reg} tiles in registers, N {ph[2]}, K {ph[3]}, mode {mode}: shared "
+                print(f"{form} {bn}x{stages}, {reg} tiles in registers, N {ph[2]}, K {ph[3]}, mode {mode}: shared "
                       f"{k.metadata.shared} B, {regs} registers, {local} B local a thread")
+
+
+def runs(args):
+    """(tile, register tiles, form) to run: the mma form takes 64-row tiles and no register tiles."""
+    for t in args.tiles:
+        for form in args.forms:
+            if form == "mma" and t[0] != 64:
+                print(f"(mma skipped at {t[0]}-row tiles: one warpgroup's wgmma takes 64 rows)")
+                continue
+            for r in ([0] if form == "mma" else args.reg):
+                yield t, r, form
 
 
 def main():
@@ -124,6 +160,8 @@ def main():
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
     ap.add_argument("--reg", type=int, nargs="+", default=[0], choices=[0, 1, 2],
                     help="tiles of each share loaded into registers before the wait, ahead of the ring's")
+    ap.add_argument("--forms", nargs="+", default=["cuda"], choices=["cuda", "mma"],
+                    help="the tiles' products on CUDA cores (fp32 over fp16 weights) or tensor cores (wgmma, x in fp16)")
     ap.add_argument("--programs", type=int, default=132, help="programs a launch with --compile-only (the SMs)")
     ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
@@ -142,12 +180,13 @@ def main():
     bw = copy_bandwidth()
     floor_us = nbytes / (bw * 1e9) * 1e6
     x0 = torch.randn(C, device="cuda")
-    want = reference(slabs, shapes, x0)
+    wants = dict(cuda=reference(slabs, shapes, x0), mma=reference_fp16_x(slabs, shapes, x0))
     rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
                floor_us=round(floor_us, 2), launches=len(shapes), environment=environment(), runs=[])
-    for (bn, stages), reg, pdl, mode in ((t, r, p, m) for t in args.tiles for r in args.reg
-                                         for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
-        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl)
+    for ((bn, stages), reg, form), pdl, mode in ((r, p, m) for r in list(runs(args))
+                                                 for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
+        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form)
+        want = wants[form]
         arena[:C] = x0
         step()
         torch.cuda.synchronize()
@@ -155,8 +194,8 @@ def main():
         err = ((got - want).abs().max() / want.abs().max()).item()
         us = ms_graph([step]) * 1e3
         xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
-        run = dict(tile=[bn, BK], stages=stages, reg_tiles=reg, pdl=pdl, mode=MODES[mode], us=round(us, 2),
-                   floor_fraction=round(floor_us / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x) for x in xs],
+        run = dict(form=form, tile=[bn, BK], stages=stages, reg_tiles=reg, pdl=pdl, mode=MODES[mode], us=round(us, 2),
+                   floor_fraction=round(floor_us / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
                    rel_err=err if mode == 0 else None)
         rec["runs"].append(run)
         print(json.dumps(run), flush=True)

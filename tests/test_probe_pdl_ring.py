@@ -81,6 +81,9 @@ def test_x_rows_and_shared_memory():
     rows, _ = ppr.phases(shapes, C, 64)
     each = [ppr.smem_bytes(64, 3, ppr.x_rows(ph[6], ph[7], 132)) for ph in rows[:4]]
     assert max(each) * 2 + 2048 <= ppr.SMEM_PER_SM
+    # the tensor-core form stages x as fp16 (8 x 64) boxes: 4 KB a tile's chunk, so only 64 x 2 fits twice
+    assert ppr.smem_bytes(64, 3, 6, "mma") == 3 * 32768 + 6 * 4096 + 24
+    assert max(ppr.smem_bytes(64, 2, ppr.x_rows(ph[6], ph[7], 132), "mma") for ph in rows[:4]) * 2 + 2048 <= 228 * 1024
 
 
 @pytest.mark.parametrize("argv,expect", [
@@ -97,6 +100,13 @@ def test_cli_refuses_in_one_line(argv, expect):
 def test_help_has_an_example():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "python3 scripts/probe_pdl_ring.py --model gpt2-xl" in done.stdout
+
+
+def test_mma_runs_only_on_64_row_tiles(capsys):
+    args = type("A", (), dict(tiles=[(64, 3), (32, 4)], forms=["cuda", "mma"], reg=[0, 2]))
+    assert list(ppr.runs(args)) == [((64, 3), 0, "cuda"), ((64, 3), 2, "cuda"), ((64, 3), 0, "mma"),
+                                    ((32, 4), 0, "cuda"), ((32, 4), 2, "cuda")]
+    assert "mma skipped at 32-row tiles" in capsys.readouterr().out
 
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
@@ -119,3 +129,21 @@ def test_kernel_matches_torch(pdl, mode, bn, stages, reg):
         step()
         got = arena[last:last + cfg.vocab_size]
         assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4
+
+
+@hopper
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_mma_kernel_matches_torch(mode, stages):
+    cfg = WIDE
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = ppr.weights(cfg, "cuda", seed=7)
+    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, 64, stages, 0, mode, True, "mma")
+    x0 = torch.randn(cfg.n_embd, device="cuda")
+    want = ppr.reference_fp16_x(slabs, shapes, x0)
+    for _ in range(2):
+        arena[:cfg.n_embd] = x0
+        step()
+        got = arena[last:last + cfg.vocab_size]
+        # each phase's fp32 output rounds to fp16 as the next one's input, in both
+        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-3
