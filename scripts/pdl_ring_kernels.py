@@ -84,13 +84,15 @@ def ring_linear_kernel(desc, w_ptr, x_ptr, y_ptr, row0, slab_rows, N, K, n_tiles
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if REG + s < n:
             _ask_tile(desc, ring, bars, row0, t0 + REG + s, s, KT, BN)
-    w0 = _reg_tile(w_ptr, K, slab_rows, row0, t0, (REG > 0) & (n > 0), K, KT, BN, blk)
-    w1 = _reg_tile(w_ptr, K, slab_rows, row0, t0 + 1, (REG > 1) & (n > 1), K, KT, BN, blk)
+    if REG > 0:
+        w0 = _reg_tile(w_ptr, K, slab_rows, row0, t0, n > 0, K, KT, BN, blk)
+    if REG > 1:
+        w1 = _reg_tile(w_ptr, K, slab_rows, row0, t0 + 1, n > 1, K, KT, BN, blk)
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()  # the next launch's program may take the SM's other half now
     if (MODE & NO_WAIT) == 0:
         gdc_wait()  # the launch before (whose output is x) has ended and its writes are seen
-    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([BK // (32 * num_warps)], [32], [num_warps], [0]))
+    xcols = gl.arange(0, BK, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))  # (16 warps: twice over)
     for i in gl.static_range(XS if (MODE & NO_X) == 0 else 0):  # x staged once, all loads in flight at once
         if XS == KT:
             xm = i * BK + xcols < K

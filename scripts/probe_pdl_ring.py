@@ -69,7 +69,7 @@ def x_rows(n_tiles, kt, programs):
 def smem_bytes(bn, stages, xs, form="cuda"):
     """A launch's shared memory: the ring, x staged (fp32 rows; mma: fp16 (8 x 64) boxes, 7 rows
     zero), the barriers."""
-    return stages * bn * BK * 2 + xs * BK * (4 if form == "cuda" else 16) + stages * 8
+    return stages * bn * BK * 2 + xs * BK * (16 if form == "mma" else 4) + stages * 8
 
 
 def mma_descriptors(slabs):
@@ -97,9 +97,10 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
         return ring_linear_mma_kernel[(programs,)](*args, **meta)
     args = (descs[slab], slabs[slab], arena[in_off:], arena[out_off:], start, slabs[slab].shape[0], N, K, n_tiles,
             programs)
-    # 8 warps at <= 128 registers: two programs an SM (this launch's and the next one's)
-    meta = dict(MODE=mode, STAGES=stages, BN=bn, KT=kt, REG=reg, XS=x_rows(n_tiles, kt, programs), num_warps=8,
-                maxnreg=128, launch_pdl=pdl)
+    # two programs an SM (this launch's and the next one's): 8 warps at <= 128 registers, 16 at <= 64
+    warps = 16 if form == "cuda16" else 8
+    meta = dict(MODE=mode, STAGES=stages, BN=bn, KT=kt, REG=reg, XS=x_rows(n_tiles, kt, programs), num_warps=warps,
+                maxnreg=1024 // warps, launch_pdl=pdl)
     if compile_only:
         return ring_linear_kernel.warmup(*args, **meta, **compile_only)
     return ring_linear_kernel[(programs,)](*args, **meta)
@@ -108,7 +109,7 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
 def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form="cuda"):
     """A callable that runs the chain once (the arena's outputs zeroed, then every launch), and
     the arena with the last phase's offset."""
-    descs = descriptors(slabs, bn) if form == "cuda" else mma_descriptors(slabs)
+    descs = mma_descriptors(slabs) if form == "mma" else descriptors(slabs, bn)
     rows, size = phases(shapes, C, bn)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
 
@@ -128,7 +129,7 @@ def compile_only(args):
     slabs, shapes = weights(cfg, "cpu")
     tool = find_cuobjdump()
     for (bn, stages), reg, form in runs(args):
-        descs = descriptors(slabs, bn) if form == "cuda" else mma_descriptors(slabs)
+        descs = mma_descriptors(slabs) if form == "mma" else descriptors(slabs, bn)
         rows, size = phases(shapes, cfg.n_embd, bn)
         arena = torch.zeros(size)
         for ph in rows[:4]:  # a layer's four shapes
@@ -160,8 +161,9 @@ def main():
                     help="; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (only 0 is checked)")
     ap.add_argument("--reg", type=int, nargs="+", default=[0], choices=[0, 1, 2],
                     help="tiles of each share loaded into registers before the wait, ahead of the ring's")
-    ap.add_argument("--forms", nargs="+", default=["cuda"], choices=["cuda", "mma"],
-                    help="the tiles' products on CUDA cores (fp32 over fp16 weights) or tensor cores (wgmma, x in fp16)")
+    ap.add_argument("--forms", nargs="+", default=["cuda"], choices=["cuda", "cuda16", "mma"],
+                    help="the tiles' products on CUDA cores (fp32 over fp16 weights; 8 warps, or 16) or tensor cores "
+                         "(wgmma, x in fp16)")
     ap.add_argument("--programs", type=int, default=132, help="programs a launch with --compile-only (the SMs)")
     ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
@@ -186,7 +188,7 @@ def main():
     for ((bn, stages), reg, form), pdl, mode in ((r, p, m) for r in list(runs(args))
                                                  for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
         step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form)
-        want = wants[form]
+        want = wants["mma" if form == "mma" else "cuda"]
         arena[:C] = x0
         step()
         torch.cuda.synchronize()

@@ -116,12 +116,13 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 @hopper
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("mode", [0, 2])  # 2: the next launch triggered late
-@pytest.mark.parametrize("bn,stages,reg", [(64, 2, 0), (32, 4, 1), (16, 3, 2), (64, 3, 2)])
-def test_kernel_matches_torch(pdl, mode, bn, stages, reg):
+@pytest.mark.parametrize("bn,stages,reg,form", [(64, 2, 0, "cuda"), (32, 4, 1, "cuda"), (16, 3, 2, "cuda"),
+                                               (64, 3, 2, "cuda"), (64, 3, 0, "cuda16"), (32, 3, 2, "cuda16")])
+def test_kernel_matches_torch(pdl, mode, bn, stages, reg, form):
     cfg = WIDE
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = ppr.weights(cfg, "cuda", seed=5)
-    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, reg, mode, pdl)
+    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, reg, mode, pdl, form)
     x0 = torch.randn(cfg.n_embd, device="cuda")
     want = ppr.reference(slabs, shapes, x0)
     for _ in range(2):  # a second step: the zero fill starts it over
