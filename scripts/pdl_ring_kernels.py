@@ -138,7 +138,8 @@ def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.cons
 
 @gluon.jit
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MODE: gl.constexpr,
-                           STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr, num_warps: gl.constexpr):
+                           STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr,
+                           num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -161,19 +162,26 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    xb: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [1, num_warps], [1, 0])  # (8, 64)
-    r8 = gl.arange(0, 8, layout=gl.SliceLayout(1, xb))
-    c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xb))
-    for i in gl.static_range(XS if (MODE & NO_X) == 0 else 0):
-        for s in gl.static_range(4):
-            if XS == KT:
-                col = i * BK + s * 64 + c64
-                ok = col < K
-            else:
-                col = ((t0 + i) % KT) * BK + s * 64 + c64
-                ok = (col < K) & (i < n)
-            v = gl.load(x_ptr + col[None, :] + r8[:, None] * 0, mask=ok[None, :] & (r8[:, None] == 0), other=0.0)
-            xs.index(i * 4 + s).store(v.to(gl.float16))
+    # x's boxes in one load (XB >= 4 XS, a power of two), a thread holding a column of every box,
+    # so each box's row is picked out in registers
+    xa: gl.constexpr = gl.BlockedLayout([XB, 1], [1, 32], [1, num_warps], [0, 1])
+    xb: gl.constexpr = gl.BlockedLayout([8, 1], [1, 32], [1, num_warps], [0, 1])  # (8, 64): a thread a column
+    if (MODE & NO_X) == 0:
+        bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
+        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
+        i = bx // 4
+        if XS == KT:
+            chunk = i
+            ok = i < XS
+        else:
+            chunk = (t0 + i) % KT
+            ok = (i < XS) & (i < n)
+        col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
+        xv = gl.load(x_ptr + col, mask=ok[:, None] & (col < K), other=0.0)
+        r8 = gl.arange(0, 8, layout=gl.SliceLayout(1, xb))
+        for b in gl.static_range(XS * 4):
+            row = gl.convert_layout(gl.sum(gl.where(bx[:, None] == b, xv, 0.0), axis=0), gl.SliceLayout(0, xb))
+            xs.index(b).store(gl.where(r8[:, None] == 0, row[None, :], 0.0).to(gl.float16))
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,7 +91,8 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
     slab, start, N, K, in_off, out_off, n_tiles, kt = ph
     if form == "mma":  # one warpgroup, 64-row tiles
         args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs)
-        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=x_rows(n_tiles, kt, programs), num_warps=4,
+        xs = x_rows(n_tiles, kt, programs)
+        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), num_warps=4,
                     launch_pdl=pdl)
         if compile_only:
             return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
