@@ -151,21 +151,24 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
     ring = gl.allocate_shared_memory(gl.float16, [STAGES * 4, BN, 64], desc.layout)
     # x as the (8 x 64) K-major B operand of each box: row 0 the chunk, rows 1-7 zero
     xl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    xs = gl.allocate_shared_memory(gl.float16, [XS * 4, 8, 64], xl)
+    xs = gl.allocate_shared_memory(gl.float16, [XB, 8, 64], xl)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if s < n:
             _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, BN)
+    # x's boxes (XB, a power of two >= 4 XS) zeroed before the wait; after it one load and one
+    # store write every box's row 0, which the 128-byte swizzle leaves in place: the buffer seen
+    # unswizzled as (XB, 512), a box a row, its first 64 columns
+    flat = xs.reinterpret(gl.float16, [XB, 512], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xa: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    flat.store(gl.zeros([XB, 512], gl.float16, xa))
+    _barrier()  # the zeros before any thread's x
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    # x's boxes in one load (XB >= 4 XS, a power of two), a thread holding a column of every box,
-    # so each box's row is picked out in registers
-    xa: gl.constexpr = gl.BlockedLayout([XB, 1], [1, 32], [1, num_warps], [0, 1])
-    xb: gl.constexpr = gl.BlockedLayout([8, 1], [1, 32], [1, num_warps], [0, 1])  # (8, 64): a thread a column
     if (MODE & NO_X) == 0:
         bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
         c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
@@ -178,10 +181,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
             ok = (i < XS) & (i < n)
         col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
         xv = gl.load(x_ptr + col, mask=ok[:, None] & (col < K), other=0.0)
-        r8 = gl.arange(0, 8, layout=gl.SliceLayout(1, xb))
-        for b in gl.static_range(XS * 4):
-            row = gl.convert_layout(gl.sum(gl.where(bx[:, None] == b, xv, 0.0), axis=0), gl.SliceLayout(0, xb))
-            xs.index(b).store(gl.where(r8[:, None] == 0, row[None, :], 0.0).to(gl.float16))
+        flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])

@@ -69,8 +69,10 @@ def x_rows(n_tiles, kt, programs):
 
 def smem_bytes(bn, stages, xs, form="cuda"):
     """A launch's shared memory: the ring, x staged (fp32 rows; mma: fp16 (8 x 64) boxes, 7 rows
-    zero), the barriers."""
-    return stages * bn * BK * 2 + xs * BK * (16 if form == "mma" else 4) + stages * 8
+    zero, a power of two of them), the barriers."""
+    if form == "mma":  # x in (8 x 64) fp16 boxes, a power of two of them
+        return stages * bn * BK * 2 + triton.next_power_of_2(4 * xs) * 1024 + stages * 8
+    return stages * bn * BK * 2 + xs * BK * 4 + stages * 8
 
 
 def mma_descriptors(slabs):

@@ -82,7 +82,7 @@ def test_x_rows_and_shared_memory():
     each = [ppr.smem_bytes(64, 3, ppr.x_rows(ph[6], ph[7], 132)) for ph in rows[:4]]
     assert max(each) * 2 + 2048 <= ppr.SMEM_PER_SM
     # the tensor-core form stages x as fp16 (8 x 64) boxes: 4 KB a tile's chunk, so only 64 x 2 fits twice
-    assert ppr.smem_bytes(64, 3, 6, "mma") == 3 * 32768 + 6 * 4096 + 24
+    assert ppr.smem_bytes(64, 3, 6, "mma") == 3 * 32768 + 32 * 1024 + 24
     assert max(ppr.smem_bytes(64, 2, ppr.x_rows(ph[6], ph[7], 132), "mma") for ph in rows[:4]) * 2 + 2048 <= 228 * 1024
 
 
