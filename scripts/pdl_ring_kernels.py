@@ -14,6 +14,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from stream_step_kernels import BK, _barrier, _tma_load
 
+# Triton 3.6's Gluon names a shared-memory view's reinterpretation with a leading underscore
+if not hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    gl.shared_memory_descriptor.reinterpret = gl.shared_memory_descriptor._reinterpret
+
 # what a mode changes (bits; 0 is the chain, the only one whose values are right)
 NO_WAIT, LATE_TRIGGER, NO_MATH, NO_X = gl.constexpr(1), gl.constexpr(2), gl.constexpr(4), gl.constexpr(8)
 
