@@ -1,10 +1,11 @@
-"""The Gluon kernel of scripts/probe_pdl_ring.py: one batch-1 linear as one program an SM that
+"""The Gluon kernels of scripts/probe_pdl_ring.py: one batch-1 linear as one program an SM that
 streams its share of the weight tiles through a TMA ring in shared memory, with the ring's
-first tiles asked for BEFORE the dependent-launch wait.
+first tiles asked for BEFORE the dependent-launch wait. Two forms of the products: CUDA cores
+(ring_linear_kernel) and tensor cores (ring_linear_mma_kernel).
 
-Each launch takes at most half of an SM's shared memory and registers, so the next launch's
-program can be resident beside it (launched early by programmatic dependent launch) and ask for
-its own first tiles while this one works: the weights stream on across the boundary, which the
+A launch that takes at most about half of an SM's shared memory and registers leaves room for
+the next launch's program, launched early by programmatic dependent launch, which asks for its
+own first tiles while this one works: the weights stream on across the boundary, which the
 hardware's grid dependency handles (no counters in global memory, unlike the one persistent
 launch of scripts/stream_step_kernels.py)."""
 from triton.experimental import gluon
@@ -147,7 +148,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
-    microsecond a launch on the tiles that landed before it."""
+    microsecond a launch on the tiles that landed before it. XB: x's boxes, a power of two of at
+    least 4 XS (one load fills them)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
