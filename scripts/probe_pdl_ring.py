@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_ring_kernels import ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
-from probe_stream_step import BK, descriptors, reference, tiles_arg, weights  # noqa: E402
+from probe_stream_step import BK, descriptors, gpu_setup, reference, tiles_arg, weights  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -187,20 +187,13 @@ def main():
     args = ap.parse_args()
     if args.compile_only:
         return compile_only(args)
-    from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
+    from minillm.benchutil import ms_graph
 
-    require_cuda("probe_pdl_ring.py")
-    cfg = PRESETS[args.model]
-    C = cfg.n_embd
-    programs = torch.cuda.get_device_properties(0).multi_processor_count
-    slabs, shapes = weights(cfg, "cuda")
-    nbytes = sum(w.numel() * 2 for w in slabs)
-    bw = copy_bandwidth()
-    floor_us = nbytes / (bw * 1e9) * 1e6
-    x0 = torch.randn(C, device="cuda")
+    cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_ring.py")
+    C, programs, nbytes, floor_us = cfg.n_embd, rec["programs"], rec["weight_bytes"], rec["floor_us"]
+    bw = rec["copy_gbps"]
+    rec["launches"] = len(shapes)
     wants = dict(cuda=reference(slabs, shapes, x0), mma=reference_fp16_x(slabs, shapes, x0))
-    rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
-               floor_us=round(floor_us, 2), launches=len(shapes), environment=environment(), runs=[])
     for ((bn, stages), reg, form), pdl, mode in ((r, p, m) for r in list(runs(args))
                                                  for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
         step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form)

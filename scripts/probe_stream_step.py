@@ -209,6 +209,22 @@ def compile_only(args):
                   f"shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
 
 
+def gpu_setup(model, script):
+    """On the GPU: the preset, its chain's weights and shapes, a random input, and the run's
+    record (SMs, weight bytes, the copy rate and the floor it gives, the environment)."""
+    from minillm.benchutil import copy_bandwidth, environment, require_cuda
+
+    require_cuda(script)
+    cfg = PRESETS[model]
+    slabs, shapes = weights(cfg, "cuda")
+    nbytes = sum(w.numel() * 2 for w in slabs)
+    bw = copy_bandwidth()
+    rec = dict(model=model, programs=torch.cuda.get_device_properties(0).multi_processor_count, weight_bytes=nbytes,
+               copy_gbps=round(bw, 1), floor_us=round(nbytes / (bw * 1e9) * 1e6, 2), environment=environment(),
+               runs=[])
+    return cfg, slabs, shapes, torch.randn(cfg.n_embd, device="cuda"), rec
+
+
 def tiles_arg(text):
     """'64x6': 64-row tiles, a ring of 6."""
     try:
@@ -259,20 +275,12 @@ def main():
     args.protocols = [p == "counted" for p in args.protocols]
     if args.compile_only:
         return compile_only(args)
-    from minillm.benchutil import copy_bandwidth, environment, ms_graph, require_cuda
+    from minillm.benchutil import ms_graph
 
-    require_cuda("probe_stream_step.py")
-    cfg = PRESETS[args.model]
-    C = cfg.n_embd
-    programs = torch.cuda.get_device_properties(0).multi_processor_count
-    slabs, shapes = weights(cfg, "cuda")
-    nbytes = sum(w.numel() * 2 for w in slabs)
-    bw = copy_bandwidth()
-    floor_us = nbytes / (bw * 1e9) * 1e6
-    x0 = torch.randn(C, device="cuda")
+    cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_stream_step.py")
+    C, programs, nbytes, floor_us = cfg.n_embd, rec["programs"], rec["weight_bytes"], rec["floor_us"]
+    bw = rec["copy_gbps"]
     want = reference(slabs, shapes, x0)
-    rec = dict(model=args.model, programs=programs, weight_bytes=nbytes, copy_gbps=round(bw, 1),
-               floor_us=round(floor_us, 2), environment=environment(), runs=[])
     for layout, (bn, stages), counted, form in ((lay, t, c, k) for lay in args.layouts for t in args.tiles
                                                 for c in args.protocols for k in args.forms):
         if "l" in form and layout == "rows":
