@@ -216,3 +216,35 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
         gdc_launch_dependents()
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
+
+
+@gluon.jit
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, MODE: gl.constexpr, D: gl.constexpr,
+                          BP: gl.constexpr, num_warps: gl.constexpr):
+    """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
+    values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
+    from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
+    new key and value appended at row P. Small enough to share any SM with the launches beside it."""
+    h = gl.program_id(0)
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    at = p[:, None] * C + h * D + d[None, :]
+    old = (p < P)[:, None]
+    kt = gl.load(kc_ptr + at, mask=old, other=0.0)  # the cache never depends on the launch before
+    vt = gl.load(vc_ptr + at, mask=old, other=0.0)
+    if (MODE & LATE_TRIGGER) == 0:
+        gdc_launch_dependents()
+    if (MODE & NO_WAIT) == 0:
+        gdc_wait()
+    q = gl.load(qkv_ptr + h * D + d)
+    k_new = gl.load(qkv_ptr + C + h * D + d)
+    v_new = gl.load(qkv_ptr + 2 * C + h * D + d)
+    new = (p == P)[:, None]
+    k = gl.where(new, k_new[None, :], kt.to(gl.float32))
+    v = gl.where(new, v_new[None, :], vt.to(gl.float32))
+    s = gl.where(p <= P, gl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+    e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
+    gl.store(y_ptr + h * D + d, gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0))
+    gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))
+    gl.store(vc_ptr + P * C + h * D + d, v_new.to(gl.float16))

@@ -43,8 +43,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
-from pdl_ring_kernels import ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
-from probe_stream_step import BK, descriptors, gpu_setup, reference, tiles_arg, weights  # noqa: E402
+from pdl_ring_kernels import ring_attention_kernel, ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
+from probe_stream_step import BK, descriptors, gpu_setup, tiles_arg, weights  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -54,17 +54,22 @@ MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next 
 SMEM_PER_SM = 228 * 1024  # H100 / H200; a block also holds 1 KB for the system
 
 
-def phases(shapes, C, bn):
+def phases(shapes, C, bn, attention=False):
     """Each launch's (slab, first row, N, K, input offset, output offset, tiles, K chunks) in one
     fp32 arena (offsets 32-aligned), and the arena's size. Phase p reads phase p - 1's output
-    (attn-out its first C of qkv's), the first reads the arena's first C."""
+    (attn-out its first C of qkv's), the first reads the arena's first C. attention: after each
+    layer's qkv an attention launch ("attn", layer, qkv's output offset, its own output offset),
+    whose output attn-out reads instead."""
     align = lambda v: (v + 31) // 32 * 32  # noqa: E731
-    out, rows, at = [], [], align(C)
-    for slab, start, N, K in shapes:
+    rows, at, prev = [], align(C), 0
+    layers = (len(shapes) - 1) // 4
+    for i, (slab, start, N, K) in enumerate(shapes):
         kt = (K + BK - 1) // BK
-        rows.append((slab, start, N, K, out[-1] if out else 0, at, (N + bn - 1) // bn * kt, kt))
-        out.append(at)
-        at = align(at + N)
+        rows.append((slab, start, N, K, prev, at, (N + bn - 1) // bn * kt, kt))
+        prev, at = at, align(at + N)
+        if attention and i % 4 == 0 and i < 4 * layers:
+            rows.append(("attn", i // 4, prev, at))
+            prev, at = at, align(at + C)
     return rows, at
 
 
@@ -93,12 +98,35 @@ def mma_descriptors(slabs):
     return [TensorDescriptor(w, list(w.shape), list(w.stride()), [64, 64], layout) for w in slabs]
 
 
-def reference_fp16_x(slabs, shapes, x0):
-    """The chain in torch with each phase's input rounded to fp16, as the tensor cores read it."""
+def reference_chain(slabs, shapes, x0, fp16_x=False, caches=None, heads=0):
+    """The chain in torch (fp32 over the fp16 weights); fp16_x: each linear's input rounded to
+    fp16, as the tensor cores read it; caches (a layer's (K, V), (P + 1, C) fp16, row P unused):
+    each layer's attention between qkv and attn-out, as ring_attention_kernel computes it."""
     x = x0.float()
-    for slab, start, N, K in shapes:
-        x = slabs[slab][start:start + N].float() @ x[:K].half().float()
+    for i, (slab, start, N, K) in enumerate(shapes):
+        xin = x[:K].half().float() if fp16_x else x[:K]
+        x = slabs[slab][start:start + N].float() @ xin
+        if caches is not None and i % 4 == 0 and i // 4 < len(caches):
+            x = attend(x, *caches[i // 4], heads)
     return x
+
+
+def attend(qkv, k_cache, v_cache, heads):
+    """One step's attention over the cache's first P rows and this step's k and v (fp32)."""
+    C = qkv.numel() // 3
+    D = C // heads
+    q, k, v = qkv.view(3, heads, D)
+    keys = torch.cat([k_cache[:-1].float().view(-1, heads, D), k[None]]).transpose(0, 1)  # (H, P + 1, D)
+    vals = torch.cat([v_cache[:-1].float().view(-1, heads, D), v[None]]).transpose(0, 1)
+    w = torch.softmax((keys @ q[:, :, None]).squeeze(-1) / D ** 0.5, dim=-1)  # (H, P + 1)
+    return (w[:, None, :] @ vals).reshape(C)
+
+
+def make_caches(cfg, positions, device, seed=1):
+    """Each layer's K and V cache: positions random rows (fp16) and one more for this step's."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return [tuple(torch.randn(positions + 1, cfg.n_embd, dtype=torch.float16, device=device, generator=g)
+                  for _ in range(2)) for _ in range(cfg.n_layer)]
 
 
 def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="cuda", **compile_only):
@@ -122,17 +150,31 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
     return ring_linear_kernel[(programs,)](*args, **meta)
 
 
-def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form="cuda"):
+def launch_attention(arena, ph, caches, heads, mode, pdl, **compile_only):
+    _, layer, in_off, out_off = ph
+    k_cache, v_cache = caches[layer]
+    P, C = k_cache.shape[0] - 1, k_cache.shape[1]
+    args = (k_cache, v_cache, arena[in_off:], arena[out_off:], P, C, (C // heads) ** -0.5)
+    meta = dict(MODE=mode, D=C // heads, BP=triton.next_power_of_2(P + 1), num_warps=4, launch_pdl=pdl)
+    if compile_only:
+        return ring_attention_kernel.warmup(*args, **meta, **compile_only)
+    return ring_attention_kernel[(heads,)](*args, **meta)
+
+
+def launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form="cuda", caches=None, heads=0):
     """A callable that runs the chain once (the arena's outputs zeroed, then every launch), and
-    the arena with the last phase's offset."""
+    the arena with the last phase's offset. caches (make_caches): with each layer's attention."""
     descs = mma_descriptors(slabs) if form == "mma" else descriptors(slabs, bn)
-    rows, size = phases(shapes, C, bn)
+    rows, size = phases(shapes, C, bn, attention=caches is not None)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
 
     def step():
         arena[C:].zero_()
         for ph in rows:
-            launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form)
+            if ph[0] == "attn":
+                launch_attention(arena, ph, caches, heads, mode, pdl)
+            else:
+                launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form)
     return step, arena, rows[-1][5]
 
 
@@ -155,6 +197,18 @@ def compile_only(args):
                 regs, local = cubin_usage(k, tool)
                 print(f"{form} {bn}x{stages}, {reg} tiles in registers, N {ph[2]}, K {ph[3]}, mode {mode}: shared "
                       f"{k.metadata.shared} B, {regs} registers, {local} B local a thread")
+    caches = make_caches(cfg, args.positions, "cpu")
+    k = launch_attention(torch.zeros(8 * cfg.n_embd), ("attn", 0, 0, 4 * cfg.n_embd), caches, cfg.n_head, 0, True,
+                         grid=(cfg.n_head,))
+    regs, local = cubin_usage(k, tool)
+    print(f"attention over {args.positions} positions: shared {k.metadata.shared} B, {regs} registers, {local} B local")
+
+
+def positive(text):
+    """A positive integer (the attention's cached positions)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def runs(args):
@@ -180,6 +234,9 @@ def main():
     ap.add_argument("--forms", nargs="+", default=["cuda"], choices=["cuda", "cuda16", "mma"],
                     help="the tiles' products on CUDA cores (fp32 over fp16 weights; 8 warps, or 16) or tensor cores "
                          "(wgmma, x in fp16)")
+    ap.add_argument("--attention", nargs="+", default=["off"], choices=["off", "on"],
+                    help="on: each layer's decode attention as a launch between qkv and attn-out (a program a head)")
+    ap.add_argument("--positions", type=positive, default=96, help="cached positions the attention reads")
     ap.add_argument("--programs", type=int, default=132, help="programs a launch with --compile-only (the SMs)")
     ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
@@ -192,12 +249,16 @@ def main():
     cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_ring.py")
     C, programs, nbytes, floor_us = cfg.n_embd, rec["programs"], rec["weight_bytes"], rec["floor_us"]
     bw = rec["copy_gbps"]
-    rec["launches"] = len(shapes)
-    wants = dict(cuda=reference(slabs, shapes, x0), mma=reference_fp16_x(slabs, shapes, x0))
-    for ((bn, stages), reg, form), pdl, mode in ((r, p, m) for r in list(runs(args))
-                                                 for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
-        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form)
-        want = wants["mma" if form == "mma" else "cuda"]
+    caches = make_caches(cfg, args.positions, "cuda")
+    rec.update(launches=len(shapes), positions=args.positions, cache_bytes=2 * args.positions * C * 2 * cfg.n_layer)
+    wants = {(f, a): reference_chain(slabs, shapes, x0, f, caches if a else None, cfg.n_head)
+             for f in (False, True) for a in (False, True)}
+    for ((bn, stages), reg, form), att, pdl, mode in (
+            (r, a == "on", p, m) for r in list(runs(args)) for a in args.attention
+            for p in ([True, False] if args.no_pdl else [True]) for m in args.modes):
+        step, arena, last = launcher(slabs, shapes, C, programs, bn, stages, reg, mode, pdl, form,
+                                     caches if att else None, cfg.n_head)
+        want = wants[(form == "mma", att)]
         arena[:C] = x0
         step()
         torch.cuda.synchronize()
@@ -205,8 +266,9 @@ def main():
         err = ((got - want).abs().max() / want.abs().max()).item()
         us = ms_graph([step]) * 1e3
         xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
-        run = dict(form=form, tile=[bn, BK], stages=stages, reg_tiles=reg, pdl=pdl, mode=MODES[mode], us=round(us, 2),
-                   floor_fraction=round(floor_us / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
+        floor = floor_us * (1 + rec["cache_bytes"] / nbytes) if att else floor_us  # the cache read once too
+        run = dict(form=form, tile=[bn, BK], stages=stages, reg_tiles=reg, attention=att, pdl=pdl, mode=MODES[mode],
+                   us=round(us, 2), floor_fraction=round(floor / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
                    rel_err=err if mode == 0 else None)
         rec["runs"].append(run)
         print(json.dumps(run), flush=True)

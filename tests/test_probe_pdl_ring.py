@@ -35,6 +35,33 @@ def test_phases_chain_outputs_into_inputs():
     assert rows[0][5] >= C  # x0 is not overwritten
 
 
+def test_phases_with_attention():
+    C = WIDE.n_embd
+    _, shapes = ppr.weights(WIDE, "cpu")
+    rows, size = ppr.phases(shapes, C, 32, attention=True)
+    kinds = ["attn" if r[0] == "attn" else "linear" for r in rows]
+    assert kinds == ["linear", "attn", "linear", "linear", "linear"] * WIDE.n_layer + ["linear"]
+    for i, r in enumerate(rows):
+        if r[0] == "attn":
+            _, layer, in_off, out_off = r
+            assert layer == i // 5 and in_off == rows[i - 1][5] and rows[i + 1][4] == out_off
+            assert out_off >= in_off + 3 * C and rows[i + 1][5] >= out_off + C  # nothing overlaps
+    assert size >= rows[-1][5] + shapes[-1][2]
+
+
+def test_attend_matches_torch_sdpa():
+    heads, C, P = 4, 64, 9
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(3 * C, generator=g)
+    k_cache, v_cache = (torch.randn(P + 1, C, generator=g).half() for _ in range(2))
+    got = ppr.attend(qkv, k_cache, v_cache, heads)
+    q, k, v = qkv.view(3, heads, 1, C // heads)
+    keys = torch.cat([k_cache[:P].float().view(P, heads, -1).transpose(0, 1), k], dim=1)  # (H, P + 1, D)
+    vals = torch.cat([v_cache[:P].float().view(P, heads, -1).transpose(0, 1), v], dim=1)
+    want = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], vals[None]).reshape(C)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def emulate(slabs, shapes, C, programs, bn, x0):
     """What the launches compute: each program's share of (row block, K chunk) tiles in order,
     a run of one row block added into the output at its end (fp64)."""
@@ -67,7 +94,7 @@ def emulate(slabs, shapes, C, programs, bn, x0):
 def test_tile_split_gives_the_chain(programs, bn):
     slabs, shapes = ppr.weights(WIDE, "cpu", seed=3)
     x0 = torch.randn(WIDE.n_embd, generator=torch.Generator().manual_seed(1))
-    want = ppr.reference(slabs, shapes, x0).double()
+    want = ppr.reference_chain(slabs, shapes, x0).double()
     got = emulate(slabs, shapes, WIDE.n_embd, programs, bn, x0)
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
 
@@ -90,6 +117,8 @@ def test_x_rows_and_shared_memory():
     (["--tiles", "64"], "expected ROWSxSTAGES such as 64x6, got '64'"),
     (["--modes", "3"], "invalid choice: 3"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
+    (["--positions", "0"], "expected a positive integer, got '0'"),
+    (["--attention", "maybe"], "invalid choice: 'maybe'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
@@ -124,7 +153,7 @@ def test_kernel_matches_torch(pdl, mode, bn, stages, reg, form):
     slabs, shapes = ppr.weights(cfg, "cuda", seed=5)
     step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, bn, stages, reg, mode, pdl, form)
     x0 = torch.randn(cfg.n_embd, device="cuda")
-    want = ppr.reference(slabs, shapes, x0)
+    want = ppr.reference_chain(slabs, shapes, x0)
     for _ in range(2):  # a second step: the zero fill starts it over
         arena[:cfg.n_embd] = x0
         step()
@@ -141,10 +170,29 @@ def test_mma_kernel_matches_torch(mode, stages):
     slabs, shapes = ppr.weights(cfg, "cuda", seed=7)
     step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, 64, stages, 0, mode, True, "mma")
     x0 = torch.randn(cfg.n_embd, device="cuda")
-    want = ppr.reference_fp16_x(slabs, shapes, x0)
+    want = ppr.reference_chain(slabs, shapes, x0, fp16_x=True)
     for _ in range(2):
         arena[:cfg.n_embd] = x0
         step()
         got = arena[last:last + cfg.vocab_size]
         # each phase's fp32 output rounds to fp16 as the next one's input, in both
         assert ((got - want).abs().max() / want.abs().max()).item() < 1e-3
+
+
+@hopper
+@pytest.mark.parametrize("form", ["cuda", "mma"])
+def test_chain_with_attention_matches_torch(form):
+    cfg = GPTConfig(n_layer=2, n_head=5, n_embd=320, n_positions=32, vocab_size=100)  # the kernel's D = 64
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = ppr.weights(cfg, "cuda", seed=9)
+    caches = ppr.make_caches(cfg, 37, "cuda")
+    step, arena, last = ppr.launcher(slabs, shapes, cfg.n_embd, programs, 64, 3, 0, 0, True, form, caches, cfg.n_head)
+    x0 = torch.randn(cfg.n_embd, device="cuda")
+    want = ppr.reference_chain(slabs, shapes, x0, form == "mma", caches, cfg.n_head)
+    for _ in range(2):
+        arena[:cfg.n_embd] = x0
+        step()
+        got = arena[last:last + cfg.vocab_size]
+        assert ((got - want).abs().max() / want.abs().max()).item() < (1e-3 if form == "mma" else 1e-4)
+    k_new = arena[ppr.phases(shapes, cfg.n_embd, 64, attention=True)[0][0][5] + cfg.n_embd:][:cfg.n_embd]
+    assert torch.equal(caches[0][0][-1], k_new.half())  # this step's key appended at row P
