@@ -11,11 +11,11 @@ programs hold them in registers, a wave and a half a kernel. Here a launch takes
 every SM's shared memory and registers, so the next launch's program is resident beside it from
 its start and asks for its first tiles then: the bus should stay busy across every boundary.
 
-The chain: per layer qkv (C -> 3C), attn-out (its first C -> C), fc (C -> 4C), mlp-out (4C -> C),
-then the lm_head. The arithmetic is real (fp32 over fp16 weights), checked against torch. Left
-out: attention, the layernorms, GELU and the residuals, so the times are a lower bound for a
-full step; the probe asks whether the linears alone can beat the engine's whole step (gpt2-xl
-1,177 us on an H200) by enough to leave room for those.
+The chain: per layer qkv (C -> 3C), attn-out (its first C -> C, or with --attention on the
+layer's decode attention between them), fc (C -> 4C), mlp-out (4C -> C), then the lm_head. The
+arithmetic is real, checked against torch. Left out: the layernorms, GELU and the residuals, so
+the times are a lower bound for a full step; the probe asks whether the chain can beat the
+engine's whole step (gpt2-xl 1,177 us on an H200) by enough to leave room for those.
 
 Two forms of the products: `cuda` (fp32 FMAs, 8 warps; `cuda16` 16) and `mma` (one warpgroup,
 wgmma over 128-byte-swizzled boxes, x in fp16 in the first of the B operand's 8 columns).
@@ -24,12 +24,13 @@ Outcome on an H200 (bench/results/h200/session-106/), gpt2-xl, floor 736 us:
 - the ring and the waits alone take 811 us: the boundary itself costs 0.4 us;
 - what follows each wait (x's staging, the landed tiles' products, the outputs) is the rest:
   `cuda` 1,081-1,099 us at 64x3, `mma` **970 us (0.759)**, the same under Triton 3.6 and 3.9;
-- ahead of the engine's linears (its qkv, fc, mlp-out and screened head take 938 us of its 1,177,
-  attn-out runs inside its attention launch), but a whole step would add the attention, the
-  layernorms, GELU and the residuals: about the 0.7 goal's 1,057 at best. gpt2: 122 us against
-  the engine's 115.
+- with each layer's decode attention as a fifth launch (--attention on), `mma` **1,062 us**
+  (0.696 of the floor with the cache), against the engine's whole step of 1,177. Still missing
+  for a step: the layernorms, GELU, the residuals, the head's argmax. gpt2: 150 us against the
+  engine's 115.
 
     python3 scripts/probe_pdl_ring.py --model gpt2-xl --tiles 64x2 32x4 --out DIR   # H100 / H200
+    python3 scripts/probe_pdl_ring.py --model gpt2-xl --tiles 64x3 --forms mma --attention off on --modes 0
     python3 scripts/probe_pdl_ring.py --compile-only                  # sm_90 compile on any machine
 """
 import argparse
