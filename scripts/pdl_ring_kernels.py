@@ -142,14 +142,35 @@ def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.cons
 
 
 @gluon.jit
-def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MODE: gl.constexpr,
-                           STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr,
+def _row_stats(x_ptr, K, eps, KP: gl.constexpr, num_warps: gl.constexpr):
+    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= the threads)."""
+    c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
+    r = gl.load(x_ptr + c, mask=c < K, other=0.0)
+    mean = gl.sum(r, axis=0) / K
+    d = gl.where(c < K, r - mean, 0.0)
+    return mean, gl.rsqrt(gl.sum(d * d, axis=0) / K + eps)
+
+
+@gluon.jit
+def _gelu_tanh(x):
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), tanh by exp2."""
+    z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x - x / (gl.exp2(2.8853900817779268 * z) + 1.0)  # 2 log2(e): x (1 + tanh z) / 2 = x - x / (e^2z + 1)
+
+
+@gluon.jit
+def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, b_off, bias_off, eps,
+                           MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr,
+                           XB: gl.constexpr, XFORM: gl.constexpr, BIAS: gl.constexpr, KP: gl.constexpr,
                            num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
     microsecond a launch on the tiles that landed before it. XB: x's boxes, a power of two of at
-    least 4 XS (one load fills them)."""
+    least 4 XS (one load fills them). For a whole step (scripts/probe_pdl_step.py), x is staged as
+    XFORM says: 0 as it is, 1 its layernorm (weight and bias at p_ptr + g_off / b_off; statistics
+    from all of x, loaded beside the chunks), 2 its GELU; BIAS: the program holding a row block's
+    first K chunk adds the bias at p_ptr + bias_off."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -186,7 +207,16 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
             chunk = (t0 + i) % KT
             ok = (i < XS) & (i < n)
         col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
-        xv = gl.load(x_ptr + col, mask=ok[:, None] & (col < K), other=0.0)
+        m = ok[:, None] & (col < K)
+        if XFORM == 1:
+            mean, rstd = _row_stats(x_ptr, K, eps, KP, num_warps)
+        xv = gl.load(x_ptr + col, mask=m, other=0.0)
+        if XFORM == 1:
+            g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
+            b = gl.load(p_ptr + b_off + col, mask=m, other=0.0)
+            xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
+        if XFORM == 2:
+            xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
@@ -210,6 +240,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, MO
             if (MODE & NO_MATH) == 0:
                 out = (t // KT) * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
+                if BIAS:
+                    if (t // KT) * KT >= t0:  # this program has the row block's first K chunk
+                        y += gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
                 gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:

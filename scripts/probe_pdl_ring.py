@@ -133,10 +133,10 @@ def make_caches(cfg, positions, device, seed=1):
 def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="cuda", **compile_only):
     slab, start, N, K, in_off, out_off, n_tiles, kt = ph
     if form == "mma":  # one warpgroup, 64-row tiles
-        args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs)
+        args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs, arena, 0, 0, 0, 1e-5)
         xs = x_rows(n_tiles, kt, programs)
-        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), num_warps=4,
-                    launch_pdl=pdl)
+        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=0, BIAS=False,
+                    KP=128, num_warps=4, launch_pdl=pdl)
         if compile_only:
             return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
         return ring_linear_mma_kernel[(programs,)](*args, **meta)

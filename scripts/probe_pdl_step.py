@@ -1,0 +1,174 @@
+"""Probe: a whole batch-1 decode step of GPT-2's architecture as session 106's chain of dependent
+launches (scripts/probe_pdl_ring.py, its tensor-core form): per layer the first layernorm, qkv,
+the decode attention, attn-out into the residual, the second layernorm, fc, GELU, mlp-out into the
+residual; then the final layernorm and the lm_head (logits, no argmax).
+
+Nothing is a launch of its own but the linears and the attention. A layernorm is applied where
+the next linear stages its input: each of its programs loads all of x beside its chunks after
+the wait and takes the statistics itself. GELU is applied where mlp-out stages fc's output (its
+split-K sum is complete only then). attn-out and mlp-out add their outputs into the residual
+stream by their atomics, and each linear's bias is added by the program holding a row block's
+first K chunk. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
+real and checked against the same step in torch.
+
+The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
+step (its linears and attention alone: 1,062 us, bench/results/h200/session-106/).
+
+    python3 scripts/probe_pdl_step.py --model gpt2-xl --tiles 64x3 --out DIR   # H100 / H200
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minillm.config import PRESETS  # noqa: E402
+from pdl_ring_kernels import ring_linear_mma_kernel  # noqa: E402
+from probe_pdl_ring import BK, attend, launch_attention, make_caches, mma_descriptors, x_rows  # noqa: E402
+from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402
+
+EPS = 1e-5
+PLAIN, LAYERNORM, GELU = 0, 1, 2  # how a linear stages its input (the kernel's XFORM)
+
+
+def step_params(cfg, device, seed=2):
+    """The layernorms' weights and biases and the linears' biases in one fp32 tensor, and where
+    each is: per layer ln1, ln2 (weight, bias) and the qkv, attn-out, fc, mlp-out biases; ln_f."""
+    C, at, offs = cfg.n_embd, 0, []
+    for _ in range(cfg.n_layer):
+        layer = {}
+        for name, n in (("ln1_w", C), ("ln1_b", C), ("ln2_w", C), ("ln2_b", C), ("qkv", 3 * C), ("attn_out", C),
+                        ("fc", 4 * C), ("mlp_out", C)):
+            layer[name], at = at, at + n
+        offs.append(layer)
+    final = {"ln_w": at, "ln_b": at + C}
+    g = torch.Generator(device=device).manual_seed(seed)
+    p = torch.randn(at + 2 * C, device=device, generator=g) * 0.1
+    for off in [o[k] for o in offs for k in ("ln1_w", "ln2_w")] + [final["ln_w"]]:
+        p[off:off + C] += 1.0  # layernorm weights near 1
+    return p, offs, final
+
+
+def plan_step(shapes, C, heads, offs, final):
+    """Each launch in order: a linear as (slab, first row, N, K, input offset, output offset,
+    XFORM, ln weight offset, ln bias offset, bias offset or -1), or ("attn", layer, qkv's offset,
+    its output's); and the arena's size. The residual stream is the arena's first C (attn-out and
+    mlp-out add into it, so their output offset is 0)."""
+    align = lambda v: (v + 31) // 32 * 32  # noqa: E731
+    rows, at = [], align(C)
+
+    def out(n):
+        nonlocal at
+        at, start = align(at + n), at
+        return start
+
+    for layer, o in enumerate(offs):
+        q, y, h = out(3 * C), out(C), out(4 * C)
+        (s0, r0, _, _), (s1, r1, _, _), (s2, r2, _, _), (s3, r3, _, _) = shapes[4 * layer:4 * layer + 4]
+        rows += [(s0, r0, 3 * C, C, 0, q, LAYERNORM, o["ln1_w"], o["ln1_b"], o["qkv"]), ("attn", layer, q, y),
+                 (s1, r1, C, C, y, 0, PLAIN, 0, 0, o["attn_out"]),
+                 (s2, r2, 4 * C, C, 0, h, LAYERNORM, o["ln2_w"], o["ln2_b"], o["fc"]),
+                 (s3, r3, C, 4 * C, h, 0, GELU, 0, 0, o["mlp_out"])]
+    slab, start, V, _ = shapes[-1]
+    rows.append((slab, start, V, C, 0, out(V), LAYERNORM, final["ln_w"], final["ln_b"], -1))
+    return rows, at
+
+
+def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
+    """The step in torch: fp32 over the fp16 weights, each linear's input rounded to fp16 (as the
+    tensor cores read it); the logits."""
+    C = x0.numel()
+    ln = lambda v, w, b: torch.nn.functional.layer_norm(v, (C,), params[w:w + C], params[b:b + C], EPS)  # noqa: E731
+    lin = lambda i, v: slabs[shapes[i][0]][shapes[i][1]:shapes[i][1] + shapes[i][2]].float() @ v.half().float()  # noqa
+    r = x0.float().clone()
+    for layer, o in enumerate(offs):
+        qkv = lin(4 * layer, ln(r, o["ln1_w"], o["ln1_b"])) + params[o["qkv"]:o["qkv"] + 3 * C]
+        y = attend(qkv, *caches[layer], heads)
+        r = r + lin(4 * layer + 1, y) + params[o["attn_out"]:o["attn_out"] + C]
+        h = lin(4 * layer + 2, ln(r, o["ln2_w"], o["ln2_b"])) + params[o["fc"]:o["fc"] + 4 * C]
+        g = torch.nn.functional.gelu(h, approximate="tanh")
+        r = r + lin(4 * layer + 3, g) + params[o["mlp_out"]:o["mlp_out"] + C]
+    return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
+
+
+def launch_linear(descs, arena, params, row, programs, stages, pdl, **compile_only):
+    slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
+    kt = (K + BK - 1) // BK
+    n_tiles = (N + 63) // 64 * kt
+    xs = x_rows(n_tiles, kt, programs)
+    args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs, params, g_off, b_off,
+            max(bias_off, 0), EPS)
+    meta = dict(MODE=0, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=xform,
+                BIAS=bias_off >= 0, KP=max(128, triton.next_power_of_2(K)), num_warps=4, launch_pdl=pdl)
+    if compile_only:
+        return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
+    return ring_linear_mma_kernel[(programs,)](*args, **meta)
+
+
+def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True):
+    """A callable that runs the step once (the residual stream set to x0, the other outputs
+    zeroed, then every launch), the arena, and the logits' offset."""
+    C = cfg.n_embd
+    descs = mma_descriptors(slabs)
+    rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
+    arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
+    x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
+
+    def step():
+        arena[C:].zero_()
+        arena[:C].copy_(x0)
+        for row in rows:
+            if row[0] == "attn":
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl)
+            else:
+                launch_linear(descs, arena, params, row, programs, stages, pdl)
+    return step, arena, x0, rows[-1][5]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
+    ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 3)],
+                    help="ROWSxSTAGES rings (64-row tiles: one warpgroup's wgmma)")
+    ap.add_argument("--positions", type=int, default=96, help="cached positions the attention reads")
+    ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
+    args = ap.parse_args()
+    if any(bn != 64 for bn, _ in args.tiles):
+        ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
+    if args.positions < 1:
+        ap.error(f"--positions: expected a positive integer, got {args.positions}")
+    from minillm.benchutil import ms_graph
+
+    cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_step.py")
+    C, programs = cfg.n_embd, rec["programs"]
+    params, offs, final = step_params(cfg, "cuda")
+    caches = make_caches(cfg, args.positions, "cuda")
+    want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
+    cache_bytes = 2 * args.positions * C * 2 * cfg.n_layer
+    floor_us = rec["floor_us"] * (1 + cache_bytes / rec["weight_bytes"])  # the cache read once too
+    rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
+    for bn, stages in args.tiles:
+        step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages)
+        x_in.copy_(x0)
+        step()
+        torch.cuda.synchronize()
+        got = arena[last:last + cfg.vocab_size]
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        same_argmax = bool(got.argmax() == want.argmax())
+        us = ms_graph([step]) * 1e3
+        run = dict(tile=[bn, BK], stages=stages, us=round(us, 2), floor_fraction=round(floor_us / us, 3),
+                   rel_err=err, same_argmax=same_argmax)
+        rec["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    print(f"{args.model}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"pdl-step-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""scripts/probe_pdl_step.py: the plan chains every launch of a whole step (layernorms staged,
+biases once, attn-out and mlp-out into the residual stream); the torch step matches a second,
+separate one (sdpa for the attention); the kernel's GELU form equals torch's; the command line
+refuses bad options in one line; on a Hopper GPU the step matches torch."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm.config import GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "probe_pdl_step.py"
+spec = importlib.util.spec_from_file_location("probe_pdl_step", SCRIPT)
+pps = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pps)
+
+CFG = GPTConfig(n_layer=2, n_head=5, n_embd=320, n_positions=32, vocab_size=100)  # head size 64
+
+
+def test_plan_chains_a_whole_step():
+    C = CFG.n_embd
+    _, shapes = pps.weights(CFG, "cpu")
+    params, offs, final = pps.step_params(CFG, "cpu")
+    rows, size = pps.plan_step(shapes, C, CFG.n_head, offs, final)
+    assert len(rows) == 5 * CFG.n_layer + 1
+    for layer, o in enumerate(offs):
+        qkv, attn, out, fc, mlp = rows[5 * layer:5 * layer + 5]
+        assert qkv[2:7] == (3 * C, C, 0, qkv[5], pps.LAYERNORM) and qkv[7:] == (o["ln1_w"], o["ln1_b"], o["qkv"])
+        assert attn == ("attn", layer, qkv[5], attn[3])
+        assert out[2:7] == (C, C, attn[3], 0, pps.PLAIN) and out[9] == o["attn_out"]  # into the residual
+        assert fc[2:7] == (4 * C, C, 0, fc[5], pps.LAYERNORM) and fc[7:] == (o["ln2_w"], o["ln2_b"], o["fc"])
+        assert mlp[2:7] == (C, 4 * C, fc[5], 0, pps.GELU) and mlp[9] == o["mlp_out"]
+        assert C <= qkv[5] < attn[3] < fc[5] and attn[3] >= qkv[5] + 3 * C and fc[5] >= attn[3] + C
+    head = rows[-1]
+    assert head[2:4] == (CFG.vocab_size, C) and head[6:] == (pps.LAYERNORM, final["ln_w"], final["ln_b"], -1)
+    assert head[5] + CFG.vocab_size <= size
+    # the parameters: every piece once, the layernorm weights near 1
+    spans = sorted((v, v + n) for o in offs for k, v in o.items()
+                   for n in [{"qkv": 3 * C, "fc": 4 * C}.get(k, C)]) + [(final["ln_w"], final["ln_w"] + 2 * C)]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] == params.numel()
+    assert (params[offs[1]["ln2_w"]:offs[1]["ln2_w"] + C] - 1).abs().max() < 1
+
+
+def separate_step(slabs, shapes, params, offs, final, x0, caches, heads):
+    """The same step written out once more, op by op, with torch's sdpa for the attention."""
+    C, D = x0.numel(), x0.numel() // heads
+
+    def w(i):
+        slab, start, N, _ = shapes[i]
+        return slabs[slab][start:start + N].float()
+
+    def p(off, n=C):
+        return params[off:off + n]
+
+    r = x0.clone()
+    for layer, o in enumerate(offs):
+        a = F.layer_norm(r, (C,), p(o["ln1_w"]), p(o["ln1_b"]), 1e-5).half().float()
+        q, k, v = (w(4 * layer) @ a + p(o["qkv"], 3 * C)).split(C)
+        kc, vc = caches[layer]
+        keys = torch.cat([kc[:-1].float(), k[None]]).view(-1, heads, D).transpose(0, 1)
+        vals = torch.cat([vc[:-1].float(), v[None]]).view(-1, heads, D).transpose(0, 1)
+        y = F.scaled_dot_product_attention(q.view(heads, 1, D), keys, vals).reshape(C)
+        r = r + w(4 * layer + 1) @ y.half().float() + p(o["attn_out"])
+        m = F.layer_norm(r, (C,), p(o["ln2_w"]), p(o["ln2_b"]), 1e-5).half().float()
+        h = w(4 * layer + 2) @ m + p(o["fc"], 4 * C)
+        r = r + w(4 * layer + 3) @ F.gelu(h, approximate="tanh").half().float() + p(o["mlp_out"])
+    f = F.layer_norm(r, (C,), p(final["ln_w"]), p(final["ln_b"]), 1e-5).half().float()
+    return w(len(shapes) - 1) @ f
+
+
+def test_reference_step_matches_a_separate_one():
+    slabs, shapes = pps.weights(CFG, "cpu", seed=4)
+    params, offs, final = pps.step_params(CFG, "cpu")
+    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 11, "cpu")]
+    x0 = torch.randn(CFG.n_embd, generator=torch.Generator().manual_seed(3))
+    got = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
+    want = separate_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
+    # both round each linear's input to fp16, where fp32 differences of the order of the two
+    # attentions' flip a rounding now and then: an fp16 ulp or so, far under a wrong piece's error
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3
+
+
+def test_kernel_gelu_form_is_torch_gelu():
+    x = torch.linspace(-30, 30, 20001, dtype=torch.float64)
+    z = 0.7978845608028654 * (x + 0.044715 * x ** 3)
+    mine = x - x / (torch.exp2(2.8853900817779268 * z) + 1.0)  # _gelu_tanh's form
+    assert torch.allclose(mine, F.gelu(x, approximate="tanh"), atol=1e-12)
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--tiles", "32x3"], "--tiles: the tensor-core form takes 64-row tiles"),
+    (["--positions", "0"], "--positions: expected a positive integer, got 0"),
+    (["--model", "gpt5"], "invalid choice: 'gpt5'"),
+])
+def test_cli_refuses_in_one_line(argv, expect):
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    err = [line for line in done.stderr.splitlines() if line.startswith("probe_pdl_step.py: error")]
+    assert done.returncode == 2 and len(err) == 1 and expect in err[0], done.stderr[-500:]
+
+
+def test_help_has_an_example():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "python3 scripts/probe_pdl_step.py --model gpt2-xl" in done.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
+@pytest.mark.parametrize("stages", [2, 3])
+def test_step_matches_torch(stages):
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = pps.weights(CFG, "cuda", seed=6)
+    params, offs, final = pps.step_params(CFG, "cuda")
+    caches = pps.make_caches(CFG, 23, "cuda")
+    x0 = torch.randn(CFG.n_embd, device="cuda")
+    want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
+    step, arena, x_in, last = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages)
+    x_in.copy_(x0)
+    for _ in range(2):  # a second step starts over: the residual stream set again
+        step()
+        got = arena[last:last + CFG.vocab_size]
+        assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3
+        assert got.argmax() == want.argmax()
