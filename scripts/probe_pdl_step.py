@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_ring_kernels import ring_linear_mma_kernel  # noqa: E402
 from probe_pdl_ring import BK, attend, launch_attention, make_caches, mma_descriptors, x_rows  # noqa: E402
-from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402
+from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU = 0, 1, 2  # how a linear stages its input (the kernel's XFORM)
