@@ -43,6 +43,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from pdl_ring_kernels import ring_attention_kernel, ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
 from probe_stream_step import BK, descriptors, gpu_setup, tiles_arg, weights  # noqa: E402
@@ -123,6 +124,13 @@ def attend(qkv, k_cache, v_cache, heads):
     return (w[:, None, :] @ vals).reshape(C)
 
 
+def floor_with_cache(rec, cfg, positions):
+    """The cache's bytes (every layer's K and V over `positions`) and the floor (us) with them read
+    once beside the weights, at the run's copy rate."""
+    cache_bytes = 2 * positions * cfg.n_embd * 2 * cfg.n_layer
+    return cache_bytes, rec["floor_us"] * (1 + cache_bytes / rec["weight_bytes"])
+
+
 def make_caches(cfg, positions, device, seed=1):
     """Each layer's K and V cache: positions random rows (fp16) and one more for this step's."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -130,16 +138,28 @@ def make_caches(cfg, positions, device, seed=1):
                   for _ in range(2)) for _ in range(cfg.n_layer)]
 
 
+def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, ln_offs=(0, 0),
+               bias_off=-1, eps=1e-5, **compile_only):
+    """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
+    with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
+    ln_offs; 2 its GELU) and, where bias_off >= 0, the bias at params + bias_off added once."""
+    kt = (K + BK - 1) // BK
+    n_tiles = (N + 63) // 64 * kt
+    xs = x_rows(n_tiles, kt, programs)
+    args = (desc, x, y, start, N, K, n_tiles, programs, x if params is None else params, *ln_offs, max(bias_off, 0),
+            eps)
+    meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=xform,
+                BIAS=bias_off >= 0, KP=max(128, triton.next_power_of_2(K)), num_warps=4, launch_pdl=pdl)
+    if compile_only:
+        return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
+    return ring_linear_mma_kernel[(programs,)](*args, **meta)
+
+
 def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="cuda", **compile_only):
     slab, start, N, K, in_off, out_off, n_tiles, kt = ph
-    if form == "mma":  # one warpgroup, 64-row tiles
-        args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs, arena, 0, 0, 0, 1e-5)
-        xs = x_rows(n_tiles, kt, programs)
-        meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=0, BIAS=False,
-                    KP=128, num_warps=4, launch_pdl=pdl)
-        if compile_only:
-            return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
-        return ring_linear_mma_kernel[(programs,)](*args, **meta)
+    if form == "mma":
+        return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, mode, pdl,
+                          **compile_only)
     args = (descs[slab], slabs[slab], arena[in_off:], arena[out_off:], start, slabs[slab].shape[0], N, K, n_tiles,
             programs)
     # two programs an SM (this launch's and the next one's): 8 warps at <= 128 registers, 16 at <= 64
@@ -205,13 +225,6 @@ def compile_only(args):
     print(f"attention over {args.positions} positions: shared {k.metadata.shared} B, {regs} registers, {local} B local")
 
 
-def positive(text):
-    """A positive integer (the attention's cached positions)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
 def runs(args):
     """(tile, register tiles, form) to run: the mma form takes 64-row tiles and no register tiles."""
     for t in args.tiles:
@@ -237,7 +250,7 @@ def main():
                          "(wgmma, x in fp16)")
     ap.add_argument("--attention", nargs="+", default=["off"], choices=["off", "on"],
                     help="on: each layer's decode attention as a launch between qkv and attn-out (a program a head)")
-    ap.add_argument("--positions", type=positive, default=96, help="cached positions the attention reads")
+    ap.add_argument("--positions", type=_int_at_least(1), default=96, help="cached positions the attention reads")
     ap.add_argument("--programs", type=int, default=132, help="programs a launch with --compile-only (the SMs)")
     ap.add_argument("--no-pdl", action="store_true", help="also time every run as plain launches")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 here and report, no GPU")
@@ -251,7 +264,8 @@ def main():
     C, programs, nbytes, floor_us = cfg.n_embd, rec["programs"], rec["weight_bytes"], rec["floor_us"]
     bw = rec["copy_gbps"]
     caches = make_caches(cfg, args.positions, "cuda")
-    rec.update(launches=len(shapes), positions=args.positions, cache_bytes=2 * args.positions * C * 2 * cfg.n_layer)
+    cache_bytes, cache_floor = floor_with_cache(rec, cfg, args.positions)
+    rec.update(launches=len(shapes), positions=args.positions, cache_bytes=cache_bytes)
     wants = {(f, a): reference_chain(slabs, shapes, x0, f, caches if a else None, cfg.n_head)
              for f in (False, True) for a in (False, True)}
     for ((bn, stages), reg, form), att, pdl, mode in (
@@ -267,7 +281,7 @@ def main():
         err = ((got - want).abs().max() / want.abs().max()).item()
         us = ms_graph([step]) * 1e3
         xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
-        floor = floor_us * (1 + rec["cache_bytes"] / nbytes) if att else floor_us  # the cache read once too
+        floor = cache_floor if att else floor_us
         run = dict(form=form, tile=[bn, BK], stages=stages, reg_tiles=reg, attention=att, pdl=pdl, mode=MODES[mode],
                    us=round(us, 2), floor_fraction=round(floor / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
                    rel_err=err if mode == 0 else None)

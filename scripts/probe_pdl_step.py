@@ -22,13 +22,13 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
-from pdl_ring_kernels import ring_linear_mma_kernel  # noqa: E402
-from probe_pdl_ring import BK, attend, launch_attention, make_caches, mma_descriptors, x_rows  # noqa: E402
+from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
+                            mma_descriptors)
 from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 EPS = 1e-5
@@ -97,16 +97,8 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
-    kt = (K + BK - 1) // BK
-    n_tiles = (N + 63) // 64 * kt
-    xs = x_rows(n_tiles, kt, programs)
-    args = (descs[slab], arena[in_off:], arena[out_off:], start, N, K, n_tiles, programs, params, g_off, b_off,
-            max(bias_off, 0), EPS)
-    meta = dict(MODE=0, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=xform,
-                BIAS=bias_off >= 0, KP=max(128, triton.next_power_of_2(K)), num_warps=4, launch_pdl=pdl)
-    if compile_only:
-        return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
-    return ring_linear_mma_kernel[(programs,)](*args, **meta)
+    return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
+                      xform, (g_off, b_off), bias_off, EPS, **compile_only)
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True):
@@ -134,22 +126,19 @@ def main():
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
     ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 3)],
                     help="ROWSxSTAGES rings (64-row tiles: one warpgroup's wgmma)")
-    ap.add_argument("--positions", type=int, default=96, help="cached positions the attention reads")
+    ap.add_argument("--positions", type=_int_at_least(1), default=96, help="cached positions the attention reads")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
     args = ap.parse_args()
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
-    if args.positions < 1:
-        ap.error(f"--positions: expected a positive integer, got {args.positions}")
     from minillm.benchutil import ms_graph
 
     cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_step.py")
-    C, programs = cfg.n_embd, rec["programs"]
+    programs = rec["programs"]
     params, offs, final = step_params(cfg, "cuda")
     caches = make_caches(cfg, args.positions, "cuda")
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
-    cache_bytes = 2 * args.positions * C * 2 * cfg.n_layer
-    floor_us = rec["floor_us"] * (1 + cache_bytes / rec["weight_bytes"])  # the cache read once too
+    cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
     for bn, stages in args.tiles:
         step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages)

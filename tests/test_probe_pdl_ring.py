@@ -117,7 +117,7 @@ def test_x_rows_and_shared_memory():
     (["--tiles", "64"], "expected ROWSxSTAGES such as 64x6, got '64'"),
     (["--modes", "3"], "invalid choice: 3"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
-    (["--positions", "0"], "expected a positive integer, got '0'"),
+    (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--attention", "maybe"], "invalid choice: 'maybe'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):

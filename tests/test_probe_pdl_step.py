@@ -94,7 +94,7 @@ def test_kernel_gelu_form_is_torch_gelu():
 
 @pytest.mark.parametrize("argv,expect", [
     (["--tiles", "32x3"], "--tiles: the tensor-core form takes 64-row tiles"),
-    (["--positions", "0"], "--positions: expected a positive integer, got 0"),
+    (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
