@@ -142,13 +142,20 @@ def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.cons
 
 
 @gluon.jit
+def _add_pairs(a, b, c, d):
+    return a + c, b + d
+
+
+@gluon.jit
 def _row_stats(x_ptr, K, eps, KP: gl.constexpr, num_warps: gl.constexpr):
-    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= the threads)."""
+    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= the threads):
+    the sum and the sum of squares in one reduction, one trip through shared memory after the
+    wait where two passes take two (fp32: E[x^2] - mean^2 loses nothing at a residual's scale)."""
     c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
     r = gl.load(x_ptr + c, mask=c < K, other=0.0)
-    mean = gl.sum(r, axis=0) / K
-    d = gl.where(c < K, r - mean, 0.0)
-    return mean, gl.rsqrt(gl.sum(d * d, axis=0) / K + eps)
+    s, ss = gl.reduce((r, r * r), 0, _add_pairs)
+    mean = s / K
+    return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
 
 
 @gluon.jit
@@ -191,37 +198,43 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     flat = xs.reinterpret(gl.float16, [XB, 512], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     xa: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     flat.store(gl.zeros([XB, 512], gl.float16, xa))
+    # where each box's x comes from, and what never depends on the launch before (the layernorm's
+    # weight and bias, this program's bias rows): all asked for before the wait
+    bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
+    c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
+    i = bx // 4
+    if XS == KT:
+        chunk = i
+        ok = i < XS
+    else:
+        chunk = (t0 + i) % KT
+        ok = (i < XS) & (i < n)
+    col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
+    m = ok[:, None] & (col < K)
+    if XFORM == 1:
+        g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
+        b = gl.load(p_ptr + b_off + col, mask=m, other=0.0)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    if BIAS:  # the first row block whose first K chunk is this program's
+        first_rb = (t0 + KT - 1) // KT
+        own = (first_rb * BN + rows < N) & (first_rb * KT < t0 + n)
+        bias_first = gl.load(p_ptr + bias_off + first_rb * BN + rows, mask=own, other=0.0)
     _barrier()  # the zeros before any thread's x
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
     if (MODE & NO_X) == 0:
-        bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
-        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
-        i = bx // 4
-        if XS == KT:
-            chunk = i
-            ok = i < XS
-        else:
-            chunk = (t0 + i) % KT
-            ok = (i < XS) & (i < n)
-        col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
-        m = ok[:, None] & (col < K)
+        xv = gl.load(x_ptr + col, mask=m, other=0.0)  # asked for beside the statistics' loads
         if XFORM == 1:
             mean, rstd = _row_stats(x_ptr, K, eps, KP, num_warps)
-        xv = gl.load(x_ptr + col, mask=m, other=0.0)
-        if XFORM == 1:
-            g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
-            b = gl.load(p_ptr + b_off + col, mask=m, other=0.0)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, 8], gl.float32, mma)
     for j in range(n):
@@ -242,7 +255,10 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if BIAS:
                     if (t // KT) * KT >= t0:  # this program has the row block's first K chunk
-                        y += gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
+                        if t // KT == first_rb:
+                            y += bias_first
+                        else:  # only where a program holds more than KT tiles
+                            y += gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
                 gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:

@@ -33,6 +33,7 @@ from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU = 0, 1, 2  # how a linear stages its input (the kernel's XFORM)
+PARTS = ("layernorm", "gelu", "bias")
 
 
 def step_params(cfg, device, seed=2):
@@ -101,12 +102,23 @@ def launch_linear(descs, arena, params, row, programs, stages, pdl, **compile_on
                       xform, (g_off, b_off), bias_off, EPS, **compile_only)
 
 
-def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True):
+def leave_out_parts(rows, parts):
+    """The plan with parts left out, to price each (timing only: the logits are then wrong):
+    "layernorm" and "gelu" stage x as it is, "bias" adds none."""
+    plain = {LAYERNORM} if "layernorm" in parts else set()
+    plain |= {GELU} if "gelu" in parts else set()
+    return [row if row[0] == "attn" else
+            (*row[:6], PLAIN if row[6] in plain else row[6], *row[7:9], -1 if "bias" in parts else row[9])
+            for row in rows]
+
+
+def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True, leave_out=()):
     """A callable that runs the step once (the residual stream set to x0, the other outputs
     zeroed, then every launch), the arena, and the logits' offset."""
     C = cfg.n_embd
     descs = mma_descriptors(slabs)
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
+    rows = leave_out_parts(rows, leave_out)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
     x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
 
@@ -127,6 +139,8 @@ def main():
     ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 3)],
                     help="ROWSxSTAGES rings (64-row tiles: one warpgroup's wgmma)")
     ap.add_argument("--positions", type=_int_at_least(1), default=96, help="cached positions the attention reads")
+    ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
+                    help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
     args = ap.parse_args()
     if any(bn != 64 for bn, _ in args.tiles):
@@ -141,18 +155,24 @@ def main():
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
     for bn, stages in args.tiles:
-        step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages)
-        x_in.copy_(x0)
-        step()
-        torch.cuda.synchronize()
-        got = arena[last:last + cfg.vocab_size]
-        err = ((got - want).abs().max() / want.abs().max()).item()
-        same_argmax = bool(got.argmax() == want.argmax())
-        us = ms_graph([step]) * 1e3
-        run = dict(tile=[bn, BK], stages=stages, us=round(us, 2), floor_fraction=round(floor_us / us, 3),
-                   rel_err=err, same_argmax=same_argmax)
-        rec["runs"].append(run)
-        print(json.dumps(run), flush=True)
+        for parts in [()] + [(part,) for part in args.leave_out]:
+            step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
+                                                    leave_out=parts)
+            x_in.copy_(x0)
+            step()
+            torch.cuda.synchronize()
+            got = arena[last:last + cfg.vocab_size]
+            check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
+                         same_argmax=bool(got.argmax() == want.argmax()))
+            us = ms_graph([step]) * 1e3
+            run = dict(tile=[bn, BK], stages=stages, left_out=list(parts), us=round(us, 2),
+                       floor_fraction=round(floor_us / us, 3))
+            if not parts:
+                C = cfg.n_embd  # the step's own first two launches, priced alone
+                run["zero_and_copy_us"] = round(ms_graph([lambda: (arena[C:].zero_(), arena[:C].copy_(x0))]) * 1e3, 2)
+                run.update(check)
+            rec["runs"].append(run)
+            print(json.dumps(run), flush=True)
     print(f"{args.model}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

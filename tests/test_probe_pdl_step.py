@@ -46,6 +46,19 @@ def test_plan_chains_a_whole_step():
     assert (params[offs[1]["ln2_w"]:offs[1]["ln2_w"] + C] - 1).abs().max() < 1
 
 
+def test_leave_out_prices_one_part_at_a_time():
+    _, shapes = pps.weights(CFG, "cpu")
+    params, offs, final = pps.step_params(CFG, "cpu")
+    rows, _ = pps.plan_step(shapes, CFG.n_embd, CFG.n_head, offs, final)
+    assert pps.leave_out_parts(rows, ()) == rows
+    for part, changed in (("layernorm", {0, 3}), ("gelu", {4}), ("bias", {0, 2, 3, 4})):
+        got = pps.leave_out_parts(rows, (part,))
+        diff = {i % 5 for i, (a, b) in enumerate(zip(rows, got)) if a != b}
+        assert diff == changed, part
+        assert (got[-1] != rows[-1]) == (part == "layernorm")  # the head: its final layernorm, no bias
+        assert all(a[:6] == b[:6] for a, b in zip(rows, got))
+
+
 def separate_step(slabs, shapes, params, offs, final, x0, caches, heads):
     """The same step written out once more, op by op, with torch's sdpa for the attention."""
     C, D = x0.numel(), x0.numel() // heads
@@ -96,6 +109,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--tiles", "32x3"], "--tiles: the tensor-core form takes 64-row tiles"),
     (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
+    (["--leave-out", "attention"], "argument --leave-out: invalid choice: 'attention'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
@@ -111,8 +125,10 @@ def test_help_has_an_example():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
 @pytest.mark.parametrize("stages", [2, 3])
-def test_step_matches_torch(stages):
-    programs = torch.cuda.get_device_properties(0).multi_processor_count
+@pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
+def test_step_matches_torch(stages, few):
+    # 5 programs: each holds many row blocks, so biases beyond its first are loaded late
+    programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pps.weights(CFG, "cuda", seed=6)
     params, offs, final = pps.step_params(CFG, "cuda")
     caches = pps.make_caches(CFG, 23, "cuda")
