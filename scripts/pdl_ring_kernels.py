@@ -148,10 +148,11 @@ def _add_pairs(a, b, c, d):
 
 @gluon.jit
 def _row_stats(x_ptr, K, eps, KP: gl.constexpr, num_warps: gl.constexpr):
-    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= the threads):
-    the sum and the sum of squares in one reduction, one trip through shared memory after the
-    wait where two passes take two (fp32: E[x^2] - mean^2 loses nothing at a residual's scale)."""
-    c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
+    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= 32). Every warp
+    loads all of x (the layout's tile is num_warps times KP: its warps hold copies), so the sum
+    and the sum of squares take shuffles only, no trip through shared memory after the wait
+    (fp32: E[x^2] - mean^2 loses nothing at a residual's scale)."""
+    c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // 32], [32], [num_warps], [0]))
     r = gl.load(x_ptr + c, mask=c < K, other=0.0)
     s, ss = gl.reduce((r, r * r), 0, _add_pairs)
     mean = s / K
@@ -176,8 +177,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     microsecond a launch on the tiles that landed before it. XB: x's boxes, a power of two of at
     least 4 XS (one load fills them). For a whole step (scripts/probe_pdl_step.py), x is staged as
     XFORM says: 0 as it is, 1 its layernorm (weight and bias at p_ptr + g_off / b_off; statistics
-    from all of x, loaded beside the chunks), 2 its GELU; BIAS: the program holding a row block's
-    first K chunk adds the bias at p_ptr + bias_off."""
+    from all of x, loaded beside the chunks), 2 its GELU, 3 as it is for a layernorm folded into
+    the weights (W' = W diag(g): W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at
+    p_ptr + g_off and c = W b + bias at p_ptr + bias_off, per output; the statistics are needed
+    only at the outputs); BIAS: the program holding a row block's first K chunk adds the bias
+    (with XFORM 3, c - rstd mean u) at p_ptr + bias_off."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -220,6 +224,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         first_rb = (t0 + KT - 1) // KT
         own = (first_rb * BN + rows < N) & (first_rb * KT < t0 + n)
         bias_first = gl.load(p_ptr + bias_off + first_rb * BN + rows, mask=own, other=0.0)
+        if XFORM == 3:
+            u_first = gl.load(p_ptr + g_off + first_rb * BN + rows, mask=own, other=0.0)
     _barrier()  # the zeros before any thread's x
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
@@ -233,6 +239,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
+        if XFORM == 3:  # x's chunks went as they are: the statistics wait for the outputs
+            mean, rstd = _row_stats(x_ptr, K, eps, KP, num_warps)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
@@ -253,12 +261,19 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             if (MODE & NO_MATH) == 0:
                 out = (t // KT) * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
+                if XFORM == 3:
+                    y = y * rstd
                 if BIAS:
                     if (t // KT) * KT >= t0:  # this program has the row block's first K chunk
                         if t // KT == first_rb:
-                            y += bias_first
+                            c = bias_first
+                            if XFORM == 3:
+                                c -= rstd * mean * u_first
                         else:  # only where a program holds more than KT tiles
-                            y += gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
+                            c = gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
+                            if XFORM == 3:
+                                c -= rstd * mean * gl.load(p_ptr + g_off + out, mask=out < N, other=0.0)
+                        y += c
                 gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:

@@ -3,9 +3,10 @@ launches (scripts/probe_pdl_ring.py, its tensor-core form): per layer the first 
 the decode attention, attn-out into the residual, the second layernorm, fc, GELU, mlp-out into the
 residual; then the final layernorm and the lm_head (logits, no argmax).
 
-Nothing is a launch of its own but the linears and the attention. A layernorm is applied where
-the next linear stages its input: each of its programs loads all of x beside its chunks after
-the wait and takes the statistics itself. GELU is applied where mlp-out stages fc's output (its
+Nothing is a launch of its own but the linears and the attention. A layernorm is folded into the
+next linear's weights (--layernorm folded: x staged as it is, each program takes the statistics
+itself from all of x and needs them only at its outputs) or applied where that linear stages x
+(staged: weights, statistics and normalizing between the wait and the products). GELU is applied where mlp-out stages fc's output (its
 split-K sum is complete only then). attn-out and mlp-out add their outputs into the residual
 stream by their atomics, and each linear's bias is added by the program holding a row block's
 first K chunk. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
@@ -32,8 +33,9 @@ from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, laun
 from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 EPS = 1e-5
-PLAIN, LAYERNORM, GELU = 0, 1, 2  # how a linear stages its input (the kernel's XFORM)
+PLAIN, LAYERNORM, GELU, FOLDED = 0, 1, 2, 3  # how a linear stages its input (the kernel's XFORM)
 PARTS = ("layernorm", "gelu", "bias")
+LAYERNORMS = ("staged", "folded")
 
 
 def step_params(cfg, device, seed=2):
@@ -102,23 +104,50 @@ def launch_linear(descs, arena, params, row, programs, stages, pdl, **compile_on
                       xform, (g_off, b_off), bias_off, EPS, **compile_only)
 
 
+def fold_layernorms(slabs, params, rows):
+    """Each layernorm folded into the linear after it: W' = W diag(g) in fp16 (the weights then
+    streamed), u = W' 1 and c = W b + bias per output (appended to the parameters), so that
+    W LN(x) + bias = rstd (W' x - mean u) + c: x is staged as it is, with no weights or
+    statistics between the wait and the products. The slabs (a copy where any row changed), the
+    parameters and the plan."""
+    folded, extra, at, plan = list(slabs), [], params.numel(), []
+    for row in rows:
+        if row[0] == "attn" or row[6] != LAYERNORM:
+            plan.append(row)
+            continue
+        slab, start, N, K, in_off, out_off, _, g_off, b_off, bias_off = row
+        if folded[slab] is slabs[slab]:
+            folded[slab] = slabs[slab].clone()
+        w = slabs[slab][start:start + N].float()
+        folded[slab][start:start + N] = (w * params[g_off:g_off + K]).half()
+        c = w @ params[b_off:b_off + K] + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
+        extra += [folded[slab][start:start + N].float().sum(1), c]
+        plan.append((slab, start, N, K, in_off, out_off, FOLDED, at, 0, at + N))
+        at += 2 * N
+    return folded, torch.cat([params, *extra]), plan
+
+
 def leave_out_parts(rows, parts):
     """The plan with parts left out, to price each (timing only: the logits are then wrong):
     "layernorm" and "gelu" stage x as it is, "bias" adds none."""
-    plain = {LAYERNORM} if "layernorm" in parts else set()
+    plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
     plain |= {GELU} if "gelu" in parts else set()
     return [row if row[0] == "attn" else
             (*row[:6], PLAIN if row[6] in plain else row[6], *row[7:9], -1 if "bias" in parts else row[9])
             for row in rows]
 
 
-def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True, leave_out=()):
+def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True, leave_out=(),
+                  layernorm="staged"):
     """A callable that runs the step once (the residual stream set to x0, the other outputs
-    zeroed, then every launch), the arena, and the logits' offset."""
+    zeroed, then every launch), the arena, and the logits' offset. layernorm: "staged" (applied
+    where the next linear stages x) or "folded" (into its weights, fold_layernorms)."""
     C = cfg.n_embd
-    descs = mma_descriptors(slabs)
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
+    if layernorm == "folded":
+        slabs, params, rows = fold_layernorms(slabs, params, rows)
     rows = leave_out_parts(rows, leave_out)
+    descs = mma_descriptors(slabs)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
     x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
 
@@ -139,6 +168,9 @@ def main():
     ap.add_argument("--tiles", type=tiles_arg, nargs="+", default=[(64, 3)],
                     help="ROWSxSTAGES rings (64-row tiles: one warpgroup's wgmma)")
     ap.add_argument("--positions", type=_int_at_least(1), default=96, help="cached positions the attention reads")
+    ap.add_argument("--layernorm", nargs="+", default=["folded"], choices=LAYERNORMS,
+                    help="where the layernorms go: staged (at the next linear's staging, after the wait) or folded "
+                         "(into its weights: the statistics needed only at its outputs)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
@@ -154,10 +186,11 @@ def main():
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
+    variants = [(ln, ()) for ln in args.layernorm] + [(args.layernorm[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
-        for parts in [()] + [(part,) for part in args.leave_out]:
+        for layernorm, parts in variants:
             step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
-                                                    leave_out=parts)
+                                                    leave_out=parts, layernorm=layernorm)
             x_in.copy_(x0)
             step()
             torch.cuda.synchronize()
@@ -165,7 +198,7 @@ def main():
             check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
                          same_argmax=bool(got.argmax() == want.argmax()))
             us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, left_out=list(parts), us=round(us, 2),
+            run = dict(tile=[bn, BK], stages=stages, layernorm=layernorm, left_out=list(parts), us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3))
             if not parts:
                 C = cfg.n_embd  # the step's own first two launches, priced alone

@@ -59,6 +59,27 @@ def test_leave_out_prices_one_part_at_a_time():
         assert all(a[:6] == b[:6] for a, b in zip(rows, got))
 
 
+def test_folded_layernorm_is_the_same_linear():
+    slabs, shapes = pps.weights(CFG, "cpu", seed=5)
+    params, offs, final = pps.step_params(CFG, "cpu")
+    rows, _ = pps.plan_step(shapes, CFG.n_embd, CFG.n_head, offs, final)
+    folded, fparams, plan = pps.fold_layernorms(slabs, params, rows)
+    assert folded[1] is slabs[1] and folded[0] is not slabs[0]  # mlp-out's K = 4C slab: no layernorm
+    x = torch.randn(CFG.n_embd, generator=torch.Generator().manual_seed(9)) * 3 + 0.5
+    mean, rstd = x.mean(), (x.var(unbiased=False) + pps.EPS).rsqrt()
+    for row, new in zip(rows, plan):
+        if row[0] == "attn" or row[6] != pps.LAYERNORM:
+            assert new == row
+            continue
+        slab, start, N, K, _, _, _, g_off, b_off, bias_off = row
+        assert new[:6] == row[:6] and new[6] == pps.FOLDED
+        u, c = fparams[new[7]:new[7] + N], fparams[new[9]:new[9] + N]
+        ln = F.layer_norm(x, (K,), params[g_off:g_off + K], params[b_off:b_off + K], pps.EPS)
+        want = slabs[slab][start:start + N].float() @ ln + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
+        got = rstd * (folded[slab][start:start + N].float() @ x - mean * u) + c
+        assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3  # W' in fp16: an ulp of the weights
+
+
 def separate_step(slabs, shapes, params, offs, final, x0, caches, heads):
     """The same step written out once more, op by op, with torch's sdpa for the attention."""
     C, D = x0.numel(), x0.numel() // heads
@@ -110,6 +131,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
     (["--leave-out", "attention"], "argument --leave-out: invalid choice: 'attention'"),
+    (["--layernorm", "fused"], "argument --layernorm: invalid choice: 'fused'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
@@ -126,7 +148,8 @@ def test_help_has_an_example():
                     reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
-def test_step_matches_torch(stages, few):
+@pytest.mark.parametrize("layernorm", pps.LAYERNORMS)
+def test_step_matches_torch(stages, few, layernorm):
     # 5 programs: each holds many row blocks, so biases beyond its first are loaded late
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pps.weights(CFG, "cuda", seed=6)
@@ -134,7 +157,8 @@ def test_step_matches_torch(stages, few):
     caches = pps.make_caches(CFG, 23, "cuda")
     x0 = torch.randn(CFG.n_embd, device="cuda")
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
-    step, arena, x_in, last = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages)
+    step, arena, x_in, last = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages,
+                                                layernorm=layernorm)
     x_in.copy_(x0)
     for _ in range(2):  # a second step starts over: the residual stream set again
         step()
