@@ -147,13 +147,19 @@ def _add_pairs(a, b, c, d):
 
 
 @gluon.jit
-def _row_stats(x_ptr, K, eps, KP: gl.constexpr, num_warps: gl.constexpr):
-    """A layernorm's mean and 1 / std over x[:K] (KP: a power of two >= K and >= 32). Every warp
-    loads all of x (the layout's tile is num_warps times KP: its warps hold copies), so the sum
-    and the sum of squares take shuffles only, no trip through shared memory after the wait
-    (fp32: E[x^2] - mean^2 loses nothing at a residual's scale)."""
-    c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // 32], [32], [num_warps], [0]))
-    r = gl.load(x_ptr + c, mask=c < K, other=0.0)
+def _row_load(x_ptr, K, KP: gl.constexpr, num_warps: gl.constexpr):
+    """x[:K] for a layernorm's statistics, spread over all threads (KP: a power of two >= K and
+    >= the threads). Every program of a launch reads the same x, so one copy a program: a copy a
+    warp took 1.5 us more a launch (session 107, call 3), the L2 lines' traffic, not latency."""
+    c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
+    return gl.load(x_ptr + c, mask=c < K, other=0.0)
+
+
+@gluon.jit
+def _row_stats(r, K, eps):
+    """A layernorm's mean and 1 / std of _row_load's r: the sum and the sum of squares in one
+    reduction, one trip through shared memory (fp32: E[x^2] - mean^2 loses nothing at a
+    residual's scale)."""
     s, ss = gl.reduce((r, r * r), 0, _add_pairs)
     mean = s / K
     return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
@@ -232,19 +238,22 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
     if (MODE & NO_X) == 0:
-        xv = gl.load(x_ptr + col, mask=m, other=0.0)  # asked for beside the statistics' loads
+        xv = gl.load(x_ptr + col, mask=m, other=0.0)
+        if (XFORM == 1) | (XFORM == 3):
+            r = _row_load(x_ptr, K, KP, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
-            mean, rstd = _row_stats(x_ptr, K, eps, KP, num_warps)
+            mean, rstd = _row_stats(r, K, eps)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
-        if XFORM == 3:  # x's chunks went as they are: the statistics wait for the outputs
-            mean, rstd = _row_stats(x_ptr, K, eps, KP, num_warps)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, 8], gl.float32, mma)
+    first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
+    mean = 0.0
+    rstd = 0.0
     for j in range(n):
         t = t0 + j
         slot = j % STAGES
@@ -262,6 +271,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 out = (t // KT) * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
+                    if j == first_out:  # the statistics behind the first products, not before them
+                        mean, rstd = _row_stats(r, K, eps)
                     y = y * rstd
                 if BIAS:
                     if (t // KT) * KT >= t0:  # this program has the row block's first K chunk
@@ -283,12 +294,16 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
 
 
 @gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, MODE: gl.constexpr, D: gl.constexpr,
-                          BP: gl.constexpr, num_warps: gl.constexpr):
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps,
+                          MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
+                          KP: gl.constexpr, num_warps: gl.constexpr):
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
     values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
     from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
-    new key and value appended at row P. Small enough to share any SM with the launches beside it."""
+    new key and value appended at row P. Small enough to share any SM with the launches beside it.
+    FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
+    3); this launch's few programs take the statistics of x (the residual stream) and finish
+    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -297,6 +312,13 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, MODE: gl.
     old = (p < P)[:, None]
     kt = gl.load(kc_ptr + at, mask=old, other=0.0)  # the cache never depends on the launch before
     vt = gl.load(vc_ptr + at, mask=old, other=0.0)
+    if FOLD:
+        u_q = gl.load(p_ptr + u_off + h * D + d)
+        u_k = gl.load(p_ptr + u_off + C + h * D + d)
+        u_v = gl.load(p_ptr + u_off + 2 * C + h * D + d)
+        c_q = gl.load(p_ptr + c_off + h * D + d)
+        c_k = gl.load(p_ptr + c_off + C + h * D + d)
+        c_v = gl.load(p_ptr + c_off + 2 * C + h * D + d)
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
@@ -304,6 +326,11 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, MODE: gl.
     q = gl.load(qkv_ptr + h * D + d)
     k_new = gl.load(qkv_ptr + C + h * D + d)
     v_new = gl.load(qkv_ptr + 2 * C + h * D + d)
+    if FOLD:
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, num_warps), C, eps)
+        q = rstd * (q - mean * u_q) + c_q
+        k_new = rstd * (k_new - mean * u_k) + c_k
+        v_new = rstd * (v_new - mean * u_v) + c_v
     new = (p == P)[:, None]
     k = gl.where(new, k_new[None, :], kt.to(gl.float32))
     v = gl.where(new, v_new[None, :], vt.to(gl.float32))

@@ -171,12 +171,18 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
     return ring_linear_kernel[(programs,)](*args, **meta)
 
 
-def launch_attention(arena, ph, caches, heads, mode, pdl, **compile_only):
-    _, layer, in_off, out_off = ph
+def launch_attention(arena, ph, caches, heads, mode, pdl, params=None, eps=1e-5, **compile_only):
+    """ph: ("attn", layer, qkv's offset, the output's[, u's offset, c's offset in params]): with
+    the last two, qkv's output is W' x with the layernorm folded in (probe_pdl_step), finished
+    here; the residual stream is the arena's first C."""
+    layer, in_off, out_off = ph[1:4]
+    u_off, c_off = ph[4:6] if len(ph) > 4 else (0, 0)
     k_cache, v_cache = caches[layer]
     P, C = k_cache.shape[0] - 1, k_cache.shape[1]
-    args = (k_cache, v_cache, arena[in_off:], arena[out_off:], P, C, (C // heads) ** -0.5)
-    meta = dict(MODE=mode, D=C // heads, BP=triton.next_power_of_2(P + 1), num_warps=4, launch_pdl=pdl)
+    args = (k_cache, v_cache, arena[in_off:], arena[out_off:], P, C, (C // heads) ** -0.5, arena,
+            arena if params is None else params, u_off, c_off, eps)
+    meta = dict(MODE=mode, D=C // heads, BP=triton.next_power_of_2(P + 1), FOLD=len(ph) > 4,
+                KP=max(128, triton.next_power_of_2(C)), num_warps=4, launch_pdl=pdl)
     if compile_only:
         return ring_attention_kernel.warmup(*args, **meta, **compile_only)
     return ring_attention_kernel[(heads,)](*args, **meta)

@@ -108,11 +108,15 @@ def fold_layernorms(slabs, params, rows):
     """Each layernorm folded into the linear after it: W' = W diag(g) in fp16 (the weights then
     streamed), u = W' 1 and c = W b + bias per output (appended to the parameters), so that
     W LN(x) + bias = rstd (W' x - mean u) + c: x is staged as it is, with no weights or
-    statistics between the wait and the products. The slabs (a copy where any row changed), the
-    parameters and the plan."""
+    statistics between the wait and the products. qkv's outputs are finished by the attention
+    launch after it (a program a head: the statistics taken 25 times, not 132), the others' by
+    the linear itself. The slabs (a copy where any row changed), the parameters and the plan."""
     folded, extra, at, plan = list(slabs), [], params.numel(), []
-    for row in rows:
-        if row[0] == "attn" or row[6] != LAYERNORM:
+    for i, row in enumerate(rows):
+        if row[0] == "attn":
+            plan.append((*row, *pending) if rows[i - 1][6] == LAYERNORM else row)
+            continue
+        if row[6] != LAYERNORM:
             plan.append(row)
             continue
         slab, start, N, K, in_off, out_off, _, g_off, b_off, bias_off = row
@@ -122,17 +126,22 @@ def fold_layernorms(slabs, params, rows):
         folded[slab][start:start + N] = (w * params[g_off:g_off + K]).half()
         c = w @ params[b_off:b_off + K] + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
         extra += [folded[slab][start:start + N].float().sum(1), c]
-        plan.append((slab, start, N, K, in_off, out_off, FOLDED, at, 0, at + N))
+        if i + 1 < len(rows) and rows[i + 1][0] == "attn":  # qkv: raw, finished by the attention
+            plan.append((slab, start, N, K, in_off, out_off, PLAIN, 0, 0, -1))
+            pending = (at, at + N)
+        else:
+            plan.append((slab, start, N, K, in_off, out_off, FOLDED, at, 0, at + N))
         at += 2 * N
     return folded, torch.cat([params, *extra]), plan
 
 
 def leave_out_parts(rows, parts):
     """The plan with parts left out, to price each (timing only: the logits are then wrong):
-    "layernorm" and "gelu" stage x as it is, "bias" adds none."""
+    "layernorm" and "gelu" stage x as it is (the attention then takes qkv's outputs as they
+    are), "bias" adds none."""
     plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
     plain |= {GELU} if "gelu" in parts else set()
-    return [row if row[0] == "attn" else
+    return [(row[:4] if plain & {LAYERNORM} else row) if row[0] == "attn" else
             (*row[:6], PLAIN if row[6] in plain else row[6], *row[7:9], -1 if "bias" in parts else row[9])
             for row in rows]
 
@@ -156,7 +165,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         arena[:C].copy_(x0)
         for row in rows:
             if row[0] == "attn":
-                launch_attention(arena, row, caches, cfg.n_head, 0, pdl)
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
             else:
                 launch_linear(descs, arena, params, row, programs, stages, pdl)
     return step, arena, x0, rows[-1][5]

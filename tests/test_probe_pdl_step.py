@@ -67,17 +67,32 @@ def test_folded_layernorm_is_the_same_linear():
     assert folded[1] is slabs[1] and folded[0] is not slabs[0]  # mlp-out's K = 4C slab: no layernorm
     x = torch.randn(CFG.n_embd, generator=torch.Generator().manual_seed(9)) * 3 + 0.5
     mean, rstd = x.mean(), (x.var(unbiased=False) + pps.EPS).rsqrt()
-    for row, new in zip(rows, plan):
+    finished = 0
+    for i, (row, new) in enumerate(zip(rows, plan)):
         if row[0] == "attn" or row[6] != pps.LAYERNORM:
-            assert new == row
+            if row[0] == "attn":  # qkv's outputs finished here: u's and c's offsets added
+                assert new == (*row, *new[4:6]) and len(new) == 6
+            else:
+                assert new == row
             continue
         slab, start, N, K, _, _, _, g_off, b_off, bias_off = row
-        assert new[:6] == row[:6] and new[6] == pps.FOLDED
-        u, c = fparams[new[7]:new[7] + N], fparams[new[9]:new[9] + N]
+        assert new[:6] == row[:6]
+        if i + 1 < len(rows) and rows[i + 1][0] == "attn":  # qkv: raw outputs, no bias
+            assert new[6:] == (pps.PLAIN, 0, 0, -1)
+            u_off, c_off = plan[i + 1][4:6]
+        else:
+            assert new[6] == pps.FOLDED
+            u_off, c_off = new[7], new[9]
+        u, c = fparams[u_off:u_off + N], fparams[c_off:c_off + N]
         ln = F.layer_norm(x, (K,), params[g_off:g_off + K], params[b_off:b_off + K], pps.EPS)
         want = slabs[slab][start:start + N].float() @ ln + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
         got = rstd * (folded[slab][start:start + N].float() @ x - mean * u) + c
         assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3  # W' in fp16: an ulp of the weights
+        finished += 1
+    assert finished == 2 * CFG.n_layer + 1
+    stripped = pps.leave_out_parts(plan, ("layernorm",))
+    assert all(len(r) == 4 for r in stripped if r[0] == "attn")
+    assert all(r[6] == pps.PLAIN for r in stripped if r[0] != "attn" and r[6] != pps.GELU)
 
 
 def separate_step(slabs, shapes, params, offs, final, x0, caches, heads):
