@@ -133,12 +133,28 @@ def ring_linear_kernel(desc, w_ptr, x_ptr, y_ptr, row0, slab_rows, N, K, n_tiles
 
 
 @gluon.jit
-def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, BN: gl.constexpr):
+def _tile_at(t, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
+    """Tile t's (row block, K chunk): ORDER 0 by row block (a row block's K chunks in a row: few
+    partial sums a row, x by the chunks of a whole row), 1 by K chunk (a chunk's row blocks in a
+    row: a program's tiles share one or two chunks of x)."""
+    if ORDER == 0:
+        rb = t // KT
+        chunk = t % KT
+    else:
+        rb = t % RB
+        chunk = t // RB
+    return rb, chunk
+
+
+@gluon.jit
+def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr,
+                  BN: gl.constexpr):
     """Ask for tile t as four (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)."""
+    rb, chunk = _tile_at(t, KT, RB, ORDER)
     bar = bars.index(slot)
     mbarrier.expect(bar, 4 * desc.block_type.nbytes)
     for s in gl.static_range(4):
-        _tma_load(desc, [row0 + (t // KT) * BN, (t % KT) * BK + s * 64], bar, ring.index(slot * 4 + s))
+        _tma_load(desc, [row0 + rb * BN, chunk * BK + s * 64], bar, ring.index(slot * 4 + s))
 
 
 @gluon.jit
@@ -173,21 +189,22 @@ def _gelu_tanh(x):
 
 
 @gluon.jit
-def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, b_off, bias_off, eps,
-                           MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, XS: gl.constexpr,
-                           XB: gl.constexpr, XFORM: gl.constexpr, BIAS: gl.constexpr, KP: gl.constexpr,
-                           num_warps: gl.constexpr):
+def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
+                           MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
+                           ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
+                           BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
-    microsecond a launch on the tiles that landed before it. XB: x's boxes, a power of two of at
-    least 4 XS (one load fills them). For a whole step (scripts/probe_pdl_step.py), x is staged as
-    XFORM says: 0 as it is, 1 its layernorm (weight and bias at p_ptr + g_off / b_off; statistics
-    from all of x, loaded beside the chunks), 2 its GELU, 3 as it is for a layernorm folded into
-    the weights (W' = W diag(g): W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at
-    p_ptr + g_off and c = W b + bias at p_ptr + bias_off, per output; the statistics are needed
-    only at the outputs); BIAS: the program holding a row block's first K chunk adds the bias
-    (with XFORM 3, c - rstd mean u) at p_ptr + bias_off."""
+    microsecond a launch on the tiles that landed before it. Tiles in ORDER (_tile_at); XS: the
+    most K chunks a program's tiles touch, XB: x's boxes, a power of two of at least 4 XS.
+    For a whole step (scripts/probe_pdl_step.py), x is staged as XFORM says: 0 as it is, 1 its
+    layernorm (weight and bias at p_ptr + g_off, + K; statistics from all of x, loaded beside
+    the chunks), 2 its GELU, 3 as it is for a layernorm folded into the weights (W' = W diag(g):
+    W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at p_ptr + g_off and c = W b + bias
+    at p_ptr + bias_off, per output; the statistics are needed only at the outputs). BIAS: the
+    bias (XFORM 3: c - rstd mean u) of the row blocks whose first K chunk is this program's,
+    loaded before the wait as one vector (BROWS, a power of two) and added by one atomic."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -201,7 +218,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if s < n:
-            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, BN)
+            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN)
     # x's boxes (XB, a power of two >= 4 XS) zeroed before the wait; after it one load and one
     # store write every box's row 0, which the 128-byte swizzle leaves in place: the buffer seen
     # unswizzled as (XB, 512), a box a row, its first 64 columns
@@ -209,29 +226,38 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     xa: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     flat.store(gl.zeros([XB, 512], gl.float16, xa))
     # where each box's x comes from, and what never depends on the launch before (the layernorm's
-    # weight and bias, this program's bias rows): all asked for before the wait
+    # weight and bias, this program's biases): all asked for before the wait
+    _, chunk0 = _tile_at(t0, KT, RB, ORDER)
     bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
     c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
     i = bx // 4
-    if XS == KT:
+    if ORDER == 1:  # the chunks of this program's tiles, in a row
+        chunk = chunk0 + i
+        ok = (i < XS) & (chunk <= (t0 + n - 1) // RB)
+    elif XS == KT:
         chunk = i
         ok = i < XS
-    else:
+    else:  # a box row a tile
         chunk = (t0 + i) % KT
         ok = (i < XS) & (i < n)
     col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
     m = ok[:, None] & (col < K)
     if XFORM == 1:
         g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
-        b = gl.load(p_ptr + b_off + col, mask=m, other=0.0)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    if BIAS:  # the first row block whose first K chunk is this program's
-        first_rb = (t0 + KT - 1) // KT
-        own = (first_rb * BN + rows < N) & (first_rb * KT < t0 + n)
-        bias_first = gl.load(p_ptr + bias_off + first_rb * BN + rows, mask=own, other=0.0)
+        b = gl.load(p_ptr + g_off + K + col, mask=m, other=0.0)
+    if BIAS:  # the row blocks whose first K chunk is this program's: [rb_lo, rb_hi)
+        if ORDER == 0:
+            rb_lo = (t0 + KT - 1) // KT
+            rb_hi = (t0 + n + KT - 1) // KT
+        else:
+            rb_lo = t0
+            rb_hi = gl.minimum(t0 + n, RB)
+        bias_rows = rb_lo * BN + gl.arange(0, BROWS, layout=gl.BlockedLayout([BROWS // (32 * num_warps)], [32],
+                                                                             [num_warps], [0]))
+        own = (bias_rows < rb_hi * BN) & (bias_rows < N)
+        bias = gl.load(p_ptr + bias_off + bias_rows, mask=own, other=0.0)
         if XFORM == 3:
-            u_first = gl.load(p_ptr + g_off + first_rb * BN + rows, mask=own, other=0.0)
+            u = gl.load(p_ptr + g_off + bias_rows, mask=own, other=0.0)
     _barrier()  # the zeros before any thread's x
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
@@ -247,44 +273,48 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
+    if BIAS:
+        if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
+            gl.atomic_add(y_ptr + bias_rows, bias, mask=own, sem="relaxed", scope="gpu")
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, 8], gl.float32, mma)
-    first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
+    if ORDER == 0:
+        first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
+    else:
+        first_out = 0
     mean = 0.0
     rstd = 0.0
     for j in range(n):
         t = t0 + j
+        rb, ch = _tile_at(t, KT, RB, ORDER)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        xr = _x_row(t, j, KT, XS)
+        if ORDER == 1:
+            xr = ch - chunk0
+        else:
+            xr = _x_row(t, j, KT, XS)
         if (MODE & NO_MATH) == 0:
             for s in gl.static_range(4):
                 acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc)
         _barrier()
         fence_async_shared()
         if j + STAGES < n:
-            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, BN)
-        if ((t % KT) == KT - 1) | (j == n - 1):
+            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN)
+        if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):
             if (MODE & NO_MATH) == 0:
-                out = (t // KT) * BN + rows
+                out = rb * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
                         mean, rstd = _row_stats(r, K, eps)
+                        if BIAS:
+                            gl.atomic_add(y_ptr + bias_rows, bias - rstd * mean * u, mask=own, sem="relaxed",
+                                          scope="gpu")
                     y = y * rstd
-                if BIAS:
-                    if (t // KT) * KT >= t0:  # this program has the row block's first K chunk
-                        if t // KT == first_rb:
-                            c = bias_first
-                            if XFORM == 3:
-                                c -= rstd * mean * u_first
-                        else:  # only where a program holds more than KT tiles
-                            c = gl.load(p_ptr + bias_off + out, mask=out < N, other=0.0)
-                            if XFORM == 3:
-                                c -= rstd * mean * gl.load(p_ptr + g_off + out, mask=out < N, other=0.0)
-                        y += c
                 gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:

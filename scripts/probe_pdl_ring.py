@@ -138,18 +138,36 @@ def make_caches(cfg, positions, device, seed=1):
                   for _ in range(2)) for _ in range(cfg.n_layer)]
 
 
-def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, ln_offs=(0, 0),
-               bias_off=-1, eps=1e-5, **compile_only):
+def mma_shares(N, K, programs, order):
+    """For ring_linear_mma_kernel's tiles in order (0 by row block, 1 by K chunk): (K chunks, row
+    blocks, the most chunks a program's tiles touch (order 1), the most row blocks whose first
+    chunk a program holds)."""
+    kt, rb = (K + BK - 1) // BK, (N + 63) // 64
+    chunks, firsts = 1, 1
+    for pid in range(programs):
+        t0, n = share(rb * kt, programs, pid)
+        if n == 0:
+            continue
+        if order == 0:  # (chunks: x_rows stages x by tile where a program has fewer than kt)
+            firsts = max(firsts, -(-(t0 + n) // kt) - -(-t0 // kt))
+        else:
+            chunks = max(chunks, (t0 + n - 1) // rb - t0 // rb + 1)
+            firsts = max(firsts, min(t0 + n, rb) - t0)
+    return kt, rb, chunks, firsts
+
+
+def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
+               eps=1e-5, order=0, **compile_only):
     """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
     with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
-    ln_offs; 2 its GELU) and, where bias_off >= 0, the bias at params + bias_off added once."""
-    kt = (K + BK - 1) // BK
-    n_tiles = (N + 63) // 64 * kt
-    xs = x_rows(n_tiles, kt, programs)
-    args = (desc, x, y, start, N, K, n_tiles, programs, x if params is None else params, *ln_offs, max(bias_off, 0),
-            eps)
-    meta = dict(MODE=mode, STAGES=stages, KT=kt, XS=xs, XB=triton.next_power_of_2(4 * xs), XFORM=xform,
-                BIAS=bias_off >= 0, KP=max(128, triton.next_power_of_2(K)), num_warps=4, launch_pdl=pdl)
+    g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
+    the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1)."""
+    kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
+    xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
+    args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps)
+    meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs, XB=triton.next_power_of_2(4 * xs),
+                XFORM=xform, BIAS=bias_off >= 0, BROWS=max(128, triton.next_power_of_2(64 * firsts)),
+                KP=max(128, triton.next_power_of_2(K)), num_warps=4, launch_pdl=pdl)
     if compile_only:
         return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
     return ring_linear_mma_kernel[(programs,)](*args, **meta)

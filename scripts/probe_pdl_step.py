@@ -36,6 +36,7 @@ EPS = 1e-5
 PLAIN, LAYERNORM, GELU, FOLDED = 0, 1, 2, 3  # how a linear stages its input (the kernel's XFORM)
 PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
+ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 
 
 def step_params(cfg, device, seed=2):
@@ -98,10 +99,11 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, **compile_only):
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
+    assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, (g_off, b_off), bias_off, EPS, **compile_only)
+                      xform, g_off, bias_off, EPS, order, **compile_only)
 
 
 def fold_layernorms(slabs, params, rows):
@@ -147,10 +149,12 @@ def leave_out_parts(rows, parts):
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True, leave_out=(),
-                  layernorm="staged"):
+                  layernorm="staged", order="rows"):
     """A callable that runs the step once (the residual stream set to x0, the other outputs
     zeroed, then every launch), the arena, and the logits' offset. layernorm: "staged" (applied
-    where the next linear stages x) or "folded" (into its weights, fold_layernorms)."""
+    where the next linear stages x) or "folded" (into its weights, fold_layernorms); order: the
+    linears' tiles by row block ("rows") or by K chunk ("chunks": x in fewer shared-memory boxes,
+    more partial sums), or by K chunk but the head's ("mixed": its 50,257 logits take fewer)."""
     C = cfg.n_embd
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if layernorm == "folded":
@@ -167,7 +171,8 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
             else:
-                launch_linear(descs, arena, params, row, programs, stages, pdl)
+                launch_linear(descs, arena, params, row, programs, stages, pdl,
+                              int(order == "chunks" or (order == "mixed" and row is not rows[-1])))
     return step, arena, x0, rows[-1][5]
 
 
@@ -180,6 +185,9 @@ def main():
     ap.add_argument("--layernorm", nargs="+", default=["folded"], choices=LAYERNORMS,
                     help="where the layernorms go: staged (at the next linear's staging, after the wait) or folded "
                          "(into its weights: the statistics needed only at its outputs)")
+    ap.add_argument("--order", nargs="+", default=["rows"], choices=ORDERS,
+                    help="the linears' tiles by row block (rows) or by K chunk (chunks: x in fewer shared-memory "
+                         "boxes, a partial sum a tile), or by K chunk but the head's (mixed)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
@@ -195,11 +203,12 @@ def main():
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    variants = [(ln, ()) for ln in args.layernorm] + [(args.layernorm[0], (part,)) for part in args.leave_out]
+    variants = [(ln, order, ()) for order in args.order for ln in args.layernorm]
+    variants += [(args.layernorm[0], args.order[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
-        for layernorm, parts in variants:
+        for layernorm, order, parts in variants:
             step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
-                                                    leave_out=parts, layernorm=layernorm)
+                                                    leave_out=parts, layernorm=layernorm, order=order)
             x_in.copy_(x0)
             step()
             torch.cuda.synchronize()
@@ -207,8 +216,8 @@ def main():
             check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
                          same_argmax=bool(got.argmax() == want.argmax()))
             us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, layernorm=layernorm, left_out=list(parts), us=round(us, 2),
-                       floor_fraction=round(floor_us / us, 3))
+            run = dict(tile=[bn, BK], stages=stages, layernorm=layernorm, order=order, left_out=list(parts),
+                       us=round(us, 2), floor_fraction=round(floor_us / us, 3))
             if not parts:
                 C = cfg.n_embd  # the step's own first two launches, priced alone
                 run["zero_and_copy_us"] = round(ms_graph([lambda: (arena[C:].zero_(), arena[:C].copy_(x0))]) * 1e3, 2)

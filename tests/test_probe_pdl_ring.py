@@ -113,6 +113,27 @@ def test_x_rows_and_shared_memory():
     assert max(ppr.smem_bytes(64, 2, ppr.x_rows(ph[6], ph[7], 132), "mma") for ph in rows[:4]) * 2 + 2048 <= 228 * 1024
 
 
+@pytest.mark.parametrize("N,K,programs", [(4800, 1600, 132), (1600, 6400, 132), (50257, 1600, 132), (960, 320, 5),
+                                           (100, 320, 132), (1600, 1600, 7)])
+@pytest.mark.parametrize("order", [0, 1])
+def test_mma_shares_match_the_kernels_tile_order(N, K, programs, order):
+    kt, rb, chunks, firsts = ppr.mma_shares(N, K, programs, order)
+    assert (kt, rb) == (-(-K // ppr.BK), -(-N // 64))
+    first_owner = {}
+    for pid in range(programs):
+        t0, n = ppr.share(rb * kt, programs, pid)
+        tiles = [(t // kt, t % kt) if order == 0 else (t % rb, t // rb) for t in range(t0, t0 + n)]
+        if order == 1 and n:  # the chunks in a row from the first tile's: x's boxes
+            used = sorted({c for _, c in tiles})
+            assert used == list(range(used[0], used[0] + len(used))) and len(used) <= chunks
+        # the kernel's [rb_lo, rb_hi): exactly the row blocks whose chunk 0 this program holds
+        lo, hi = (-(-t0 // kt), -(-(t0 + n) // kt)) if order == 0 else (t0, min(t0 + n, rb))
+        assert set(range(lo, hi)) == {r for r, c in tiles if c == 0} and hi - lo <= firsts
+        for r in range(lo, hi):
+            assert first_owner.setdefault(r, pid) == pid
+    assert sorted(first_owner) == list(range(rb))  # every row block's bias added once
+
+
 @pytest.mark.parametrize("argv,expect", [
     (["--tiles", "64"], "expected ROWSxSTAGES such as 64x6, got '64'"),
     (["--modes", "3"], "invalid choice: 3"),
