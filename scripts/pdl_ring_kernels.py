@@ -189,6 +189,16 @@ def _gelu_tanh(x):
 
 
 @gluon.jit
+def _gelu_tanh_approx(x):
+    """GPT-2's GELU with tanh by the MUFU's tanh.approx (about 2^-11 relative, an fp16 rounding's
+    size; x is rounded to fp16 right after): one instruction where exp2 and a division take
+    several after the wait."""
+    z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
+    return 0.5 * x * (1.0 + t)
+
+
+@gluon.jit
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
@@ -200,9 +210,10 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     most K chunks a program's tiles touch, XB: x's boxes, a power of two of at least 4 XS.
     For a whole step (scripts/probe_pdl_step.py), x is staged as XFORM says: 0 as it is, 1 its
     layernorm (weight and bias at p_ptr + g_off, + K; statistics from all of x, loaded beside
-    the chunks), 2 its GELU, 3 as it is for a layernorm folded into the weights (W' = W diag(g):
-    W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at p_ptr + g_off and c = W b + bias
-    at p_ptr + bias_off, per output; the statistics are needed only at the outputs). BIAS: the
+    the chunks), 2 its GELU (4: by tanh.approx), 3 as it is for a layernorm folded into the
+    weights (W' = W diag(g): W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at p_ptr +
+    g_off and c = W b + bias at p_ptr + bias_off, per output; the statistics are needed only at
+    the outputs). BIAS: the
     bias (XFORM 3: c - rstd mean u) of the row blocks whose first K chunk is this program's,
     loaded before the wait as one vector (BROWS, a power of two) and added by one atomic."""
     BN: gl.constexpr = 64
@@ -272,6 +283,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
+        if XFORM == 4:
+            xv = _gelu_tanh_approx(xv)
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too

@@ -19,7 +19,9 @@ step (its linears and attention alone: 1,062 us, bench/results/h200/session-106/
 """
 import argparse
 import json
+import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,10 +35,11 @@ from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, laun
 from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 EPS = 1e-5
-PLAIN, LAYERNORM, GELU, FOLDED = 0, 1, 2, 3  # how a linear stages its input (the kernel's XFORM)
+PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
 PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
+GELUS = ("exact", "approx")
 
 
 def step_params(cfg, device, seed=2):
@@ -148,18 +151,37 @@ def leave_out_parts(rows, parts):
             for row in rows]
 
 
-def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, pdl=True, leave_out=(),
-                  layernorm="staged", order="rows"):
+@dataclass(frozen=True)
+class Form:
+    """How the step is built. layernorm: "staged" (applied where the next linear stages x) or
+    "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
+    or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
+    but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
+    "approx" (the tanh.approx instruction); mlp_stages: fc's and mlp-out's ring depth (None: as
+    the others')."""
+    layernorm: str = "folded"
+    order: str = "rows"
+    gelu: str = "exact"
+    mlp_stages: int | None = None
+
+
+def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
+                  leave_out=()):
     """A callable that runs the step once (the residual stream set to x0, the other outputs
-    zeroed, then every launch), the arena, and the logits' offset. layernorm: "staged" (applied
-    where the next linear stages x) or "folded" (into its weights, fold_layernorms); order: the
-    linears' tiles by row block ("rows") or by K chunk ("chunks": x in fewer shared-memory boxes,
-    more partial sums), or by K chunk but the head's ("mixed": its 50,257 logits take fewer)."""
+    zeroed, then every launch), the arena, and the logits' offset."""
     C = cfg.n_embd
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
-    if layernorm == "folded":
+    if form.layernorm == "folded":
         slabs, params, rows = fold_layernorms(slabs, params, rows)
     rows = leave_out_parts(rows, leave_out)
+    if form.gelu == "approx":
+        rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
+    launches = []  # (row, ring depth, tile order) a linear
+    for i, row in enumerate(rows):
+        head = i == len(rows) - 1
+        mlp = not head and i % 5 in (3, 4)  # plan_step: qkv, attention, attn-out, fc, mlp-out a layer
+        order = int(form.order == "chunks" or (form.order == "mixed" and not head))
+        launches.append((row, form.mlp_stages or stages if mlp else stages, order))
     descs = mma_descriptors(slabs)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
     x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
@@ -167,12 +189,11 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     def step():
         arena[C:].zero_()
         arena[:C].copy_(x0)
-        for row in rows:
+        for row, depth, order in launches:
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
             else:
-                launch_linear(descs, arena, params, row, programs, stages, pdl,
-                              int(order == "chunks" or (order == "mixed" and row is not rows[-1])))
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order)
     return step, arena, x0, rows[-1][5]
 
 
@@ -188,6 +209,10 @@ def main():
     ap.add_argument("--order", nargs="+", default=["rows"], choices=ORDERS,
                     help="the linears' tiles by row block (rows) or by K chunk (chunks: x in fewer shared-memory "
                          "boxes, a partial sum a tile), or by K chunk but the head's (mixed)")
+    ap.add_argument("--gelu", nargs="+", default=["exact"], choices=GELUS,
+                    help="GPT-2's GELU with tanh by exp2 (exact) or by the tanh.approx instruction (approx)")
+    ap.add_argument("--mlp-stages", type=_int_at_least(1), nargs="+", default=[None],
+                    help="fc's and mlp-out's ring depth (default: as --tiles says)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
@@ -203,12 +228,12 @@ def main():
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    variants = [(ln, order, ()) for order in args.order for ln in args.layernorm]
-    variants += [(args.layernorm[0], args.order[0], (part,)) for part in args.leave_out]
+    forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages)]
+    variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
-        for layernorm, order, parts in variants:
+        for form, parts in variants:
             step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
-                                                    leave_out=parts, layernorm=layernorm, order=order)
+                                                    form, leave_out=parts)
             x_in.copy_(x0)
             step()
             torch.cuda.synchronize()
@@ -216,8 +241,8 @@ def main():
             check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
                          same_argmax=bool(got.argmax() == want.argmax()))
             us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, layernorm=layernorm, order=order, left_out=list(parts),
-                       us=round(us, 2), floor_fraction=round(floor_us / us, 3))
+            run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), us=round(us, 2),
+                       floor_fraction=round(floor_us / us, 3))
             if not parts:
                 C = cfg.n_embd  # the step's own first two launches, priced alone
                 run["zero_and_copy_us"] = round(ms_graph([lambda: (arena[C:].zero_(), arena[:C].copy_(x0))]) * 1e3, 2)

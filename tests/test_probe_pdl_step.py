@@ -148,6 +148,8 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--leave-out", "attention"], "argument --leave-out: invalid choice: 'attention'"),
     (["--layernorm", "fused"], "argument --layernorm: invalid choice: 'fused'"),
     (["--order", "cols"], "argument --order: invalid choice: 'cols'"),
+    (["--gelu", "erf"], "argument --gelu: invalid choice: 'erf'"),
+    (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
@@ -164,9 +166,9 @@ def test_help_has_an_example():
                     reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
-@pytest.mark.parametrize("layernorm", pps.LAYERNORMS)
-@pytest.mark.parametrize("order", pps.ORDERS)
-def test_step_matches_torch(stages, few, layernorm, order):
+@pytest.mark.parametrize("form", [pps.Form("staged"), pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
+                                  pps.Form(gelu="approx", mlp_stages=2)], ids=str)
+def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so biases beyond its first are loaded late
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pps.weights(CFG, "cuda", seed=6)
@@ -175,7 +177,7 @@ def test_step_matches_torch(stages, few, layernorm, order):
     x0 = torch.randn(CFG.n_embd, device="cuda")
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
     step, arena, x_in, last = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages,
-                                                layernorm=layernorm, order=order)
+                                                form)
     x_in.copy_(x0)
     for _ in range(2):  # a second step starts over: the residual stream set again
         step()
