@@ -157,12 +157,13 @@ class Form:
     "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
     or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
     but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
-    "approx" (the tanh.approx instruction); mlp_stages: fc's and mlp-out's ring depth (None: as
-    the others')."""
+    "approx" (the tanh.approx instruction); mlp_stages, qkv_stages: fc's and mlp-out's ring
+    depth, qkv's (None: as the others')."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "exact"
     mlp_stages: int | None = None
+    qkv_stages: int | None = None
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
@@ -179,9 +180,10 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     launches = []  # (row, ring depth, tile order) a linear
     for i, row in enumerate(rows):
         head = i == len(rows) - 1
-        mlp = not head and i % 5 in (3, 4)  # plan_step: qkv, attention, attn-out, fc, mlp-out a layer
+        kind = "head" if head else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # as plan_step
+        depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
         order = int(form.order == "chunks" or (form.order == "mixed" and not head))
-        launches.append((row, form.mlp_stages or stages if mlp else stages, order))
+        launches.append((row, depth, order))
     descs = mma_descriptors(slabs)
     arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
     x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
@@ -213,6 +215,8 @@ def main():
                     help="GPT-2's GELU with tanh by exp2 (exact) or by the tanh.approx instruction (approx)")
     ap.add_argument("--mlp-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="fc's and mlp-out's ring depth (default: as --tiles says)")
+    ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
+                    help="qkv's ring depth (default: as --tiles says)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
@@ -228,7 +232,8 @@ def main():
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages)]
+    forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
+                                                                args.qkv_stages)]
     variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
         for form, parts in variants:
