@@ -10,7 +10,8 @@ hardware's grid dependency handles (no counters in global memory, unlike the one
 launch of scripts/stream_step_kernels.py)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from stream_step_kernels import BK, _barrier, _tma_load
@@ -202,7 +203,8 @@ def _gelu_tanh_approx(x):
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
-                           BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, num_warps: gl.constexpr):
+                           BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
+                           num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -311,8 +313,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         else:
             xr = _x_row(t, j, KT, XS)
         if (MODE & NO_MATH) == 0:
-            for s in gl.static_range(4):
-                acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc)
+            for s in gl.static_range(4):  # ASYNC: the four in a row, one wait (else a wait each)
+                acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
+                                    is_async=ASYNC)
+            if ASYNC:
+                acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()
         fence_async_shared()
         if j + STAGES < n:

@@ -40,6 +40,7 @@ PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
+MMAS = ("sync", "async")
 
 
 def step_params(cfg, device, seed=2):
@@ -102,11 +103,11 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, **compile_only):
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, g_off, bias_off, EPS, order, **compile_only)
+                      xform, g_off, bias_off, EPS, order, async_mma, **compile_only)
 
 
 def fold_layernorms(slabs, params, rows):
@@ -158,12 +159,14 @@ class Form:
     or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
     but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
     "approx" (the tanh.approx instruction); mlp_stages, qkv_stages: fc's and mlp-out's ring
-    depth, qkv's (None: as the others')."""
+    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync") or
+    issued in a row with one wait ("async")."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "exact"
     mlp_stages: int | None = None
     qkv_stages: int | None = None
+    mma: str = "sync"
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
@@ -195,7 +198,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order)
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async")
     return step, arena, x0, rows[-1][5]
 
 
@@ -217,6 +220,8 @@ def main():
                     help="fc's and mlp-out's ring depth (default: as --tiles says)")
     ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="qkv's ring depth (default: as --tiles says)")
+    ap.add_argument("--mma", nargs="+", default=["sync"], choices=MMAS,
+                    help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
@@ -233,7 +238,7 @@ def main():
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
-                                                                args.qkv_stages)]
+                                                                args.qkv_stages, args.mma)]
     variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
         for form, parts in variants:
