@@ -296,7 +296,13 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
-    acc = gl.zeros([BN, 8], gl.float32, mma)
+    # ASYNC 0: each box's wgmma waited for; 1: a tile's four in a row, one wait; 2: the same into
+    # four accumulators (no chain between the boxes); 3: as 2, the wait letting the tile's own
+    # products run on (the last tile's are done: its slot refilled a tile later)
+    a0 = gl.zeros([BN, 8], gl.float32, mma)
+    a1 = gl.zeros_like(a0)
+    a2 = gl.zeros_like(a0)
+    a3 = gl.zeros_like(a0)
     if ORDER == 0:
         first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
     else:
@@ -313,19 +319,31 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         else:
             xr = _x_row(t, j, KT, XS)
         if (MODE & NO_MATH) == 0:
-            for s in gl.static_range(4):  # ASYNC: the four in a row, one wait (else a wait each)
-                acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
-                                    is_async=ASYNC)
-            if ASYNC:
-                acc = warpgroup_mma_wait(0, deps=[acc])
+            if ASYNC < 2:
+                for s in gl.static_range(4):
+                    a0 = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), a0,
+                                       is_async=ASYNC == 1)
+                if ASYNC == 1:
+                    a0 = warpgroup_mma_wait(0, deps=[a0])
+            else:
+                a0 = warpgroup_mma(ring.index(slot * 4), xs.index(xr * 4).permute((1, 0)), a0, is_async=True)
+                a1 = warpgroup_mma(ring.index(slot * 4 + 1), xs.index(xr * 4 + 1).permute((1, 0)), a1, is_async=True)
+                a2 = warpgroup_mma(ring.index(slot * 4 + 2), xs.index(xr * 4 + 2).permute((1, 0)), a2, is_async=True)
+                a3 = warpgroup_mma(ring.index(slot * 4 + 3), xs.index(xr * 4 + 3).permute((1, 0)), a3, is_async=True)
+                a0, a1, a2, a3 = warpgroup_mma_wait(4 if ASYNC == 3 else 0, deps=[a0, a1, a2, a3])
         _barrier()
         fence_async_shared()
-        if j + STAGES < n:
+        if ASYNC == 3:  # the last tile's slot: its products are done
+            if (j >= 1) & (j - 1 + STAGES < n):
+                _ask_tile_mma(desc, ring, bars, row0, t - 1 + STAGES, (j - 1) % STAGES, KT, RB, ORDER, BN)
+        elif j + STAGES < n:
             _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN)
         if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):
             if (MODE & NO_MATH) == 0:
+                if ASYNC == 3:
+                    a0, a1, a2, a3 = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
                 out = rb * BN + rows
-                y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
+                y = gl.sum(gl.where(cols[None, :] == 0, a0 + a1 + a2 + a3, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
                         mean, rstd = _row_stats(r, K, eps)
@@ -334,7 +352,10 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                                           scope="gpu")
                     y = y * rstd
                 gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
-            acc = gl.zeros_like(acc)
+            a0 = gl.zeros_like(a0)
+            a1 = gl.zeros_like(a0)
+            a2 = gl.zeros_like(a0)
+            a3 = gl.zeros_like(a0)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
     for s in gl.static_range(STAGES):

@@ -157,12 +157,12 @@ def mma_shares(N, K, programs, order):
 
 
 def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
-               eps=1e-5, order=0, async_mma=False, **compile_only):
+               eps=1e-5, order=0, async_mma=0, **compile_only):
     """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
     with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
     g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
     the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
-    async_mma: a tile's four products issued in a row with one wait (else a wait each)."""
+    async_mma: the kernel's ASYNC (0: a wait a product; 1, 2, 3: a tile's four issued in a row)."""
     kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
     xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
     args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps)

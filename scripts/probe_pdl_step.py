@@ -40,7 +40,7 @@ PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
-MMAS = ("sync", "async")
+MMAS = ("sync", "async", "async4", "deferred")  # the kernel's ASYNC
 
 
 def step_params(cfg, device, seed=2):
@@ -103,7 +103,7 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, **compile_only):
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=0, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
@@ -159,8 +159,9 @@ class Form:
     or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
     but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
     "approx" (the tanh.approx instruction); mlp_stages, qkv_stages: fc's and mlp-out's ring
-    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync") or
-    issued in a row with one wait ("async")."""
+    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync"),
+    issued in a row with one wait ("async"), the same into four accumulators ("async4"), or
+    with the wait letting the tile's own run on, its slot refilled a tile later ("deferred")."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "exact"
@@ -198,7 +199,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async")
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, MMAS.index(form.mma))
     return step, arena, x0, rows[-1][5]
 
 
@@ -221,7 +222,8 @@ def main():
     ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="qkv's ring depth (default: as --tiles says)")
     ap.add_argument("--mma", nargs="+", default=["sync"], choices=MMAS,
-                    help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
+                    help="a tile's four wgmma each waited for (sync), issued in a row with one wait (async), into "
+                         "four accumulators (async4), or waited for a tile later (deferred)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")

@@ -168,7 +168,8 @@ def test_help_has_an_example():
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
 @pytest.mark.parametrize("form", [pps.Form("staged"), pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(gelu="approx", mlp_stages=4, qkv_stages=2),
-                                  pps.Form(gelu="approx", mma="async")], ids=str)
+                                  pps.Form(gelu="approx", mma="async"), pps.Form(mma="async4"),
+                                  pps.Form(mma="deferred")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so biases beyond its first are loaded late
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
