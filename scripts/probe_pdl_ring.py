@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
-from pdl_ring_kernels import ring_attention_kernel, ring_linear_kernel, ring_linear_mma_kernel  # noqa: E402
+from pdl_ring_kernels import ring_attention_kernel, ring_linear_kernel  # noqa: E402
+from pdl_ring_mma_kernels import ring_linear_mma_kernel  # noqa: E402
 from probe_stream_step import BK, descriptors, gpu_setup, tiles_arg, weights  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402

@@ -4,18 +4,22 @@ the decode attention, attn-out into the residual, the second layernorm, fc, GELU
 residual; then the final layernorm and the lm_head (logits, no argmax).
 
 Nothing is a launch of its own but the linears and the attention. A layernorm is folded into the
-next linear's weights (--layernorm folded: x staged as it is, each program takes the statistics
-itself from all of x and needs them only at its outputs) or applied where that linear stages x
-(staged: weights, statistics and normalizing between the wait and the products). GELU is applied where mlp-out stages fc's output (its
-split-K sum is complete only then). attn-out and mlp-out add their outputs into the residual
-stream by their atomics, and each linear's bias is added by the program holding a row block's
-first K chunk. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
-real and checked against the same step in torch.
+next linear's weights (--layernorm folded: x staged as it is; the attention launch takes LN1's
+statistics and finishes q, k, v, fc and the head take theirs behind their first products) or
+applied where that linear stages x (staged: statistics and normalizing between the wait and the
+products). GELU is applied where mlp-out stages fc's output (its split-K sum is complete only
+then). attn-out and mlp-out add their outputs into the residual stream by their atomics; each
+program adds the biases of the row blocks whose first K chunk it holds, by one atomic. The
+weights are random (scripts/probe_stream_step.weights), the arithmetic is real and checked
+against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
-step (its linears and attention alone: 1,062 us, bench/results/h200/session-106/).
+step. Session 107 (bench/results/h200/session-107/): 1,263 us at first, 1,051-1,081 with the
+defaults (layernorms folded, tiles by row block, GELU by tanh.approx, a tile's products issued
+in a row with one wait; Triton 3.9, 1,070 under 3.6).
 
-    python3 scripts/probe_pdl_step.py --model gpt2-xl --tiles 64x3 --out DIR   # H100 / H200
+    python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
+    python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
 """
 import argparse
 import json
@@ -118,6 +122,7 @@ def fold_layernorms(slabs, params, rows):
     launch after it (a program a head: the statistics taken 25 times, not 132), the others' by
     the linear itself. The slabs (a copy where any row changed), the parameters and the plan."""
     folded, extra, at, plan = list(slabs), [], params.numel(), []
+    pending = None  # qkv's (u, c) offsets, for the attention after it
     for i, row in enumerate(rows):
         if row[0] == "attn":
             plan.append((*row, *pending) if rows[i - 1][6] == LAYERNORM else row)
@@ -154,7 +159,7 @@ def leave_out_parts(rows, parts):
 
 @dataclass(frozen=True)
 class Form:
-    """How the step is built. layernorm: "staged" (applied where the next linear stages x) or
+    """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged" (applied where the next linear stages x) or
     "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
     or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
     but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
@@ -164,10 +169,10 @@ class Form:
     with the wait letting the tile's own run on, its slot refilled a tile later ("deferred")."""
     layernorm: str = "folded"
     order: str = "rows"
-    gelu: str = "exact"
+    gelu: str = "approx"
     mlp_stages: int | None = None
     qkv_stages: int | None = None
-    mma: str = "sync"
+    mma: str = "async"
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
@@ -215,13 +220,13 @@ def main():
     ap.add_argument("--order", nargs="+", default=["rows"], choices=ORDERS,
                     help="the linears' tiles by row block (rows) or by K chunk (chunks: x in fewer shared-memory "
                          "boxes, a partial sum a tile), or by K chunk but the head's (mixed)")
-    ap.add_argument("--gelu", nargs="+", default=["exact"], choices=GELUS,
+    ap.add_argument("--gelu", nargs="+", default=["approx"], choices=GELUS,
                     help="GPT-2's GELU with tanh by exp2 (exact) or by the tanh.approx instruction (approx)")
     ap.add_argument("--mlp-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="fc's and mlp-out's ring depth (default: as --tiles says)")
     ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="qkv's ring depth (default: as --tiles says)")
-    ap.add_argument("--mma", nargs="+", default=["sync"], choices=MMAS,
+    ap.add_argument("--mma", nargs="+", default=["async"], choices=MMAS,
                     help="a tile's four wgmma each waited for (sync), issued in a row with one wait (async), into "
                          "four accumulators (async4), or waited for a tile later (deferred)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
