@@ -159,16 +159,30 @@ def _row_stats(r, K, eps):
 
 
 @gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps,
-                          MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
-                          KP: gl.constexpr, num_warps: gl.constexpr):
+def _slot_stats(slots_ptr, n_slots, K, eps, NSP: gl.constexpr, num_warps: gl.constexpr):
+    """A layernorm's mean and 1 / std over a row of K from the n_slots (sum, sum of squares)
+    pairs its writer left, one a row block (NSP: a power of two >= n_slots): a few hundred
+    bytes read after the wait instead of all of x, added in one fixed order."""
+    i = gl.arange(0, 2 * NSP, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    v = gl.load(slots_ptr + i, mask=i < 2 * n_slots, other=0.0)
+    s, ss = gl.reduce((gl.where(i % 2 == 0, v, 0.0), gl.where(i % 2 == 1, v, 0.0)), 0, _add_pairs)
+    mean = s / K
+    return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
+
+
+@gluon.jit
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, slots_ptr,
+                          n_slots, MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
+                          KP: gl.constexpr, SLOTS: gl.constexpr, NSP: gl.constexpr, num_warps: gl.constexpr):
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
     values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
     from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
     new key and value appended at row P. Small enough to share any SM with the launches beside it.
     FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
     3); this launch's few programs take the statistics of x (the residual stream) and finish
-    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not."""
+    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not
+    (SLOTS: the statistics from the residual writer's n_slots (sum, sum of squares) pairs at
+    slots_ptr, _slot_stats, instead of all of x)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -192,7 +206,10 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     k_new = gl.load(qkv_ptr + C + h * D + d)
     v_new = gl.load(qkv_ptr + 2 * C + h * D + d)
     if FOLD:
-        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, num_warps), C, eps)
+        if SLOTS:
+            mean, rstd = _slot_stats(slots_ptr, n_slots, C, eps, NSP, num_warps)
+        else:
+            mean, rstd = _row_stats(_row_load(x_ptr, C, KP, num_warps), C, eps)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v

@@ -9,9 +9,12 @@ statistics and finishes q, k, v, fc and the head take theirs behind their first 
 applied where that linear stages x (staged: statistics and normalizing between the wait and the
 products). GELU is applied where mlp-out stages fc's output (its split-K sum is complete only
 then). attn-out and mlp-out add their outputs into the residual stream by their atomics; each
-program adds the biases of the row blocks whose first K chunk it holds, by one atomic. The
-weights are random (scripts/probe_stream_step.weights), the arithmetic is real and checked
-against the same step in torch.
+program adds the biases of the row blocks whose first K chunk it holds, by one atomic. With
+--sums fixed the split-K parts meet in fixed point instead (as the engine's kernels/_fixed_merge
+does) and the program that completes a row block finishes it: the bias, fc's GELU, the residual's
+add and the row block's statistics for the next layernorm, so that the step's bits do not depend
+on the order of the parts. The weights are random (scripts/probe_stream_step.weights), the
+arithmetic is real and checked against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
 step. Session 107 (bench/results/h200/session-107/): 1,263 us at first, 1,051-1,081 with the
@@ -20,6 +23,7 @@ in a row with one wait; Triton 3.9, 1,070 under 3.6).
 
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
     python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
+    python3 scripts/probe_pdl_step.py --sums atomic fixed                     # the price of the same bits
 """
 import argparse
 import json
@@ -44,7 +48,8 @@ PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
-MMAS = ("sync", "async", "async4", "deferred")  # the kernel's ASYNC
+MMAS = ("sync", "async")  # the kernel's ASYNC
+SUMS = ("atomic", "fixed")
 
 
 def step_params(cfg, device, seed=2):
@@ -107,11 +112,29 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=0, **compile_only):
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=None,
+                  **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, g_off, bias_off, EPS, order, async_mma, **compile_only)
+                      xform, g_off, bias_off, EPS, order, async_mma, fixed, **compile_only)
+
+
+def fixed_roles(n_rows):
+    """For the fixed-point form, each launch's (finishing epilogue, the statistics slots it reads,
+    the slots it writes) by its place in the plan (kind as plan_step orders them): slots 2l are
+    the residual stream's before layer l's attention (0: x0's, set with it), 2l + 1 after its
+    attn-out; the head reads 2L. The epilogues: 0 store, 1 GELU (fc: mlp-out then stages its
+    input as it is), 2 the residual's add and statistics (attn-out, mlp-out)."""
+    roles = []
+    for i in range(n_rows):
+        layer, kind = divmod(i, 5)
+        if i == n_rows - 1:
+            roles.append((0, 2 * layer, None))  # the head
+        else:
+            roles.append({0: (0, None, None), 1: (None, 2 * layer, None), 2: (2, None, 2 * layer + 1),
+                          3: (1, 2 * layer + 1, None), 4: (2, None, 2 * layer + 2)}[kind])
+    return roles
 
 
 def fold_layernorms(slabs, params, rows):
@@ -159,53 +182,77 @@ def leave_out_parts(rows, parts):
 
 @dataclass(frozen=True)
 class Form:
-    """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged" (applied where the next linear stages x) or
-    "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
+    """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged"
+    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
     or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
     but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
     "approx" (the tanh.approx instruction); mlp_stages, qkv_stages: fc's and mlp-out's ring
-    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync"),
-    issued in a row with one wait ("async"), the same into four accumulators ("async4"), or
-    with the wait letting the tile's own run on, its slot refilled a tile later ("deferred")."""
+    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync") or
+    issued in a row with one wait ("async"; four accumulators, or the wait a tile later, lost:
+    session 107, calls 9-10); sums: the split-K parts meet by fp32 atomics ("atomic") or in
+    fixed point, the last part's program finishing the outputs ("fixed": the same bits every
+    run; GELU then at fc's finish, the layernorms' statistics from the residual writers')."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
     mlp_stages: int | None = None
     qkv_stages: int | None = None
     mma: str = "async"
+    sums: str = "atomic"
+
+    def __post_init__(self):
+        if self.sums == "fixed" and (self.layernorm, self.order) != ("folded", "rows"):
+            raise ValueError("--sums fixed: takes --layernorm folded and --order rows")
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
                   leave_out=()):
-    """A callable that runs the step once (the residual stream set to x0, the other outputs
-    zeroed, then every launch), the arena, and the logits' offset."""
+    """(step, prep, arena, x0, the logits' offset): step runs prep (the residual stream set to
+    x0, and the other outputs zeroed or x0's statistics set) then every launch."""
     C = cfg.n_embd
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
         slabs, params, rows = fold_layernorms(slabs, params, rows)
     rows = leave_out_parts(rows, leave_out)
-    if form.gelu == "approx":
+    fixed = form.sums == "fixed"
+    if fixed:  # GELU at fc's finish instead of mlp-out's staging
+        rows = [(*row[:6], PLAIN, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
+    elif form.gelu == "approx":
         rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
-    launches = []  # (row, ring depth, tile order) a linear
-    for i, row in enumerate(rows):
+    device = slabs[0].device
+    arena = torch.zeros(size, dtype=torch.float32, device=device)
+    words = torch.zeros(size, dtype=torch.int64, device=device)  # zero between launches: finishers re-zero
+    blocks = -(-C // 64)
+    slots = torch.zeros(2 * cfg.n_layer + 1, 2 * blocks, device=device)
+    x0 = torch.zeros(C, dtype=torch.float32, device=device)
+    launches = []  # (row, ring depth, tile order, fixed-point arguments or None, slots or None)
+    for i, (row, (epi, slots_in, slots_out)) in enumerate(zip(rows, fixed_roles(len(rows)))):
         head = i == len(rows) - 1
         kind = "head" if head else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # as plan_step
         depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
         order = int(form.order == "chunks" or (form.order == "mixed" and not head))
-        launches.append((row, depth, order))
-    descs = mma_descriptors(slabs)
-    arena = torch.zeros(size, dtype=torch.float32, device=slabs[0].device)
-    x0 = torch.zeros(C, dtype=torch.float32, device=slabs[0].device)
+        args = (words[row[5]:], slots[slots_in if slots_in is not None else 0], blocks if slots_in is not None else 0,
+                slots[slots_out if slots_out is not None else 0], epi) if fixed and row[0] != "attn" else None
+        attn_slots = (slots[slots_in], blocks) if fixed and row[0] == "attn" else None
+        launches.append((row, depth, order, args, attn_slots))
+
+    def prep():
+        arena[:C].copy_(x0)
+        if fixed:  # x0's statistics, as the embedding's launch would leave them: (sum, sum of squares) a block
+            by_block = x0.view(blocks, 64)
+            torch.sum(torch.stack([by_block, by_block.square()], 1), 2, out=slots[0].view(blocks, 2))
+        else:
+            arena[C:].zero_()
 
     def step():
-        arena[C:].zero_()
-        arena[:C].copy_(x0)
-        for row, depth, order in launches:
+        prep()
+        for row, depth, order, args, attn_slots in launches:
             if row[0] == "attn":
-                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS)
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, attn_slots)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order, MMAS.index(form.mma))
-    return step, arena, x0, rows[-1][5]
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", args)
+    descs = mma_descriptors(slabs)
+    return step, prep, arena, x0, rows[-1][5]
 
 
 def main():
@@ -227,14 +274,21 @@ def main():
     ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="qkv's ring depth (default: as --tiles says)")
     ap.add_argument("--mma", nargs="+", default=["async"], choices=MMAS,
-                    help="a tile's four wgmma each waited for (sync), issued in a row with one wait (async), into "
-                         "four accumulators (async4), or waited for a tile later (deferred)")
+                    help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
+    ap.add_argument("--sums", nargs="+", default=["atomic"], choices=SUMS,
+                    help="split-K parts by fp32 atomics (atomic) or in fixed point, the last part's program "
+                         "finishing the outputs (fixed: the same bits every run; with --layernorm folded, --order rows)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
     args = ap.parse_args()
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
+    try:
+        forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
+                                                     args.qkv_stages, args.mma, args.sums)]
+    except ValueError as e:
+        ap.error(str(e))
     from minillm.benchutil import ms_graph
 
     cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_step.py")
@@ -244,25 +298,25 @@ def main():
     want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
-                                                                args.qkv_stages, args.mma)]
     variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
     for bn, stages in args.tiles:
         for form, parts in variants:
-            step, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
-                                                    form, leave_out=parts)
+            step, prep, arena, x_in, last = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs,
+                                                          stages, form, leave_out=parts)
             x_in.copy_(x0)
-            step()
-            torch.cuda.synchronize()
-            got = arena[last:last + cfg.vocab_size]
+            logits = []
+            for _ in range(2):  # twice: do the logits keep their bits?
+                step()
+                torch.cuda.synchronize()
+                logits.append(arena[last:last + cfg.vocab_size].clone())
+            got = logits[0]
             check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
-                         same_argmax=bool(got.argmax() == want.argmax()))
+                         same_argmax=bool(got.argmax() == want.argmax()), same_bits=torch.equal(*logits))
             us = ms_graph([step]) * 1e3
             run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3))
             if not parts:
-                C = cfg.n_embd  # the step's own first two launches, priced alone
-                run["zero_and_copy_us"] = round(ms_graph([lambda: (arena[C:].zero_(), arena[:C].copy_(x0))]) * 1e3, 2)
+                run["prep_us"] = round(ms_graph([prep]) * 1e3, 2)  # the step's own first launches, priced alone
                 run.update(check)
             rec["runs"].append(run)
             print(json.dumps(run), flush=True)
