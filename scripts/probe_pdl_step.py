@@ -40,7 +40,8 @@ from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
                             mma_descriptors)
-from probe_stream_step import gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
+from pdl_step_checkpoint import checkpoint_step  # noqa: E402
+from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
@@ -183,15 +184,16 @@ def leave_out_parts(rows, parts):
 @dataclass(frozen=True)
 class Form:
     """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged"
-    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms); order: the linears' tiles by row block ("rows")
-    or by K chunk ("chunks": x in fewer shared-memory boxes, more partial sums), or by K chunk
-    but the head's ("mixed": its 50,257 logits take fewer); gelu: "exact" (tanh by exp2) or
-    "approx" (the tanh.approx instruction); mlp_stages, qkv_stages: fc's and mlp-out's ring
-    depth, qkv's (None: as the others'); mma: a tile's four wgmma each waited for ("sync") or
-    issued in a row with one wait ("async"; four accumulators, or the wait a tile later, lost:
-    session 107, calls 9-10); sums: the split-K parts meet by fp32 atomics ("atomic") or in
-    fixed point, the last part's program finishing the outputs ("fixed": the same bits every
-    run; GELU then at fc's finish, the layernorms' statistics from the residual writers')."""
+    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms);
+    order: the linears' tiles by row block ("rows") or by K chunk ("chunks": x in fewer boxes of
+    shared memory, more partial sums), or by K chunk but the head's ("mixed": its 50,257 logits
+    take fewer); gelu: "exact" (tanh by exp2) or "approx" (the tanh.approx instruction);
+    mlp_stages, qkv_stages: fc's and mlp-out's ring depth, qkv's (None: as the others'); mma: a
+    tile's four wgmma each waited for ("sync") or issued in a row with one wait ("async"; four
+    accumulators, or the wait a tile later, lost: session 107, calls 9-10); sums: the split-K
+    parts meet by fp32 atomics ("atomic") or in fixed point, the last part's program finishing
+    the outputs ("fixed": the same bits every run; GELU then at fc's finish, the layernorms'
+    statistics from the residual writers')."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -277,9 +279,13 @@ def main():
                     help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
     ap.add_argument("--sums", nargs="+", default=["atomic"], choices=SUMS,
                     help="split-K parts by fp32 atomics (atomic) or in fixed point, the last part's program "
-                         "finishing the outputs (fixed: the same bits every run; with --layernorm folded, --order rows)")
+                         "finishing the outputs (fixed: the same bits every run; with --layernorm folded, "
+                         "--order rows)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
+    ap.add_argument("--checkpoint", type=Path, metavar="DIR",
+                    help="a GPT-2 checkpoint (safetensors, HF layout) to run instead of --model's random weights: "
+                         "the logits then checked against transformers'")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
     args = ap.parse_args()
     if any(bn != 64 for bn, _ in args.tiles):
@@ -289,13 +295,22 @@ def main():
                                                      args.qkv_stages, args.mma, args.sums)]
     except ValueError as e:
         ap.error(str(e))
-    from minillm.benchutil import ms_graph
+    from minillm.benchutil import ms_graph, require_cuda
 
-    cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_step.py")
+    if args.checkpoint:  # the logits to match: transformers'
+        require_cuda("probe_pdl_step.py")
+        try:
+            cfg, slabs, shapes, params, offs, final, caches, x0, want = checkpoint_step(args.checkpoint, args.positions,
+                                                                                         "cuda")
+        except (OSError, ValueError) as e:
+            ap.error(str(e).splitlines()[0])
+        rec = gpu_record(str(args.checkpoint), slabs)
+    else:  # the logits to match: the same step in torch
+        cfg, slabs, shapes, x0, rec = gpu_setup(args.model, "probe_pdl_step.py")
+        params, offs, final = step_params(cfg, "cuda")
+        caches = make_caches(cfg, args.positions, "cuda")
+        want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     programs = rec["programs"]
-    params, offs, final = step_params(cfg, "cuda")
-    caches = make_caches(cfg, args.positions, "cuda")
-    want = reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
     variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
@@ -320,10 +335,11 @@ def main():
                 run.update(check)
             rec["runs"].append(run)
             print(json.dumps(run), flush=True)
-    print(f"{args.model}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
+    print(f"{rec['model']}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"pdl-step-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+        name = "checkpoint" if args.checkpoint else args.model
+        (args.out / f"pdl-step-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -212,17 +212,24 @@ def compile_only(args):
 def gpu_setup(model, script):
     """On the GPU: the preset, its chain's weights and shapes, a random input, and the run's
     record (SMs, weight bytes, the copy rate and the floor it gives, the environment)."""
-    from minillm.benchutil import copy_bandwidth, environment, require_cuda
+    from minillm.benchutil import require_cuda
 
     require_cuda(script)
     cfg = PRESETS[model]
     slabs, shapes = weights(cfg, "cuda")
+    return cfg, slabs, shapes, torch.randn(cfg.n_embd, device="cuda"), gpu_record(model, slabs)
+
+
+def gpu_record(model, slabs):
+    """A run's record for weights `slabs` (fp16, on the GPU): SMs, weight bytes, the copy rate
+    and the floor it gives, the environment."""
+    from minillm.benchutil import copy_bandwidth, environment
+
     nbytes = sum(w.numel() * 2 for w in slabs)
     bw = copy_bandwidth()
-    rec = dict(model=model, programs=torch.cuda.get_device_properties(0).multi_processor_count, weight_bytes=nbytes,
-               copy_gbps=round(bw, 1), floor_us=round(nbytes / (bw * 1e9) * 1e6, 2), environment=environment(),
-               runs=[])
-    return cfg, slabs, shapes, torch.randn(cfg.n_embd, device="cuda"), rec
+    return dict(model=model, programs=torch.cuda.get_device_properties(0).multi_processor_count, weight_bytes=nbytes,
+                copy_gbps=round(bw, 1), floor_us=round(nbytes / (bw * 1e9) * 1e6, 2), environment=environment(),
+                runs=[])
 
 
 def tiles_arg(text):

@@ -18,6 +18,7 @@ SCRIPT = ROOT / "scripts" / "probe_pdl_step.py"
 spec = importlib.util.spec_from_file_location("probe_pdl_step", SCRIPT)
 pps = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pps)
+psc = sys.modules["pdl_step_checkpoint"]  # imported by the script, from scripts/
 
 CFG = GPTConfig(n_layer=2, n_head=5, n_embd=320, n_positions=32, vocab_size=100)  # head size 64
 
@@ -135,6 +136,38 @@ def test_fixed_point_words_add_any_split_exactly():
         assert finished == [want] and abs(want - sum(values)) <= len(values) * fm.FIXED_UNIT.value
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A GPT-2 checkpoint with peaked logits (tests/models.py), head size 64 as the kernels take."""
+    from tests.models import build_checkpoint
+
+    path = tmp_path_factory.mktemp("gpt2")
+    build_checkpoint(path, n_layer=2, n_head=2, n_embd=128, vocab_size=512, n_positions=64)
+    return path
+
+
+def test_checkpoint_step_is_transformers_gpt2(checkpoint):
+    cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cpu")
+    # the random weights' layout, the same shapes
+    random_slabs, random_shapes = pps.weights(cfg, "cpu")
+    assert shapes == random_shapes and [s.shape for s in slabs] == [s.shape for s in random_slabs]
+    assert params.numel() == pps.step_params(cfg, "cpu")[0].numel() and offs == pps.step_params(cfg, "cpu")[1]
+    assert all(k.shape == (24, cfg.n_embd) and k[-1].abs().max() == 0 for pair in caches for k in pair)
+    got = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
+    # the torch step over fp16 weights with fp16 inputs to each linear, against transformers in fp32
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3 and got.argmax() == want.argmax()
+
+
+def test_checkpoint_step_refuses_what_it_cannot_run(tmp_path, checkpoint):
+    with pytest.raises(ValueError, match="--positions: the model takes at most 63, got 64"):
+        psc.checkpoint_step(checkpoint, 64, "cpu")
+    from tests.models import build_checkpoint
+
+    build_checkpoint(tmp_path, n_layer=1, n_head=2, n_embd=128, vocab_size=512, activation="relu")
+    with pytest.raises(ValueError, match="--checkpoint: the step computes GPT-2's tanh GELU, the model uses relu"):
+        psc.checkpoint_step(tmp_path, 8, "cpu")
+
+
 def separate_step(slabs, shapes, params, offs, final, x0, caches, heads):
     """The same step written out once more, op by op, with torch's sdpa for the attention."""
     C, D = x0.numel(), x0.numel() // heads
@@ -232,3 +265,16 @@ def test_step_matches_torch(stages, few, form):
         logits.append(got)
     if form.sums == "fixed":  # the same bits every run, whatever order the parts came in
         assert all(torch.equal(logits[0], other) for other in logits[1:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
+@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed")], ids=str)
+def test_step_matches_transformers(checkpoint, form):
+    cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    step, _, arena, x_in, last = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
+    x_in.copy_(x0)
+    step()
+    got = arena[last:last + cfg.vocab_size]
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3 and got.argmax() == want.argmax()
