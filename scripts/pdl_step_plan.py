@@ -1,0 +1,145 @@
+"""The plan of scripts/probe_pdl_step.py's whole decode step: the parameters' layout, each
+launch in order, how the step is built (Form) and what each form changes in the plan (the
+layernorms folded into the weights, parts left out, the fixed-point form's finishing roles).
+Plain torch and Python: the CPU tests check all of it."""
+from dataclasses import dataclass
+
+import torch
+
+EPS = 1e-5
+PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
+PARTS = ("layernorm", "gelu", "bias")
+LAYERNORMS = ("staged", "folded")
+ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
+GELUS = ("exact", "approx")
+MMAS = ("sync", "async")  # the kernel's ASYNC
+SUMS = ("atomic", "fixed")
+
+
+def step_params(cfg, device, seed=2):
+    """The layernorms' weights and biases and the linears' biases in one fp32 tensor, and where
+    each is: per layer ln1, ln2 (weight, bias) and the qkv, attn-out, fc, mlp-out biases; ln_f."""
+    C, at, offs = cfg.n_embd, 0, []
+    for _ in range(cfg.n_layer):
+        layer = {}
+        for name, n in (("ln1_w", C), ("ln1_b", C), ("ln2_w", C), ("ln2_b", C), ("qkv", 3 * C), ("attn_out", C),
+                        ("fc", 4 * C), ("mlp_out", C)):
+            layer[name], at = at, at + n
+        offs.append(layer)
+    final = {"ln_w": at, "ln_b": at + C}
+    g = torch.Generator(device=device).manual_seed(seed)
+    p = torch.randn(at + 2 * C, device=device, generator=g) * 0.1
+    for off in [o[k] for o in offs for k in ("ln1_w", "ln2_w")] + [final["ln_w"]]:
+        p[off:off + C] += 1.0  # layernorm weights near 1
+    return p, offs, final
+
+
+def plan_step(shapes, C, heads, offs, final):
+    """Each launch in order: a linear as (slab, first row, N, K, input offset, output offset,
+    XFORM, ln weight offset, ln bias offset, bias offset or -1), or ("attn", layer, qkv's offset,
+    its output's); and the arena's size. The residual stream is the arena's first C (attn-out and
+    mlp-out add into it, so their output offset is 0)."""
+    align = lambda v: (v + 31) // 32 * 32  # noqa: E731
+    rows, at = [], align(C)
+
+    def out(n):
+        nonlocal at
+        at, start = align(at + n), at
+        return start
+
+    for layer, o in enumerate(offs):
+        q, y, h = out(3 * C), out(C), out(4 * C)
+        (s0, r0, _, _), (s1, r1, _, _), (s2, r2, _, _), (s3, r3, _, _) = shapes[4 * layer:4 * layer + 4]
+        rows += [(s0, r0, 3 * C, C, 0, q, LAYERNORM, o["ln1_w"], o["ln1_b"], o["qkv"]), ("attn", layer, q, y),
+                 (s1, r1, C, C, y, 0, PLAIN, 0, 0, o["attn_out"]),
+                 (s2, r2, 4 * C, C, 0, h, LAYERNORM, o["ln2_w"], o["ln2_b"], o["fc"]),
+                 (s3, r3, C, 4 * C, h, 0, GELU, 0, 0, o["mlp_out"])]
+    slab, start, V, _ = shapes[-1]
+    rows.append((slab, start, V, C, 0, out(V), LAYERNORM, final["ln_w"], final["ln_b"], -1))
+    return rows, at
+
+
+def fixed_roles(n_rows):
+    """For the fixed-point form, each launch's (finishing epilogue, the statistics slots it reads,
+    the slots it writes) by its place in the plan (kind as plan_step orders them): slots 2l are
+    the residual stream's before layer l's attention (0: x0's, set with it), 2l + 1 after its
+    attn-out; the head reads 2L. The epilogues: 0 store, 1 GELU (fc: mlp-out then stages its
+    input as it is), 2 the residual's add and statistics (attn-out, mlp-out)."""
+    roles = []
+    for i in range(n_rows):
+        layer, kind = divmod(i, 5)
+        if i == n_rows - 1:
+            roles.append((0, 2 * layer, None))  # the head
+        else:
+            roles.append({0: (0, None, None), 1: (None, 2 * layer, None), 2: (2, None, 2 * layer + 1),
+                          3: (1, 2 * layer + 1, None), 4: (2, None, 2 * layer + 2)}[kind])
+    return roles
+
+
+def fold_layernorms(slabs, params, rows):
+    """Each layernorm folded into the linear after it: W' = W diag(g) in fp16 (the weights then
+    streamed), u = W' 1 and c = W b + bias per output (appended to the parameters), so that
+    W LN(x) + bias = rstd (W' x - mean u) + c: x is staged as it is, with no weights or
+    statistics between the wait and the products. qkv's outputs are finished by the attention
+    launch after it (a program a head: the statistics taken 25 times, not 132), the others' by
+    the linear itself. The slabs (a copy where any row changed), the parameters and the plan."""
+    folded, extra, at, plan = list(slabs), [], params.numel(), []
+    pending = None  # qkv's (u, c) offsets, for the attention after it
+    for i, row in enumerate(rows):
+        if row[0] == "attn":
+            plan.append((*row, *pending) if rows[i - 1][6] == LAYERNORM else row)
+            continue
+        if row[6] != LAYERNORM:
+            plan.append(row)
+            continue
+        slab, start, N, K, in_off, out_off, _, g_off, b_off, bias_off = row
+        if folded[slab] is slabs[slab]:
+            folded[slab] = slabs[slab].clone()
+        w = slabs[slab][start:start + N].float()
+        folded[slab][start:start + N] = (w * params[g_off:g_off + K]).half()
+        c = w @ params[b_off:b_off + K] + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
+        extra += [folded[slab][start:start + N].float().sum(1), c]
+        if i + 1 < len(rows) and rows[i + 1][0] == "attn":  # qkv: raw, finished by the attention
+            plan.append((slab, start, N, K, in_off, out_off, PLAIN, 0, 0, -1))
+            pending = (at, at + N)
+        else:
+            plan.append((slab, start, N, K, in_off, out_off, FOLDED, at, 0, at + N))
+        at += 2 * N
+    return folded, torch.cat([params, *extra]), plan
+
+
+def leave_out_parts(rows, parts):
+    """The plan with parts left out, to price each (timing only: the logits are then wrong):
+    "layernorm" and "gelu" stage x as it is (the attention then takes qkv's outputs as they
+    are), "bias" adds none."""
+    plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
+    plain |= {GELU} if "gelu" in parts else set()
+    return [(row[:4] if plain & {LAYERNORM} else row) if row[0] == "attn" else
+            (*row[:6], PLAIN if row[6] in plain else row[6], *row[7:9], -1 if "bias" in parts else row[9])
+            for row in rows]
+
+
+@dataclass(frozen=True)
+class Form:
+    """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged"
+    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms);
+    order: the linears' tiles by row block ("rows") or by K chunk ("chunks": x in fewer boxes of
+    shared memory, more partial sums), or by K chunk but the head's ("mixed": its 50,257 logits
+    take fewer); gelu: "exact" (tanh by exp2) or "approx" (the tanh.approx instruction);
+    mlp_stages, qkv_stages: fc's and mlp-out's ring depth, qkv's (None: as the others'); mma: a
+    tile's four wgmma each waited for ("sync") or issued in a row with one wait ("async"; four
+    accumulators, or the wait a tile later, lost: session 107, calls 9-10); sums: the split-K
+    parts meet by fp32 atomics ("atomic") or in fixed point, the last part's program finishing
+    the outputs ("fixed": the same bits every run; GELU then at fc's finish, the layernorms'
+    statistics from the residual writers')."""
+    layernorm: str = "folded"
+    order: str = "rows"
+    gelu: str = "approx"
+    mlp_stages: int | None = None
+    qkv_stages: int | None = None
+    mma: str = "async"
+    sums: str = "atomic"
+
+    def __post_init__(self):
+        if self.sums == "fixed" and (self.layernorm, self.order) != ("folded", "rows"):
+            raise ValueError("--sums fixed: takes --layernorm folded and --order rows")
