@@ -106,7 +106,6 @@ def _finish_fixed(y, out, mask, chunks, rb, y_ptr, words_ptr, slots_out_ptr, p_p
             gl.store(slots_out_ptr + 2 * rb, s)
             gl.store(slots_out_ptr + 2 * rb + 1, ss)
     gl.store(y_ptr + out, v, mask=done)
-    return v
 
 
 @gluon.jit
@@ -257,8 +256,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                                               scope="gpu")
                     y = y * rstd
                 if FIXED:
-                    y = _finish_fixed(y, out, out < N, t - gl.maximum(t0, rb * KT) + 1, rb, y_ptr, words_ptr,
-                                      slots_out_ptr, p_ptr, g_off, bias_off, mean, rstd, KT, XFORM, BIAS, EPI)
+                    _finish_fixed(y, out, out < N, t - gl.maximum(t0, rb * KT) + 1, rb, y_ptr, words_ptr,
+                                  slots_out_ptr, p_ptr, g_off, bias_off, mean, rstd, KT, XFORM, BIAS, EPI)
                 else:
                     gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
             acc = gl.zeros_like(acc)
