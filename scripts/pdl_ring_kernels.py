@@ -140,6 +140,14 @@ def _add_pairs(a, b, c, d):
 
 
 @gluon.jit
+def _mean_rstd(s, ss, K, eps):
+    """A layernorm's mean and 1 / std from the sum and the sum of squares of its K values (fp32:
+    E[x^2] - mean^2 loses nothing at a residual's scale)."""
+    mean = s / K
+    return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
+
+
+@gluon.jit
 def _row_load(x_ptr, K, KP: gl.constexpr, num_warps: gl.constexpr):
     """x[:K] for a layernorm's statistics, spread over all threads (KP: a power of two >= K and
     >= the threads). Every program of a launch reads the same x, so one copy a program: a copy a
@@ -151,11 +159,9 @@ def _row_load(x_ptr, K, KP: gl.constexpr, num_warps: gl.constexpr):
 @gluon.jit
 def _row_stats(r, K, eps):
     """A layernorm's mean and 1 / std of _row_load's r: the sum and the sum of squares in one
-    reduction, one trip through shared memory (fp32: E[x^2] - mean^2 loses nothing at a
-    residual's scale)."""
+    reduction, one trip through shared memory."""
     s, ss = gl.reduce((r, r * r), 0, _add_pairs)
-    mean = s / K
-    return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
+    return _mean_rstd(s, ss, K, eps)
 
 
 @gluon.jit
@@ -166,8 +172,7 @@ def _slot_stats(slots_ptr, n_slots, K, eps, NSP: gl.constexpr, num_warps: gl.con
     i = gl.arange(0, 2 * NSP, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
     v = gl.load(slots_ptr + i, mask=i < 2 * n_slots, other=0.0)
     s, ss = gl.reduce((gl.where(i % 2 == 0, v, 0.0), gl.where(i % 2 == 1, v, 0.0)), 0, _add_pairs)
-    mean = s / K
-    return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
+    return _mean_rstd(s, ss, K, eps)
 
 
 @gluon.jit

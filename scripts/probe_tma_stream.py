@@ -24,7 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minillm.cli import _int_at_least  # noqa: E402
+from minillm.cli import _int_at_least, _number  # noqa: E402
 from stream_step_kernels import _barrier, _tma_load  # noqa: E402  (their names in Triton 3.6 and the newest)
 
 
@@ -62,20 +62,10 @@ CONFIGS = [(64, 256, 0, 6, 1), (256, 64, 128, 6, 1), (128, 64, 128, 12, 1), (64,
            (64, 256, 0, 3, 2), (128, 64, 128, 6, 2), (64, 64, 128, 6, 4), (32, 256, 0, 12, 1)]
 
 
-def gbytes_arg(text):
-    """A buffer size in GB, more than 0 and at most 64."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GB, got {text!r}") from None
-    if not 0 < v <= 64:
-        raise argparse.ArgumentTypeError(f"expected more than 0 and at most 64 GB, got {text}")
-    return v
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gbytes", type=gbytes_arg, default=3.0, help="buffer size in GB (default 3.0, gpt2-xl's weights)")
+    ap.add_argument("--gbytes", type=_number(0, 64, lo_open=True), default=3.0,
+                    help="buffer size in GB, at most 64 (default 3.0, gpt2-xl's weights)")
     ap.add_argument("--configs", type=_int_at_least(1), default=len(CONFIGS),
                     help="how many of CONFIGS to run (default all)")
     ap.add_argument("--out", type=Path, help="folder for tma-stream.json")

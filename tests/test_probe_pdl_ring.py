@@ -2,21 +2,14 @@
 chain each phase's output into the next one's input; a model of the kernel's tile split and runs
 in torch gives the chain's values; the command line refuses bad options in one line; on a Hopper
 GPU the kernel matches torch. (Gluon kernels do not run under the interpreter.)"""
-import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from minillm.config import GPTConfig
+from tests.probe_scripts import assert_help_has_example, assert_refused_in_one_line, hopper, load
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "probe_pdl_ring.py"
-spec = importlib.util.spec_from_file_location("probe_pdl_ring", SCRIPT)
-ppr = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ppr)
+ppr = load("probe_pdl_ring")
 
 # K = 320 and 1280 (2 and 5 K chunks, the last partial); N = 100 ends mid row block
 WIDE = GPTConfig(n_layer=2, n_head=2, n_embd=320, n_positions=32, vocab_size=100)
@@ -142,14 +135,11 @@ def test_mma_shares_match_the_kernels_tile_order(N, K, programs, order):
     (["--attention", "maybe"], "invalid choice: 'maybe'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
-    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
-    err = [line for line in done.stderr.splitlines() if line.startswith("probe_pdl_ring.py: error")]
-    assert done.returncode == 2 and len(err) == 1 and expect in err[0], done.stderr[-500:]
+    assert_refused_in_one_line("probe_pdl_ring", argv, expect)
 
 
 def test_help_has_an_example():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "python3 scripts/probe_pdl_ring.py --model gpt2-xl" in done.stdout
+    assert_help_has_example("probe_pdl_ring", "python3 scripts/probe_pdl_ring.py --model gpt2-xl")
 
 
 def test_mma_runs_only_on_64_row_tiles(capsys):
@@ -159,8 +149,6 @@ def test_mma_runs_only_on_64_row_tiles(capsys):
     assert "mma skipped at 32-row tiles" in capsys.readouterr().out
 
 
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                            reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
 
 
 @hopper

@@ -2,22 +2,16 @@
 biases once, attn-out and mlp-out into the residual stream); the torch step matches a second,
 separate one (sdpa for the attention); the kernel's GELU form equals torch's; the command line
 refuses bad options in one line; on a Hopper GPU the step matches torch."""
-import importlib.util
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from minillm.config import GPTConfig
+from tests.probe_scripts import assert_help_has_example, assert_refused_in_one_line, hopper, load
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "probe_pdl_step.py"
-spec = importlib.util.spec_from_file_location("probe_pdl_step", SCRIPT)
-pps = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pps)
+pps = load("probe_pdl_step")
 psc = sys.modules["pdl_step_checkpoint"]  # imported by the script, from scripts/
 
 CFG = GPTConfig(n_layer=2, n_head=5, n_embd=320, n_positions=32, vocab_size=100)  # head size 64
@@ -227,18 +221,14 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
-    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
-    err = [line for line in done.stderr.splitlines() if line.startswith("probe_pdl_step.py: error")]
-    assert done.returncode == 2 and len(err) == 1 and expect in err[0], done.stderr[-500:]
+    assert_refused_in_one_line("probe_pdl_step", argv, expect)
 
 
 def test_help_has_an_example():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "python3 scripts/probe_pdl_step.py --model gpt2-xl" in done.stdout
+    assert_help_has_example("probe_pdl_step", "python3 scripts/probe_pdl_step.py --model gpt2-xl")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
+@hopper
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
 @pytest.mark.parametrize("form", [pps.Form("staged", gelu="exact", mma="sync"), pps.Form(gelu="exact", mma="sync"),
@@ -267,8 +257,7 @@ def test_step_matches_torch(stages, few, form):
         assert all(torch.equal(logits[0], other) for other in logits[1:])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
+@hopper
 @pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed")], ids=str)
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")

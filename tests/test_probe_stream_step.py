@@ -3,21 +3,14 @@ every weight once in phase order with the flags the kernels act on; a model of t
 semantics in torch gives the chain's values, for both weight layouts and both protocols; counted
 words decode and count; the command line refuses bad options in one line; on a Hopper GPU both
 kernel forms match torch. (Gluon kernels do not run under the interpreter.)"""
-import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from minillm.config import GPTConfig
+from tests.probe_scripts import assert_help_has_example, assert_refused_in_one_line, hopper, load
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "probe_stream_step.py"
-spec = importlib.util.spec_from_file_location("probe_stream_step", SCRIPT)
-pss = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pss)
+pss = load("probe_stream_step")
 
 # K = 64 or 256 (under one 256-column tile), N = 100 ends mid row block
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=64, n_positions=32, vocab_size=100)
@@ -69,7 +62,6 @@ def emulate(slabs, shapes, pl, x0, counted):
     tiles = sorted((e for q in range(pl["table"].shape[0]) for e in entries(pl, q)), key=lambda e: e[0] >> 8)
     acc, seg = 0, 0
     for meta, row, col, out_off, in_off, k_len, out_end, want in tiles:
-        p = meta >> 8
         src = arena[in_off + col:in_off + min(k_len, col + BK)]
         if counted:  # every input word complete: its count is the K tiles of the phase before
             assert ((src & 0xFF) == want).all()
@@ -129,18 +121,13 @@ def test_counted_words_add_values_and_counts():
     (["--modes", "2"], "invalid choice: 2"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
-    done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
-    err = [line for line in done.stderr.splitlines() if line.startswith("probe_stream_step.py: error")]
-    assert done.returncode == 2 and len(err) == 1 and expect in err[0], done.stderr[-500:]
+    assert_refused_in_one_line("probe_stream_step", argv, expect)
 
 
 def test_help_has_an_example():
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "python3 scripts/probe_stream_step.py --model gpt2-xl" in done.stdout
+    assert_help_has_example("probe_stream_step", "python3 scripts/probe_stream_step.py --model gpt2-xl")
 
 
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                            reason="Gluon TMA kernels: an H100 / H200 (they do not run under the interpreter)")
 
 
 @hopper
