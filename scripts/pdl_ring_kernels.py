@@ -15,6 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
 from stream_step_kernels import BK, _barrier, _tma_load
 
 # Triton 3.6's Gluon names a shared-memory view's reinterpretation with a leading underscore
@@ -148,12 +149,35 @@ def _mean_rstd(s, ss, K, eps):
 
 
 @gluon.jit
-def _row_load(x_ptr, K, KP: gl.constexpr, num_warps: gl.constexpr):
+def _act_load(ptr, mask, FIXED: gl.constexpr):
+    """Activations as fp32, from fp32 or (FIXED) from int64 fixed-point words in units of
+    FIXED_UNIT (_act_add's): a word's conversion rounds once, the scaling is exact."""
+    if FIXED:
+        v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
+    else:
+        v = gl.load(ptr, mask=mask, other=0.0)
+    return v
+
+
+@gluon.jit
+def _act_add(ptr, v, mask, FIXED: gl.constexpr):
+    """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
+    (the sum's last bits then depend on the parts' order) or (FIXED) truncated to the fixed-point
+    units and added as an int64, whose sums do not depend on the order. The probe's values stay
+    far below the words' range (2**39); a NaN or an inf would not survive the conversion."""
+    if FIXED:
+        gl.atomic_add(ptr, (v * FIXED_SCALE).to(gl.int64), mask=mask, sem="relaxed", scope="gpu")
+    else:
+        gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
     """x[:K] for a layernorm's statistics, spread over all threads (KP: a power of two >= K and
     >= the threads). Every program of a launch reads the same x, so one copy a program: a copy a
     warp took 1.5 us more a launch (session 107, call 3), the L2 lines' traffic, not latency."""
     c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
-    return gl.load(x_ptr + c, mask=c < K, other=0.0)
+    return _act_load(x_ptr + c, c < K, FIXED)
 
 
 @gluon.jit
@@ -165,29 +189,17 @@ def _row_stats(r, K, eps):
 
 
 @gluon.jit
-def _slot_stats(slots_ptr, n_slots, K, eps, NSP: gl.constexpr, num_warps: gl.constexpr):
-    """A layernorm's mean and 1 / std over a row of K from the n_slots (sum, sum of squares)
-    pairs its writer left, one a row block (NSP: a power of two >= n_slots): a few hundred
-    bytes read after the wait instead of all of x, added in one fixed order."""
-    i = gl.arange(0, 2 * NSP, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-    v = gl.load(slots_ptr + i, mask=i < 2 * n_slots, other=0.0)
-    s, ss = gl.reduce((gl.where(i % 2 == 0, v, 0.0), gl.where(i % 2 == 1, v, 0.0)), 0, _add_pairs)
-    return _mean_rstd(s, ss, K, eps)
-
-
-@gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, slots_ptr,
-                          n_slots, MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
-                          KP: gl.constexpr, SLOTS: gl.constexpr, NSP: gl.constexpr, num_warps: gl.constexpr):
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps,
+                          MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
+                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
     values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
     from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
     new key and value appended at row P. Small enough to share any SM with the launches beside it.
     FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
     3); this launch's few programs take the statistics of x (the residual stream) and finish
-    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not
-    (SLOTS: the statistics from the residual writer's n_slots (sum, sum of squares) pairs at
-    slots_ptr, _slot_stats, instead of all of x)."""
+    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
+    FIXED: the activations (qkv's output, x, y) are fixed-point words (_act_add)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -207,14 +219,11 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    q = gl.load(qkv_ptr + h * D + d)
-    k_new = gl.load(qkv_ptr + C + h * D + d)
-    v_new = gl.load(qkv_ptr + 2 * C + h * D + d)
+    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED)
+    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
+    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
     if FOLD:
-        if SLOTS:
-            mean, rstd = _slot_stats(slots_ptr, n_slots, C, eps, NSP, num_warps)
-        else:
-            mean, rstd = _row_stats(_row_load(x_ptr, C, KP, num_warps), C, eps)
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v
@@ -223,6 +232,10 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     v = gl.where(new, v_new[None, :], vt.to(gl.float32))
     s = gl.where(p <= P, gl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
     e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
-    gl.store(y_ptr + h * D + d, gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0))
+    y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
+    if FIXED:
+        gl.store(y_ptr + h * D + d, (y * FIXED_SCALE).to(gl.int64))
+    else:
+        gl.store(y_ptr + h * D + d, y)
     gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))
     gl.store(vc_ptr + P * C + h * D + d, v_new.to(gl.float16))

@@ -2,17 +2,15 @@
 scripts/probe_pdl_step.py chains into a whole decode step: wgmma over the TMA ring's (64 x 64)
 boxes with x in the first column of the B operand, x staged as the step needs it (as it is, a
 layernorm, GELU, or as it is for a layernorm folded into the weights), biases added once; the
-split-K parts meet by fp32 atomics, or in fixed point with the last part's program finishing the
-outputs (the same bits every run)."""
+split-K parts meet by atomics that nobody waits for, in fp32 or in int64 fixed point (the same
+bits every run)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels._fixed_merge import (ARRIVE_MASK, ARRIVE_SHIFT, FIXED_LIMIT, FIXED_OFFSET, FIXED_SCALE, FIXED_UNIT,
-                                  SUMS_MASK, UNFIT, UNFIT_SHIFT)
-from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _row_load, _row_stats, _slot_stats, _x_row
+from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _row_load, _row_stats, _x_row
 from stream_step_kernels import BK, _barrier, _tma_load
 
 
@@ -59,62 +57,11 @@ def _gelu_tanh_approx(x):
 
 
 @gluon.jit
-def _add_triples(a, b, c, d, e, f):
-    return a + d, b + e, c + f
-
-
-@gluon.jit
-def _add_fixed_words(part, words, mask, chunks, KT: gl.constexpr):
-    """kernels._fixed_merge._add_fixed in Gluon, its parts counted in K chunks: this program's
-    partial covers `chunks` of the row block's KT, so the word's count reaches KT once every
-    chunk is in, however the programs split them (each chunk also brings one FIXED_OFFSET).
-    Returns the sums (fp32; NaN where a part did not fit) and which elements this program
-    completed, whose words it zeroes for the next launch."""
-    fits = gl.abs(part) < FIXED_LIMIT  # False for NaN and inf too
-    units = (gl.where(fits, part, 0.0) * FIXED_SCALE).to(gl.int64)  # exact scaling, then truncation
-    arrive = chunks.to(gl.int64) << ARRIVE_SHIFT
-    word = gl.where(fits, units + chunks.to(gl.int64) * FIXED_OFFSET + arrive, arrive + UNFIT)
-    total = gl.atomic_add(words, word, mask=mask, sem="relaxed", scope="gpu") + word
-    done = mask & (((total >> ARRIVE_SHIFT) & ARRIVE_MASK) == KT)
-    gl.store(words, gl.zeros_like(total), mask=done)  # after our atomic on the same word: in order
-    sums = ((total & SUMS_MASK) - KT * FIXED_OFFSET).to(gl.float32) * FIXED_UNIT
-    return gl.where((total >> UNFIT_SHIFT) != 0, float("nan"), sums), done
-
-
-@gluon.jit
-def _finish_fixed(y, out, mask, chunks, rb, y_ptr, words_ptr, slots_out_ptr, p_ptr, g_off, bias_off, mean, rstd,
-                  KT: gl.constexpr, XFORM: gl.constexpr, BIAS: gl.constexpr, EPI: gl.constexpr):
-    """Adds this program's part of row block rb (y, `chunks` K chunks of it) in fixed point and,
-    where it completes the block, finishes it as ring_linear_mma_kernel's FIXED says. What the
-    finishing needs is asked for before the returning atomic, whose round trip hides it."""
-    if BIAS:
-        c = gl.load(p_ptr + bias_off + out, mask=mask, other=0.0)
-        if XFORM == 3:
-            c -= rstd * mean * gl.load(p_ptr + g_off + out, mask=mask, other=0.0)
-    if EPI == 2:
-        x_old = gl.load(y_ptr + out, mask=mask, other=0.0)
-    v, done = _add_fixed_words(y, words_ptr + out, mask, chunks, KT)
-    if BIAS:
-        v += c
-    if EPI == 1:
-        v = _gelu_tanh_approx(v)
-    if EPI == 2:
-        v += x_old
-        d = done.to(gl.float32)
-        s, ss, k = gl.reduce((v * d, v * v * d, d), 0, _add_triples)
-        if k > 0:  # this program finished the block: its statistics for the next layernorm
-            gl.store(slots_out_ptr + 2 * rb, s)
-            gl.store(slots_out_ptr + 2 * rb + 1, ss)
-    gl.store(y_ptr + out, v, mask=done)
-
-
-@gluon.jit
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
-                           words_ptr, slots_in_ptr, n_slots_in, slots_out_ptr,
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
-                           FIXED: gl.constexpr, EPI: gl.constexpr, NSP: gl.constexpr, num_warps: gl.constexpr):
+                           FIXED: gl.constexpr, num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -128,15 +75,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     the outputs). BIAS: the bias (XFORM 3: c - rstd mean u) of the row blocks whose first K
     chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
-    each).
-
-    FIXED (ORDER 0, XFORM 0 or 3): the parts meet in int64 words at words_ptr (_add_fixed_words)
-    and the program that completes a row block finishes it: adds the bias (XFORM 3: c - rstd
-    mean u) and stores y = the sum (EPI 0), its GELU (EPI 1), or, for a residual writer, x + the
-    sum in place (EPI 2; y_ptr is the residual stream) with the row block's sum and sum of
-    squares at slots_out_ptr + 2 rb. XFORM 3 then takes its statistics from the n_slots_in
-    (sum, sum of squares) pairs at slots_in_ptr (NSP: a power of two >= n_slots_in), not from
-    all of x."""
+    each). FIXED: x and y are int64 fixed-point words, the parts and biases added as integers
+    (_act_add), so y's bits do not depend on the order in which the parts arrive."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -177,7 +117,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if XFORM == 1:
         g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
         b = gl.load(p_ptr + g_off + K + col, mask=m, other=0.0)
-    if BIAS & (not FIXED):  # the row blocks whose first K chunk is this program's: [rb_lo, rb_hi)
+    if BIAS:  # the row blocks whose first K chunk is this program's: [rb_lo, rb_hi)
         if ORDER == 0:
             rb_lo = (t0 + KT - 1) // KT
             rb_hi = (t0 + n + KT - 1) // KT
@@ -196,9 +136,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
     if (MODE & NO_X) == 0:
-        xv = gl.load(x_ptr + col, mask=m, other=0.0)
-        if (XFORM == 1) | ((XFORM == 3) & (not FIXED)):
-            r = _row_load(x_ptr, K, KP, num_warps)  # asked for beside x's chunks
+        xv = _act_load(x_ptr + col, m, FIXED)
+        if (XFORM == 1) | (XFORM == 3):
+            r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
             mean, rstd = _row_stats(r, K, eps)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
@@ -207,9 +147,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if XFORM == 4:
             xv = _gelu_tanh_approx(xv)
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
-    if BIAS & (not FIXED):
+    if BIAS:
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            gl.atomic_add(y_ptr + bias_rows, bias, mask=own, sem="relaxed", scope="gpu")
+            _act_add(y_ptr + bias_rows, bias, own, FIXED)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
@@ -220,7 +160,6 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
     else:
         first_out = 0
-    mean = 0.0
     rstd = 0.0
     for j in range(n):
         t = t0 + j
@@ -247,19 +186,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
-                        if FIXED:
-                            mean, rstd = _slot_stats(slots_in_ptr, n_slots_in, K, eps, NSP, num_warps)
-                        else:
-                            mean, rstd = _row_stats(r, K, eps)
-                            if BIAS:
-                                gl.atomic_add(y_ptr + bias_rows, bias - rstd * mean * u, mask=own, sem="relaxed",
-                                              scope="gpu")
+                        mean, rstd = _row_stats(r, K, eps)
+                        if BIAS:
+                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED)
                     y = y * rstd
-                if FIXED:
-                    _finish_fixed(y, out, out < N, t - gl.maximum(t0, rb * KT) + 1, rb, y_ptr, words_ptr,
-                                  slots_out_ptr, p_ptr, g_off, bias_off, mean, rstd, KT, XFORM, BIAS, EPI)
-                else:
-                    gl.atomic_add(y_ptr + out, y, mask=out < N, sem="relaxed", scope="gpu")
+                _act_add(y_ptr + out, y, out < N, FIXED)
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
