@@ -148,25 +148,42 @@ def _mean_rstd(s, ss, K, eps):
     return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
 
 
+# the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24)
+SCALE32 = gl.constexpr(float(1 << 16))
+UNIT32 = gl.constexpr(1.0 / SCALE32.value)
+
+
 @gluon.jit
 def _act_load(ptr, mask, FIXED: gl.constexpr):
-    """Activations as fp32, from fp32 or (FIXED) from int64 fixed-point words in units of
-    FIXED_UNIT (_act_add's): a word's conversion rounds once, the scaling is exact."""
-    if FIXED:
+    """Activations as fp32, from fp32 (FIXED 0) or from FIXED-bit fixed-point words (_to_word's):
+    a word's conversion rounds once, the scaling by a power of two is exact."""
+    if FIXED == 64:
         v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
+    elif FIXED == 32:
+        v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * UNIT32
     else:
         v = gl.load(ptr, mask=mask, other=0.0)
     return v
 
 
 @gluon.jit
+def _to_word(v, FIXED: gl.constexpr):
+    """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero. The probe's values stay
+    inside the words' range (2**39, 2**15); a NaN or an inf would not survive the conversion."""
+    if FIXED == 64:
+        w = (v * FIXED_SCALE).to(gl.int64)
+    else:
+        w = (v * SCALE32).to(gl.int32)
+    return w
+
+
+@gluon.jit
 def _act_add(ptr, v, mask, FIXED: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
-    (the sum's last bits then depend on the parts' order) or (FIXED) truncated to the fixed-point
-    units and added as an int64, whose sums do not depend on the order. The probe's values stay
-    far below the words' range (2**39); a NaN or an inf would not survive the conversion."""
-    if FIXED:
-        gl.atomic_add(ptr, (v * FIXED_SCALE).to(gl.int64), mask=mask, sem="relaxed", scope="gpu")
+    (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
+    (_to_word), whose sums do not depend on the order."""
+    if FIXED != 0:
+        gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
 
@@ -199,7 +216,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
-    FIXED: the activations (qkv's output, x, y) are fixed-point words (_act_add)."""
+    FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -233,8 +250,8 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     s = gl.where(p <= P, gl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
     e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
     y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
-    if FIXED:
-        gl.store(y_ptr + h * D + d, (y * FIXED_SCALE).to(gl.int64))
+    if FIXED != 0:
+        gl.store(y_ptr + h * D + d, _to_word(y, FIXED))
     else:
         gl.store(y_ptr + h * D + d, y)
     gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))

@@ -75,8 +75,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     the outputs). BIAS: the bias (XFORM 3: c - rstd mean u) of the row blocks whose first K
     chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
-    each). FIXED: x and y are int64 fixed-point words, the parts and biases added as integers
-    (_act_add), so y's bits do not depend on the order in which the parts arrive."""
+    each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
+    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs

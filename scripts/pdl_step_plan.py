@@ -15,7 +15,8 @@ LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
 MMAS = ("sync", "async")  # the kernel's ASYNC
-SUMS = ("atomic", "fixed")
+SUMS = ("atomic", "fixed", "fixed32")
+WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 
 
 def step_params(cfg, device, seed=2):
@@ -61,15 +62,17 @@ def plan_step(shapes, C, heads, offs, final):
     return rows, at
 
 
-def to_words(x):
-    """fp32 activations as the fixed-point form's int64 words (units of FIXED_UNIT, truncated
-    toward zero as the kernels' conversion: the scaling by a power of two is exact)."""
-    return (x.float() * FIXED_SCALE.value).to(torch.int64)
+def to_words(x, bits=64):
+    """fp32 activations as a fixed-point form's words: int64 in units of FIXED_UNIT, int32 in
+    2**-16 (pdl_ring_kernels' _to_word), truncated toward zero as the kernels convert them."""
+    if bits == 64:
+        return (x.float() * FIXED_SCALE.value).to(torch.int64)
+    return (x.float() * 2.0 ** 16).to(torch.int32)
 
 
 def from_words(words):
     """The words as fp32, rounded once as the kernels read them."""
-    return words.to(torch.float32) * FIXED_UNIT.value
+    return words.to(torch.float32) * (FIXED_UNIT.value if words.dtype == torch.int64 else 2.0 ** -16)
 
 
 def fold_layernorms(slabs, params, rows):
@@ -126,7 +129,8 @@ class Form:
     tile's four wgmma each waited for ("sync") or issued in a row with one wait ("async"; four
     accumulators, or the wait a tile later, lost: session 107, calls 9-10); sums: the split-K
     parts and biases added by fp32 atomics ("atomic") or as int64 fixed-point words, every
-    activation kept as such ("fixed": the same bits every run; session 108). The last part's
+    activation kept as such ("fixed": the same bits every run; session 108), or as int32 words
+    in units of 2**-16 ("fixed32": fp32's bytes, values below 2**15, to price the width). The last part's
     program finishing each output, as kernels/_fixed_merge does, took 1,235-1,285 us against
     1,089-1,095 (session 108, call 1)."""
     layernorm: str = "folded"

@@ -158,13 +158,13 @@ def mma_shares(N, K, programs, order):
 
 
 def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
-               eps=1e-5, order=0, async_mma=False, fixed=False, **compile_only):
+               eps=1e-5, order=0, async_mma=False, fixed=0, **compile_only):
     """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
     with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
     g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
     the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
-    async_mma: a tile's four products issued in a row with one wait. fixed: x and y are int64
-    fixed-point words (the kernel's FIXED)."""
+    async_mma: a tile's four products issued in a row with one wait. fixed: 0, or the width of
+    the fixed-point words that x and y are (the kernel's FIXED)."""
     kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
     xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
     args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps)
@@ -192,11 +192,11 @@ def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="
     return ring_linear_kernel[(programs,)](*args, **meta)
 
 
-def launch_attention(arena, ph, caches, heads, mode, pdl, params=None, eps=1e-5, fixed=False, **compile_only):
+def launch_attention(arena, ph, caches, heads, mode, pdl, params=None, eps=1e-5, fixed=0, **compile_only):
     """ph: ("attn", layer, qkv's offset, the output's[, u's offset, c's offset in params]): with
     the last two, qkv's output is W' x with the layernorm folded in (probe_pdl_step), finished
-    here; the residual stream is the arena's first C. fixed: the arena holds int64 fixed-point
-    words (the kernel's FIXED)."""
+    here; the residual stream is the arena's first C. fixed: 0, or the width of the fixed-point
+    words the arena holds (the kernel's FIXED)."""
     layer, in_off, out_off = ph[1:4]
     u_off, c_off = ph[4:6] if len(ph) > 4 else (0, 0)
     k_cache, v_cache = caches[layer]

@@ -43,7 +43,7 @@ from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
 from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
-                           plan_step, step_params, to_words)
+                           WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 
@@ -84,9 +84,9 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     rows = leave_out_parts(rows, leave_out)
     if form.gelu == "approx":
         rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
-    fixed = form.sums == "fixed"
+    fixed = WORD_BITS[form.sums]
     device = slabs[0].device
-    arena = torch.zeros(size, dtype=torch.int64 if fixed else torch.float32, device=device)
+    arena = torch.zeros(size, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
     x0 = torch.zeros(C, dtype=torch.float32, device=device)
     launches = []  # (row, ring depth, tile order)
     for i, row in enumerate(rows):
@@ -95,7 +95,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         launches.append((row, depth, int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))))
 
     def prep():
-        arena[:C].copy_(to_words(x0) if fixed else x0)
+        arena[:C].copy_(to_words(x0, fixed) if fixed else x0)
         arena[C:].zero_()
 
     def step():
@@ -135,9 +135,10 @@ def main():
                     help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
     ap.add_argument("--sums", nargs="+", default=["atomic"], choices=SUMS,
                     help="split-K parts and biases added by fp32 atomics (atomic) or as int64 fixed-point "
-                         "words, every activation kept as such (fixed: the same bits every run)")
+                         "words, every activation kept as such (fixed: the same bits every run), or int32 "
+                         "words (fixed32: values below 2**15)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
-                    help=f"also time the step without each of these ({', '.join(PARTS)}; timing only)")
+                    help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
                     help="a GPT-2 checkpoint (safetensors, HF layout) to run instead of --model's random weights: "
                          "the logits then checked against transformers'")
@@ -165,7 +166,7 @@ def main():
     programs = rec["programs"]
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    variants = [(form, ()) for form in forms] + [(forms[0], (part,)) for part in args.leave_out]
+    variants = [(form, parts) for form in forms for parts in [()] + [(part,) for part in args.leave_out]]
     for bn, stages in args.tiles:
         for form, parts in variants:
             step, prep, logits, x_in = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,

@@ -103,6 +103,8 @@ def test_fixed_point_words_add_in_any_order_to_the_same_bits():
     assert (pps.from_words(words[0]).double() - exact).abs().max() <= 13 * 2.0 ** -24 + exact.abs().max() * 2 ** -23
     x = torch.randn(100, generator=g) * 1000  # words and back: one rounding, no scale lost
     assert (pps.from_words(pps.to_words(x)) - x).abs().max() <= 2.0 ** -24 + x.abs().max() * 2 ** -24
+    assert pps.to_words(x, 32).dtype == torch.int32  # the int32 words: units of 2**-16
+    assert (pps.from_words(pps.to_words(x, 32)) - x).abs().max() <= 2.0 ** -16 + x.abs().max() * 2 ** -24
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +211,7 @@ def test_help_has_an_example():
 @pytest.mark.parametrize("form", [pps.Form("staged", gelu="exact", mma="sync"), pps.Form(gelu="exact", mma="sync"),
                                   pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(mlp_stages=4, qkv_stages=2), pps.Form(sums="fixed"),
-                                  pps.Form("staged", "chunks", sums="fixed")], ids=str)
+                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
