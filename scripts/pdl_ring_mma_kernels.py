@@ -84,7 +84,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     chunk once over the launch, from the chunks it stages anyway) into the two words at
     st_out_ptr (_add_stats); XFORM 5 (6: GELU by tanh.approx) stages GELU(rstd (x - mean u) + c),
     x the raw products of a linear with the layernorm folded in, u and c at p_ptr + g_off and
-    + K, the statistics from the words at st_in_ptr: no launch reads all of x for them."""
+    + K, the statistics of a row of N (mlp-out's outputs are the residual's width) from the
+    words at st_in_ptr: no launch reads all of x for them."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -159,7 +160,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if STATS:
             xw = gl.where(mine[:, None] & m, xv, 0.0)
         if (XFORM == 5) | (XFORM == 6):  # u = c = 0 where masked: zero
-            mean, rstd = _stats_load(st_in_ptr, K, eps)
+            mean, rstd = _stats_load(st_in_ptr, N, eps)  # over the residual's width: mlp-out's N
             xv = rstd * (xv - mean * g) + b
         if (XFORM == 2) | (XFORM == 5):
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
