@@ -206,28 +206,9 @@ def _row_stats(r, K, eps):
 
 
 @gluon.jit
-def _add_stats(st_ptr, xw):
-    """Adds xw's sum and sum of squares (one program's share of a layernorm's row, zeros
-    elsewhere) into the int64 fixed-point words at st_ptr: the integer sums do not depend on the
-    programs' order, nor the statistics' bits on it."""
-    s = gl.sum(gl.sum(xw, axis=1), axis=0)
-    ss = gl.sum(gl.sum(xw * xw, axis=1), axis=0)
-    gl.atomic_add(st_ptr, (s * FIXED_SCALE).to(gl.int64), sem="relaxed", scope="gpu")
-    gl.atomic_add(st_ptr + 1, (ss * FIXED_SCALE).to(gl.int64), sem="relaxed", scope="gpu")
-
-
-@gluon.jit
-def _stats_load(st_ptr, K, eps):
-    """A layernorm's mean and 1 / std over a row of K from the words _add_stats filled."""
-    s = gl.load(st_ptr).to(gl.float32) * FIXED_UNIT
-    ss = gl.load(st_ptr + 1).to(gl.float32) * FIXED_UNIT
-    return _mean_rstd(s, ss, K, eps)
-
-
-@gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, st_ptr,
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps,
                           MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
-                          KP: gl.constexpr, FIXED: gl.constexpr, STATS: gl.constexpr, num_warps: gl.constexpr):
+                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
     values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
     from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
@@ -235,7 +216,6 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
-    STATS: the statistics from the words qkv's programs filled (_add_stats) instead of all of x.
     FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
@@ -260,10 +240,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
     v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
     if FOLD:
-        if STATS:
-            mean, rstd = _stats_load(st_ptr, C, eps)
-        else:
-            mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps)
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v

@@ -10,8 +10,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _add_stats, _row_load,
-                              _row_stats, _stats_load, _x_row)
+from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _row_load, _row_stats, _x_row
 from stream_step_kernels import BK, _barrier, _tma_load
 
 
@@ -59,10 +58,10 @@ def _gelu_tanh_approx(x):
 
 @gluon.jit
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
-                           st_in_ptr, st_out_ptr, MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
+                           MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
-                           FIXED: gl.constexpr, STATS: gl.constexpr, num_warps: gl.constexpr):
+                           FIXED: gl.constexpr, num_warps: gl.constexpr):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -77,15 +76,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
     each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
-    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive.
-
-    A layernorm's statistics passed on (probe_pdl_step --layernorm passed): STATS adds the sum and
-    the sum of squares of the K chunks of x whose row-block-0 tile is this program's (so each
-    chunk once over the launch, from the chunks it stages anyway) into the two words at
-    st_out_ptr (_add_stats); XFORM 5 (6: GELU by tanh.approx) stages GELU(rstd (x - mean u) + c),
-    x the raw products of a linear with the layernorm folded in, u and c at p_ptr + g_off and
-    + K, the statistics of a row of N (mlp-out's outputs are the residual's width) from the
-    words at st_in_ptr: no launch reads all of x for them."""
+    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -123,15 +114,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         ok = (i < XS) & (i < n)
     col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
     m = ok[:, None] & (col < K)
-    if (XFORM == 1) | (XFORM == 5) | (XFORM == 6):  # the layernorm's (g, b), or the folded one's (u, c)
+    if XFORM == 1:
         g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
         b = gl.load(p_ptr + g_off + K + col, mask=m, other=0.0)
-    if STATS:  # the chunks whose row-block-0 tile is this program's
-        if ORDER == 0:
-            tile0 = chunk
-        else:
-            tile0 = chunk * RB
-        mine = ok & (tile0 >= t0) & (tile0 < t0 + n)
     if BIAS:  # the row blocks whose first K chunk is this program's: [rb_lo, rb_hi)
         if ORDER == 0:
             rb_lo = (t0 + KT - 1) // KT
@@ -157,14 +142,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if XFORM == 1:
             mean, rstd = _row_stats(r, K, eps)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
-        if STATS:
-            xw = gl.where(mine[:, None] & m, xv, 0.0)
-        if (XFORM == 5) | (XFORM == 6):  # u = c = 0 where masked: zero
-            mean, rstd = _stats_load(st_in_ptr, N, eps)  # over the residual's width: mlp-out's N
-            xv = rstd * (xv - mean * g) + b
-        if (XFORM == 2) | (XFORM == 5):
+        if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
-        if (XFORM == 4) | (XFORM == 6):
+        if XFORM == 4:
             xv = _gelu_tanh_approx(xv)
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
@@ -196,9 +176,6 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                                     is_async=ASYNC)
             if ASYNC:
                 acc = warpgroup_mma_wait(0, deps=[acc])
-        if STATS:
-            if j == 0:  # behind the first products, not before them
-                _add_stats(st_out_ptr, xw)
         _barrier()
         fence_async_shared()
         if j + STAGES < n:

@@ -9,11 +9,9 @@ import torch
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
 
 EPS = 1e-5
-# how a linear stages x (the kernel's XFORM); 5, 6: GELU (by tanh.approx) of a folded linear's raw
-# products, finished with statistics passed on
-PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX, FINISH_GELU, FINISH_GELU_APPROX = 0, 1, 2, 3, 4, 5, 6
+PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
 PARTS = ("layernorm", "gelu", "bias")
-LAYERNORMS = ("staged", "folded", "passed")
+LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
 MMAS = ("sync", "async")  # the kernel's ASYNC
@@ -77,23 +75,18 @@ def from_words(words):
     return words.to(torch.float32) * (FIXED_UNIT.value if words.dtype == torch.int64 else 2.0 ** -16)
 
 
-def fold_layernorms(slabs, params, rows, passed=False):
+def fold_layernorms(slabs, params, rows):
     """Each layernorm folded into the linear after it: W' = W diag(g) in fp16 (the weights then
     streamed), u = W' 1 and c = W b + bias per output (appended to the parameters), so that
     W LN(x) + bias = rstd (W' x - mean u) + c: x is staged as it is, with no weights or
     statistics between the wait and the products. qkv's outputs are finished by the attention
     launch after it (a program a head: the statistics taken 25 times, not 132), the others' by
-    the linear itself or, with passed, fc's by mlp-out where it stages them (FINISH_GELU), the
-    statistics passed on by qkv's and fc's programs (the kernel's STATS). The slabs (a copy
-    where any row changed), the parameters and the plan."""
+    the linear itself. The slabs (a copy where any row changed), the parameters and the plan."""
     folded, extra, at, plan = list(slabs), [], params.numel(), []
-    pending = None  # the (u, c) offsets of a linear finished by the launch after it
+    pending = None  # qkv's (u, c) offsets, for the attention after it
     for i, row in enumerate(rows):
         if row[0] == "attn":
             plan.append((*row, *pending) if rows[i - 1][6] == LAYERNORM else row)
-            continue
-        if row[6] == GELU and passed:
-            plan.append((*row[:6], FINISH_GELU, pending[0], 0, row[9]))
             continue
         if row[6] != LAYERNORM:
             plan.append(row)
@@ -105,8 +98,7 @@ def fold_layernorms(slabs, params, rows, passed=False):
         folded[slab][start:start + N] = (w * params[g_off:g_off + K]).half()
         c = w @ params[b_off:b_off + K] + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
         extra += [folded[slab][start:start + N].float().sum(1), c]
-        finished_after = i + 1 < len(rows) and (rows[i + 1][0] == "attn" or (passed and rows[i + 1][6] == GELU))
-        if finished_after:  # qkv (or fc, passed): raw
+        if i + 1 < len(rows) and rows[i + 1][0] == "attn":  # qkv: raw, finished by the attention
             plan.append((slab, start, N, K, in_off, out_off, PLAIN, 0, 0, -1))
             pending = (at, at + N)
         else:
@@ -118,33 +110,32 @@ def fold_layernorms(slabs, params, rows, passed=False):
 def leave_out_parts(rows, parts):
     """The plan with parts left out, to price each (timing only: the logits are then wrong):
     "layernorm" and "gelu" stage x as it is (the attention then takes qkv's outputs as they
-    are; with passed statistics, leaving out GELU alone keeps fc's finish and its GELU), "bias"
-    adds none."""
-    swap = {LAYERNORM: PLAIN, FOLDED: PLAIN, FINISH_GELU: GELU} if "layernorm" in parts else {}
-    if "gelu" in parts:
-        swap.update({GELU: PLAIN, FINISH_GELU: PLAIN if "layernorm" in parts else FINISH_GELU})
-    return [(row[:4] if "layernorm" in parts else row) if row[0] == "attn" else
-            (*row[:6], swap.get(row[6], row[6]), *row[7:9], -1 if "bias" in parts else row[9])
+    are), "bias" adds none."""
+    plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
+    plain |= {GELU} if "gelu" in parts else set()
+    return [(row[:4] if plain & {LAYERNORM} else row) if row[0] == "attn" else
+            (*row[:6], PLAIN if row[6] in plain else row[6], *row[7:9], -1 if "bias" in parts else row[9])
             for row in rows]
 
 
 @dataclass(frozen=True)
 class Form:
     """How the step is built (the defaults: the fastest seen, session 107). layernorm: "staged"
-    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms),
-    or folded with the statistics passed on ("passed": qkv's and fc's programs add their chunks'
-    into two words that the attention and mlp-out read, so that only the head reads all of x);
+    (applied where the next linear stages x) or "folded" (into its weights, fold_layernorms;
+    its statistics passed on from the chunks of x that qkv and fc stage, so that mlp-out
+    finished fc, lost 30-50 us: the statistics' load after mlp-out's wait, session 108, call 5);
     order: the linears' tiles by row block ("rows") or by K chunk ("chunks": x in fewer boxes of
     shared memory, more partial sums), or by K chunk but the head's ("mixed": its 50,257 logits
     take fewer); gelu: "exact" (tanh by exp2) or "approx" (the tanh.approx instruction);
     mlp_stages, qkv_stages: fc's and mlp-out's ring depth, qkv's (None: as the others'); mma: a
     tile's four wgmma each waited for ("sync") or issued in a row with one wait ("async"; four
     accumulators, or the wait a tile later, lost: session 107, calls 9-10); sums: the split-K
-    parts and biases added by fp32 atomics ("atomic") or as int64 fixed-point words, every
-    activation kept as such ("fixed": the same bits every run; session 108), or as int32 words
-    in units of 2**-16 ("fixed32": fp32's bytes, values below 2**15, to price the width). The last part's
-    program finishing each output, as kernels/_fixed_merge does, took 1,235-1,285 us against
-    1,089-1,095 (session 108, call 1)."""
+    parts and biases added by fp32 atomics ("atomic"), or as fixed-point words with every
+    activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
+    kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
+    fp32's bytes, as fast as the atomics, but values must stay below 2**15; session 108, calls
+    2-5). The last part's program finishing each output, as kernels/_fixed_merge does, took
+    1,235-1,285 us against 1,089-1,095 (session 108, call 1)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"

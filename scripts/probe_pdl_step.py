@@ -10,16 +10,17 @@ applied where that linear stages x (staged: statistics and normalizing between t
 products). GELU is applied where mlp-out stages fc's output (its split-K sum is complete only
 then). attn-out and mlp-out add their outputs into the residual stream by their atomics; each
 program adds the biases of the row blocks whose first K chunk it holds, by one atomic. With
---sums fixed every activation is an int64 fixed-point word and the atomics add integers, whose
-sums do not depend on the order the parts arrive in: the step's bits are the same every run.
-The weights are random (scripts/probe_stream_step.weights), the arithmetic is real and checked
-against the same step in torch.
+--sums fixed (fixed32) every activation is an int64 (int32) fixed-point word and the atomics add
+integers, whose sums do not depend on the order the parts arrive in: the step's bits are the
+same every run. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
+real and checked against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
 step. Session 107 (bench/results/h200/session-107/): 1,263 us at first, 1,051-1,081 with the
 defaults (layernorms folded, tiles by row block, GELU by tanh.approx, a tile's products issued
-in a row with one wait; Triton 3.9, 1,070 under 3.6). --checkpoint runs a real GPT-2 checkpoint's
-weights and checks the logits against transformers'.
+in a row with one wait; Triton 3.9, 1,070 under 3.6). Session 108: the same bits every run for
+12-22 us more with int32 words (or none: same-run pairs within noise), 120-160 us with int64.
+--checkpoint runs a real GPT-2 checkpoint's weights and checks the logits against transformers'.
 
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
     python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
@@ -41,9 +42,9 @@ from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, laun
                             mma_descriptors)
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (EPS, FINISH_GELU, FINISH_GELU_APPROX, FOLDED, GELU, GELU_APPROX, GELUS,  # noqa: E402,F401
-                           LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, SUMS, WORD_BITS, Form, fold_layernorms,
-                           from_words, leave_out_parts, plan_step, step_params, to_words)
+from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
+                           ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
+                           WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 
@@ -64,12 +65,12 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
-                  stats=(None, None), **compile_only):
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=False,
+                  **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, g_off, bias_off, EPS, order, async_mma, fixed, stats, **compile_only)
+                      xform, g_off, bias_off, EPS, order, async_mma, fixed, **compile_only)
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
@@ -79,45 +80,32 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     stream's input (fp32, for the caller to fill)."""
     C = cfg.n_embd
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
-    if form.layernorm != "staged":
-        slabs, params, rows = fold_layernorms(slabs, params, rows, passed=form.layernorm == "passed")
+    if form.layernorm == "folded":
+        slabs, params, rows = fold_layernorms(slabs, params, rows)
     rows = leave_out_parts(rows, leave_out)
     if form.gelu == "approx":
-        approx = {GELU: GELU_APPROX, FINISH_GELU: FINISH_GELU_APPROX}
-        rows = [(*row[:6], approx.get(row[6], row[6]), *row[7:]) if row[0] != "attn" else row for row in rows]
+        rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
     fixed = WORD_BITS[form.sums]
     device = slabs[0].device
-    # the activations, then the layernorms' passed statistics (int64 words, a pair a layernorm):
-    # one buffer, zeroed at once
-    words = -(-size * (fixed or 32) // 64)
-    buf = torch.zeros(words + 4 * cfg.n_layer, dtype=torch.int64, device=device)
-    arena = buf[:words].view({0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed])[:size]
-    stats = buf[words:].view(2 * cfg.n_layer, 2)
+    arena = torch.zeros(size, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
     x0 = torch.zeros(C, dtype=torch.float32, device=device)
-    launches = []  # (row, ring depth, tile order, the statistics' words read and added into)
+    launches = []  # (row, ring depth, tile order)
     for i, row in enumerate(rows):
         kind = "head" if i == len(rows) - 1 else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # plan_step's
         depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
-        order = int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))
-        after = rows[i + 1] if i + 1 < len(rows) else ()
-        passes = form.layernorm == "passed" and (len(after) > 4 if kind == "qkv" else
-                                                 kind == "fc" and after[6] in (FINISH_GELU, FINISH_GELU_APPROX))
-        slot = 2 * (i // 5) + (kind in ("fc", "mlp-out"))  # LN1's pair, LN2's
-        reads = form.layernorm == "passed" and (len(row) > 4 if kind == "attention" else
-                                                kind == "mlp-out" and row[6] in (FINISH_GELU, FINISH_GELU_APPROX))
-        launches.append((row, depth, order, (stats[slot] if reads else None, stats[slot] if passes else None)))
+        launches.append((row, depth, int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))))
 
     def prep():
-        buf.zero_()
         arena[:C].copy_(to_words(x0, fixed) if fixed else x0)
+        arena[C:].zero_()
 
     def step():
         prep()
-        for row, depth, order, st in launches:
+        for row, depth, order in launches:
             if row[0] == "attn":
-                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, st[0])
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed, st)
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed)
 
     def logits():
         out = arena[rows[-1][5]:rows[-1][5] + cfg.vocab_size]
@@ -133,9 +121,8 @@ def main():
                     help="ROWSxSTAGES rings (64-row tiles: one warpgroup's wgmma)")
     ap.add_argument("--positions", type=_int_at_least(1), default=96, help="cached positions the attention reads")
     ap.add_argument("--layernorm", nargs="+", default=["folded"], choices=LAYERNORMS,
-                    help="where the layernorms go: staged (at the next linear's staging, after the wait), folded "
-                         "(into its weights: the statistics needed only at its outputs), or passed (folded, the "
-                         "statistics summed from the chunks of x that qkv and fc stage anyway)")
+                    help="where the layernorms go: staged (at the next linear's staging, after the wait) or folded "
+                         "(into its weights: the statistics needed only at its outputs)")
     ap.add_argument("--order", nargs="+", default=["rows"], choices=ORDERS,
                     help="the linears' tiles by row block (rows) or by K chunk (chunks: x in fewer shared-memory "
                          "boxes, a partial sum a tile), or by K chunk but the head's (mixed)")
