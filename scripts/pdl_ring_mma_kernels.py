@@ -2,8 +2,8 @@
 scripts/probe_pdl_step.py chains into a whole decode step: wgmma over the TMA ring's (64 x 64)
 boxes with x in the first column of the B operand, x staged as the step needs it (as it is, a
 layernorm, GELU, or as it is for a layernorm folded into the weights), biases added once; the
-split-K parts meet by atomics that nobody waits for, in fp32 or in int64 fixed point (the same
-bits every run)."""
+split-K parts meet by atomics that nobody waits for, in fp32 or as int32 or int64 fixed-point
+words (the same bits every run)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
+from pdl_ring_kernels import SCALE32, UNIT32
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
@@ -67,12 +68,12 @@ def to_words(x, bits=64):
     2**-16 (pdl_ring_kernels' _to_word), truncated toward zero as the kernels convert them."""
     if bits == 64:
         return (x.float() * FIXED_SCALE.value).to(torch.int64)
-    return (x.float() * 2.0 ** 16).to(torch.int32)
+    return (x.float() * SCALE32.value).to(torch.int32)
 
 
 def from_words(words):
     """The words as fp32, rounded once as the kernels read them."""
-    return words.to(torch.float32) * (FIXED_UNIT.value if words.dtype == torch.int64 else 2.0 ** -16)
+    return words.to(torch.float32) * (FIXED_UNIT if words.dtype == torch.int64 else UNIT32).value
 
 
 def fold_layernorms(slabs, params, rows):
@@ -134,7 +135,7 @@ class Form:
     activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
     kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
     fp32's bytes, as fast as the atomics, but values must stay below 2**15; session 108, calls
-    2-5). The last part's program finishing each output, as kernels/_fixed_merge does, took
+    2-6). The last part's program finishing each output, as kernels/_fixed_merge does, took
     1,235-1,285 us against 1,089-1,095 (session 108, call 1)."""
     layernorm: str = "folded"
     order: str = "rows"
