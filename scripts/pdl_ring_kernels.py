@@ -148,53 +148,72 @@ def _mean_rstd(s, ss, K, eps):
     return mean, gl.rsqrt(gl.maximum(ss / K - mean * mean, 0.0) + eps)
 
 
-# the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24)
+# the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24).
+# Their guard: a part (or a bias) added is below PART32, a value read below READ32, and a sum has
+# at most MAX_PARTS32 parts, so that READ32 + MAX_PARTS32 PART32 <= 2**15: a value read below
+# READ32 plus a launch's parts cannot wrap, and whatever breaks a bound raises the flag
 SCALE32 = gl.constexpr(float(1 << 16))
 UNIT32 = gl.constexpr(1.0 / SCALE32.value)
+PART32 = gl.constexpr(float(1 << 11))
+READ32 = gl.constexpr(1 << 29)  # 2**13 in words
+MAX_PARTS32 = 12
 
 
 @gluon.jit
-def _act_load(ptr, mask, FIXED: gl.constexpr):
+def _raise_flag(flag_ptr, bad):
+    """Sets the int32 flag at flag_ptr where bad holds: a predicated atomic, issued by no lane
+    while all is well."""
+    one = bad.to(gl.int32)  # a tensor in bad's layout: a pointer and a value a lane
+    gl.atomic_or(flag_ptr + one * 0, one, mask=bad, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _act_load(ptr, mask, FIXED: gl.constexpr, flag_ptr):
     """Activations as fp32, from fp32 (FIXED 0) or from FIXED-bit fixed-point words (_to_word's):
-    a word's conversion rounds once, the scaling by a power of two is exact."""
+    a word's conversion rounds once, the scaling by a power of two is exact. int32 words at or
+    beyond READ32 raise the flag."""
     if FIXED == 64:
         v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
     elif FIXED == 32:
-        v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * UNIT32
+        w = gl.load(ptr, mask=mask, other=0)
+        _raise_flag(flag_ptr, mask & ((w >= READ32) | (w <= -READ32)))
+        v = w.to(gl.float32) * UNIT32
     else:
         v = gl.load(ptr, mask=mask, other=0.0)
     return v
 
 
 @gluon.jit
-def _to_word(v, FIXED: gl.constexpr):
-    """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero. The probe's values stay
-    inside the words' range (2**39, 2**15); a NaN or an inf would not survive the conversion."""
+def _to_word(v, mask, FIXED: gl.constexpr, flag_ptr):
+    """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero (the conversion saturates;
+    NaN becomes 0). int32: a v not below PART32 (NaN and inf too) raises the flag. The int64
+    words' range (2**39) is left unguarded."""
     if FIXED == 64:
         w = (v * FIXED_SCALE).to(gl.int64)
     else:
+        _raise_flag(flag_ptr, mask & ~(gl.abs(v) < PART32))
         w = (v * SCALE32).to(gl.int32)
     return w
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr, flag_ptr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
     (_to_word), whose sums do not depend on the order."""
     if FIXED != 0:
-        gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
+        gl.atomic_add(ptr, _to_word(v, mask, FIXED, flag_ptr), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
-def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
+def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, flag_ptr, num_warps: gl.constexpr):
     """x[:K] for a layernorm's statistics, spread over all threads (KP: a power of two >= K and
     >= the threads). Every program of a launch reads the same x, so one copy a program: a copy a
     warp took 1.5 us more a launch (session 107, call 3), the L2 lines' traffic, not latency."""
     c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
-    return _act_load(x_ptr + c, c < K, FIXED)
+    return _act_load(x_ptr + c, c < K, FIXED, flag_ptr)
 
 
 @gluon.jit
@@ -206,7 +225,7 @@ def _row_stats(r, K, eps):
 
 
 @gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps,
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, flag_ptr,
                           MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
                           KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
@@ -216,7 +235,8 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
-    FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width."""
+    FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width
+    (int32's guard: _act_load, _to_word, the flag at flag_ptr)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -236,11 +256,11 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED)
-    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
-    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
+    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED, flag_ptr)
+    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED, flag_ptr)
+    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED, flag_ptr)
     if FOLD:
-        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps)
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, flag_ptr, num_warps), C, eps)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v
@@ -251,7 +271,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
     y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
     if FIXED != 0:
-        gl.store(y_ptr + h * D + d, _to_word(y, FIXED))
+        gl.store(y_ptr + h * D + d, _to_word(y, d < D, FIXED, flag_ptr))
     else:
         gl.store(y_ptr + h * D + d, y)
     gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))

@@ -57,7 +57,7 @@ def _gelu_tanh_approx(x):
 
 
 @gluon.jit
-def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps,
+def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps, flag_ptr,
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
@@ -76,7 +76,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
     each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
-    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive."""
+    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
+    int32's guard raises the flag at flag_ptr (pdl_ring_kernels' PART32, READ32)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -136,9 +137,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
     if (MODE & NO_X) == 0:
-        xv = _act_load(x_ptr + col, m, FIXED)
+        xv = _act_load(x_ptr + col, m, FIXED, flag_ptr)
         if (XFORM == 1) | (XFORM == 3):
-            r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
+            r = _row_load(x_ptr, K, KP, FIXED, flag_ptr, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
             mean, rstd = _row_stats(r, K, eps)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
@@ -149,7 +150,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            _act_add(y_ptr + bias_rows, bias, own, FIXED)
+            _act_add(y_ptr + bias_rows, bias, own, FIXED, flag_ptr)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
@@ -188,9 +189,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                     if j == first_out:  # the statistics behind the first products, not before them
                         mean, rstd = _row_stats(r, K, eps)
                         if BIAS:
-                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED)
+                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, flag_ptr)
                     y = y * rstd
-                _act_add(y_ptr + out, y, out < N, FIXED)
+                _act_add(y_ptr + out, y, out < N, FIXED, flag_ptr)
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()

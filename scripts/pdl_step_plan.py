@@ -68,7 +68,8 @@ def to_words(x, bits=64):
     2**-16 (pdl_ring_kernels' _to_word), truncated toward zero as the kernels convert them."""
     if bits == 64:
         return (x.float() * FIXED_SCALE.value).to(torch.int64)
-    return (x.float() * SCALE32.value).to(torch.int32)
+    # saturating as the GPU's conversion does, so that the readers' guard sees what does not fit
+    return (x.float() * SCALE32.value).clamp(-2.0 ** 31, 2.0 ** 31 - 128).to(torch.int32)
 
 
 def from_words(words):

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
-                            mma_descriptors)
+                            mma_descriptors, share)
+from pdl_ring_kernels import MAX_PARTS32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
 from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
@@ -65,19 +66,35 @@ def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
     return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
 
 
+def most_parts(N, K, programs, order):
+    """The most parts any output of ring_linear_mma_kernel's sum gets: the bias and a partial from
+    each program whose tiles touch its row block (order 0), or one a tile (order 1)."""
+    kt, rb = -(-K // BK), -(-N // 64)
+    if order == 1:
+        return kt + 1
+    parts = [1] * rb
+    for pid in range(programs):
+        t0, n = share(rb * kt, programs, pid)
+        for b in range(t0 // kt, (t0 + n - 1) // kt + 1) if n else ():
+            parts[b] += 1
+    return max(parts)
+
+
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=False,
-                  **compile_only):
+                  flag=None, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, g_off, bias_off, EPS, order, async_mma, fixed, **compile_only)
+                      xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, **compile_only)
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
                   leave_out=()):
-    """(step, prep, logits, x0): step runs prep (the residual stream set to x0, the other outputs
-    zeroed) then every launch; logits() reads the head's outputs as fp32; x0 is the residual
-    stream's input (fp32, for the caller to fill)."""
+    """(step, prep, logits, x0, flagged): step runs prep (the residual stream set to x0, the other
+    outputs zeroed) then every launch; logits() reads the head's outputs as fp32; x0 is the
+    residual stream's input (fp32, for the caller to fill); flagged() says whether the int32
+    words' guard was raised in the last step (None for the other forms). ValueError where a sum
+    could have more parts than the int32 words' guard covers."""
     C = cfg.n_embd
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
@@ -87,13 +104,19 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
     fixed = WORD_BITS[form.sums]
     device = slabs[0].device
-    arena = torch.zeros(size, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
+    # the activations, then the int32 words' guard flag (zeroed with them)
+    arena = torch.zeros(size + 1, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
+    flag = arena[size:] if fixed == 32 else None
     x0 = torch.zeros(C, dtype=torch.float32, device=device)
     launches = []  # (row, ring depth, tile order)
     for i, row in enumerate(rows):
         kind = "head" if i == len(rows) - 1 else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # plan_step's
         depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
-        launches.append((row, depth, int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))))
+        order = int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))
+        if fixed == 32 and row[0] != "attn" and most_parts(row[2], row[3], programs, order) > MAX_PARTS32:
+            raise ValueError(f"--sums fixed32: {kind}'s sums take up to {most_parts(row[2], row[3], programs, order)} "
+                             f"parts, more than the guard covers ({MAX_PARTS32}); take --order rows or --sums fixed")
+        launches.append((row, depth, order))
 
     def prep():
         arena[:C].copy_(to_words(x0, fixed) if fixed else x0)
@@ -103,15 +126,19 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         prep()
         for row, depth, order in launches:
             if row[0] == "attn":
-                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed)
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed)
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
+                              flag)
 
     def logits():
         out = arena[rows[-1][5]:rows[-1][5] + cfg.vocab_size]
         return from_words(out) if fixed else out.clone()
+
+    def flagged():
+        return None if flag is None else bool(flag.item())
     descs = mma_descriptors(slabs)
-    return step, prep, logits, x0
+    return step, prep, logits, x0, flagged
 
 
 def main():
@@ -137,7 +164,8 @@ def main():
     ap.add_argument("--sums", nargs="+", default=["atomic"], choices=SUMS,
                     help="split-K parts and biases added by fp32 atomics (atomic) or as int64 fixed-point "
                          "words, every activation kept as such (fixed: the same bits every run), or int32 "
-                         "words (fixed32: values below 2**15)")
+                         "words (fixed32: values below 2**15, guarded: the run reports `flagged` where a value "
+                         "read reached 2**13 or a part added 2**11)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -170,8 +198,11 @@ def main():
     variants = [(form, parts) for form in forms for parts in [()] + [(part,) for part in args.leave_out]]
     for bn, stages in args.tiles:
         for form, parts in variants:
-            step, prep, logits, x_in = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
-                                                     form, leave_out=parts)
+            try:
+                step, prep, logits, x_in, flagged = step_launcher(slabs, shapes, cfg, params, offs, final, caches,
+                                                                  programs, stages, form, leave_out=parts)
+            except ValueError as e:
+                ap.error(str(e))
             x_in.copy_(x0)
             runs = []
             for _ in range(3):  # do the logits keep their bits from run to run?
@@ -180,7 +211,7 @@ def main():
             got = runs[0]
             check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
                          same_argmax=bool(got.argmax() == want.argmax()),
-                         same_bits=all(torch.equal(got, other) for other in runs[1:]))
+                         same_bits=all(torch.equal(got, other) for other in runs[1:]), flagged=flagged())
             us = ms_graph([step]) * 1e3
             run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3))

@@ -105,6 +105,31 @@ def test_fixed_point_words_add_in_any_order_to_the_same_bits():
     assert (pps.from_words(pps.to_words(x)) - x).abs().max() <= 2.0 ** -24 + x.abs().max() * 2 ** -24
     assert pps.to_words(x, 32).dtype == torch.int32  # the int32 words: units of 2**-16
     assert (pps.from_words(pps.to_words(x, 32)) - x).abs().max() <= 2.0 ** -16 + x.abs().max() * 2 ** -24
+    # beyond their range they saturate, as the GPU's conversion does (the readers' guard sees it)
+    assert pps.to_words(torch.tensor([1e6, -1e6]), 32).tolist() == [2 ** 31 - 128, -2 ** 31]
+
+
+def test_most_parts_counts_each_program_on_a_row_block():
+    for N, K, programs in ((1600, 6400, 132), (320, 1280, 5), (50257, 1600, 132), (128, 512, 132), (4800, 1600, 7)):
+        kt, rb = -(-K // pps.BK), -(-N // 64)
+        holders = [set() for _ in range(rb)]
+        for pid in range(programs):
+            t0, n = pps.share(rb * kt, programs, pid)
+            for t in range(t0, t0 + n):
+                holders[t // kt].add(pid)
+        assert pps.most_parts(N, K, programs, 0) == 1 + max(len(h) for h in holders)
+        assert pps.most_parts(N, K, programs, 1) == kt + 1  # a part a tile, and the bias
+
+
+def test_int32_words_refuse_sums_their_guard_does_not_cover():
+    cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
+    slabs, shapes = pps.weights(cfg, "cpu")
+    params, offs, final = pps.step_params(cfg, "cpu")
+    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(cfg, 7, "cpu")]
+    with pytest.raises(ValueError, match=r"--sums fixed32: mlp-out's sums take up to 13 parts, more than the guard "
+                                         r"covers \(12\); take --order rows or --sums fixed"):
+        pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, 132, 3, pps.Form(order="chunks",
+                                                                                         sums="fixed32"))
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +245,8 @@ def test_step_matches_torch(stages, few, form):
     caches = pps.make_caches(CFG, 23, "cuda")
     x0 = torch.randn(CFG.n_embd, device="cuda")
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
-    step, _, logits, x_in = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages, form)
+    step, _, logits, x_in, flagged = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages,
+                                                       form)
     x_in.copy_(x0)
     runs = []
     for _ in range(3):  # each step starts over: the residual stream set again, the outputs zeroed
@@ -229,17 +255,38 @@ def test_step_matches_torch(stages, few, form):
         assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3
         assert got.argmax() == want.argmax()
         runs.append(got)
-    if form.sums == "fixed":  # the same bits every run, whatever order the parts came in
+    if form.sums != "atomic":  # the same bits every run, whatever order the parts came in
         assert all(torch.equal(runs[0], other) for other in runs[1:])
+    assert flagged() is (False if form.sums == "fixed32" else None)
 
 
 @hopper
-@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed")], ids=str)
+@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed"), pps.Form(sums="fixed32")], ids=str)
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    step, _, logits, x_in = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
+    step, _, logits, x_in, _ = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
     x_in.copy_(x0)
     step()
     got = logits()
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3 and got.argmax() == want.argmax()
+
+
+@hopper
+def test_int32_guard_raises_its_flag():
+    """What int32 words cannot hold raises the flag: a residual value read at or beyond 2**13 (x0
+    scaled up), a part or bias added at or beyond 2**11 (attn-out's bias); a step that fits
+    clears it."""
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = pps.weights(CFG, "cuda", seed=6)
+    params, offs, final = pps.step_params(CFG, "cuda")
+    caches = pps.make_caches(CFG, 23, "cuda")
+    x0 = torch.randn(CFG.n_embd, device="cuda")
+    big_bias = params.clone()
+    big_bias[offs[1]["attn_out"] + 7] = 3000.0
+    for p, x, raised in ((params, x0, False), (params, x0 * 1e4, True), (big_bias, x0, True), (params, x0, False)):
+        step, _, _, x_in, flagged = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
+                                                      pps.Form(sums="fixed32"))
+        x_in.copy_(x)
+        step()
+        assert flagged() is raised
