@@ -149,13 +149,15 @@ def _mean_rstd(s, ss, K, eps):
 
 
 # the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24).
-# Their guard: a part (or a bias) added is below PART32, a value read below READ32, and a sum has
-# at most MAX_PARTS32 parts, so that READ32 + MAX_PARTS32 PART32 <= 2**15: a value read below
-# READ32 plus a launch's parts cannot wrap, and whatever breaks a bound raises the flag
+# Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts,
+# so that one launch's sums stay below 2**15; the residual stream, which sums over launches, is
+# below READ32 wherever a layernorm reads it, and READ32 + MAX_PARTS32 PART32 <= 2**15, so no
+# word wraps between two reads. Whatever breaks a bound raises the flag. (Checking every word
+# where it is loaded, right after the wait, cost 150 us a step: session 108, call 7.)
 SCALE32 = gl.constexpr(float(1 << 16))
 UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
-READ32 = gl.constexpr(1 << 29)  # 2**13 in words
+READ32 = gl.constexpr(float(1 << 13))
 MAX_PARTS32 = 12
 
 
@@ -168,16 +170,13 @@ def _raise_flag(flag_ptr, bad):
 
 
 @gluon.jit
-def _act_load(ptr, mask, FIXED: gl.constexpr, flag_ptr):
+def _act_load(ptr, mask, FIXED: gl.constexpr):
     """Activations as fp32, from fp32 (FIXED 0) or from FIXED-bit fixed-point words (_to_word's):
-    a word's conversion rounds once, the scaling by a power of two is exact. int32 words at or
-    beyond READ32 raise the flag."""
+    a word's conversion rounds once, the scaling by a power of two is exact."""
     if FIXED == 64:
         v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
     elif FIXED == 32:
-        w = gl.load(ptr, mask=mask, other=0)
-        _raise_flag(flag_ptr, mask & ((w >= READ32) | (w <= -READ32)))
-        v = w.to(gl.float32) * UNIT32
+        v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * UNIT32
     else:
         v = gl.load(ptr, mask=mask, other=0.0)
     return v
@@ -208,18 +207,21 @@ def _act_add(ptr, v, mask, FIXED: gl.constexpr, flag_ptr):
 
 
 @gluon.jit
-def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, flag_ptr, num_warps: gl.constexpr):
+def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
     """x[:K] for a layernorm's statistics, spread over all threads (KP: a power of two >= K and
     >= the threads). Every program of a launch reads the same x, so one copy a program: a copy a
     warp took 1.5 us more a launch (session 107, call 3), the L2 lines' traffic, not latency."""
     c = gl.arange(0, KP, layout=gl.BlockedLayout([KP // (32 * num_warps)], [32], [num_warps], [0]))
-    return _act_load(x_ptr + c, c < K, FIXED, flag_ptr)
+    return _act_load(x_ptr + c, c < K, FIXED)
 
 
 @gluon.jit
-def _row_stats(r, K, eps):
+def _row_stats(r, K, eps, FIXED: gl.constexpr, flag_ptr):
     """A layernorm's mean and 1 / std of _row_load's r: the sum and the sum of squares in one
-    reduction, one trip through shared memory."""
+    reduction, one trip through shared memory. int32 words (FIXED 32): a value of the residual
+    stream at or beyond READ32 raises the flag, here where r is needed anyway."""
+    if FIXED == 32:
+        _raise_flag(flag_ptr, ~(gl.abs(r) < READ32))
     s, ss = gl.reduce((r, r * r), 0, _add_pairs)
     return _mean_rstd(s, ss, K, eps)
 
@@ -236,7 +238,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
     FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width
-    (int32's guard: _act_load, _to_word, the flag at flag_ptr)."""
+    (int32's guard: _to_word, _row_stats, the flag at flag_ptr)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -256,11 +258,11 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED, flag_ptr)
-    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED, flag_ptr)
-    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED, flag_ptr)
+    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED)
+    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
+    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
     if FOLD:
-        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, flag_ptr, num_warps), C, eps)
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, flag_ptr)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v

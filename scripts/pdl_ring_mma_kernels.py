@@ -77,7 +77,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
     each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
-    int32's guard raises the flag at flag_ptr (pdl_ring_kernels' PART32, READ32)."""
+    int32's guard raises the flag at flag_ptr (pdl_ring_kernels' PART32, READ32; the residual
+    stream's values checked where the layernorms' statistics take them)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -137,11 +138,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
     if (MODE & NO_X) == 0:
-        xv = _act_load(x_ptr + col, m, FIXED, flag_ptr)
+        xv = _act_load(x_ptr + col, m, FIXED)
         if (XFORM == 1) | (XFORM == 3):
-            r = _row_load(x_ptr, K, KP, FIXED, flag_ptr, num_warps)  # asked for beside x's chunks
+            r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
-            mean, rstd = _row_stats(r, K, eps)
+            mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
@@ -187,7 +188,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
-                        mean, rstd = _row_stats(r, K, eps)
+                        mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr)
                         if BIAS:
                             _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, flag_ptr)
                     y = y * rstd

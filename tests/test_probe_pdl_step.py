@@ -274,9 +274,9 @@ def test_step_matches_transformers(checkpoint, form):
 
 @hopper
 def test_int32_guard_raises_its_flag():
-    """What int32 words cannot hold raises the flag: a residual value read at or beyond 2**13 (x0
-    scaled up), a part or bias added at or beyond 2**11 (attn-out's bias); a step that fits
-    clears it."""
+    """What int32 words cannot hold raises the flag: a residual value at or beyond 2**13 where a
+    layernorm reads it (x0 scaled up), a part or bias added at or beyond 2**11 (attn-out's
+    bias); a step that fits clears it."""
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes = pps.weights(CFG, "cuda", seed=6)
     params, offs, final = pps.step_params(CFG, "cuda")
