@@ -158,7 +158,7 @@ SCALE32 = gl.constexpr(float(1 << 16))
 UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
 READ32 = gl.constexpr(float(1 << 13))
-MAX_PARTS32 = 12
+MAX_PARTS32 = int((2 ** 15 - READ32.value) // PART32.value)  # 12
 
 
 @gluon.jit

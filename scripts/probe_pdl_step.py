@@ -80,7 +80,7 @@ def most_parts(N, K, programs, order):
     return max(parts)
 
 
-def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=False,
+def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
                   flag=None, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
@@ -113,9 +113,10 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         kind = "head" if i == len(rows) - 1 else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # plan_step's
         depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
         order = int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))
-        if fixed == 32 and row[0] != "attn" and most_parts(row[2], row[3], programs, order) > MAX_PARTS32:
-            raise ValueError(f"--sums fixed32: {kind}'s sums take up to {most_parts(row[2], row[3], programs, order)} "
-                             f"parts, more than the guard covers ({MAX_PARTS32}); take --order rows or --sums fixed")
+        parts = most_parts(row[2], row[3], programs, order) if fixed == 32 and row[0] != "attn" else 0
+        if parts > MAX_PARTS32:
+            raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
+                             f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
 
     def prep():

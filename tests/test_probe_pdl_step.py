@@ -230,6 +230,13 @@ def test_help_has_an_example():
     assert_help_has_example("probe_pdl_step", "python3 scripts/probe_pdl_step.py --model gpt2-xl")
 
 
+def random_step_inputs():
+    """CFG's random weights, parameters, 23 cached positions and x0, on the GPU."""
+    slabs, shapes = pps.weights(CFG, "cuda", seed=6)
+    params, offs, final = pps.step_params(CFG, "cuda")
+    return slabs, shapes, params, offs, final, pps.make_caches(CFG, 23, "cuda"), torch.randn(CFG.n_embd, device="cuda")
+
+
 @hopper
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
@@ -240,10 +247,7 @@ def test_help_has_an_example():
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
-    slabs, shapes = pps.weights(CFG, "cuda", seed=6)
-    params, offs, final = pps.step_params(CFG, "cuda")
-    caches = pps.make_caches(CFG, 23, "cuda")
-    x0 = torch.randn(CFG.n_embd, device="cuda")
+    slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
     step, _, logits, x_in, flagged = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages,
                                                        form)
@@ -278,10 +282,7 @@ def test_int32_guard_raises_its_flag():
     layernorm reads it (x0 scaled up), a part or bias added at or beyond 2**11 (attn-out's
     bias); a step that fits clears it."""
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    slabs, shapes = pps.weights(CFG, "cuda", seed=6)
-    params, offs, final = pps.step_params(CFG, "cuda")
-    caches = pps.make_caches(CFG, 23, "cuda")
-    x0 = torch.randn(CFG.n_embd, device="cuda")
+    slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     big_bias = params.clone()
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
     for p, x, raised in ((params, x0, False), (params, x0 * 1e4, True), (big_bias, x0, True), (params, x0, False)):
