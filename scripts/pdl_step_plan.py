@@ -18,6 +18,7 @@ GELUS = ("exact", "approx")
 MMAS = ("sync", "async")  # the kernel's ASYNC
 SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
+HEADS = ("full", "screened")
 
 
 def step_params(cfg, device, seed=2):
@@ -137,7 +138,10 @@ class Form:
     kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
     fp32's bytes, as fast as the atomics unguarded, but values must stay below 2**15: a flag
     rises where they might not, pdl_ring_kernels' PART32 and READ32; session 108, calls 2-7). The last part's program finishing each output, as kernels/_fixed_merge does, took
-    1,235-1,285 us against 1,089-1,095 (session 108, call 1)."""
+    1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
+    every logit ("full"), or the engine's greedy head after the step's launches ("screened":
+    kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
+    layernorms folded and fp32 sums only, as it reads the residual stream in fp32)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -145,3 +149,4 @@ class Form:
     qkv_stages: int | None = None
     mma: str = "async"
     sums: str = "atomic"
+    head: str = "full"

@@ -30,6 +30,7 @@ import argparse
 import json
 import itertools
 import sys
+from collections import namedtuple
 from pathlib import Path
 
 import torch
@@ -38,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
+from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
 from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
                             mma_descriptors, share)
 from pdl_ring_kernels import MAX_PARTS32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
+from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
                            WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
@@ -88,14 +90,38 @@ def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, asy
                       xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, **compile_only)
 
 
+# step runs prep (the residual stream set to x0, the other outputs zeroed) then every launch;
+# logits() reads the head's outputs as fp32 (None from the screened head), token() the argmax;
+# x0 is the residual stream's input (fp32, for the caller to fill); flagged() says whether the
+# int32 words' guard was raised in the last step (None for the other forms)
+StepRun = namedtuple("StepRun", "step prep logits x0 flagged token")
+
+
+def screened_head(slabs, params, row, C, device):
+    """The engine's greedy head on the probe's folded lm_head row: (launch(x), keys). The argmax
+    key of the logits goes into keys (reset to EMPTY by the caller before each step)."""
+    from kernels import screen_head, screened_argmax
+
+    slab, start, V, _, _, _, _, u_off, _, c_off = row
+    weight = slabs[slab][start:start + V].t()  # (C, V) out-major, as the engine's lm_head
+    u, c = params[u_off:u_off + V], params[c_off:c_off + V]
+    screen = screen_head(weight, c, u)
+    if screen is None:
+        raise ValueError(f"--head screened: the screen takes a vocabulary of at least 16384 columns and "
+                         f"a width up to 2048 divisible by 4, got {V} x {C}")
+    keys = torch.full((1,), EMPTY, dtype=torch.int64, device=device)
+    upper = torch.empty(screen.meta.shape[1], dtype=torch.float32, device=device)
+    return (lambda x: screened_argmax(x.view(1, C), weight, c, u, EPS, screen, keys, upper)), keys
+
+
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
                   leave_out=()):
-    """(step, prep, logits, x0, flagged): step runs prep (the residual stream set to x0, the other
-    outputs zeroed) then every launch; logits() reads the head's outputs as fp32; x0 is the
-    residual stream's input (fp32, for the caller to fill); flagged() says whether the int32
-    words' guard was raised in the last step (None for the other forms). ValueError where a sum
-    could have more parts than the int32 words' guard covers."""
+    """A StepRun of the whole step in `form`. ValueError where a sum could have more parts than
+    the int32 words' guard covers, or the screened head cannot run."""
     C = cfg.n_embd
+    if form.head == "screened" and (form.layernorm != "folded" or form.sums != "atomic"):
+        raise ValueError("--head screened: takes --layernorm folded and --sums atomic (it reads the residual "
+                         "stream in fp32 and the folded head)")
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
         slabs, params, rows = fold_layernorms(slabs, params, rows)
@@ -118,10 +144,15 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
                              f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
+    head, keys = screened_head(slabs, params, rows[-1], C, device) if form.head == "screened" else (None, None)
+    if head:
+        launches.pop()
 
     def prep():
         arena[:C].copy_(to_words(x0, fixed) if fixed else x0)
         arena[C:].zero_()
+        if keys is not None:
+            keys.fill_(EMPTY)
 
     def step():
         prep()
@@ -131,15 +162,22 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             else:
                 launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
                               flag)
+        if head:
+            head(arena[:C])
 
     def logits():
+        if head:
+            return None
         out = arena[rows[-1][5]:rows[-1][5] + cfg.vocab_size]
         return from_words(out) if fixed else out.clone()
+
+    def token():
+        return int(argmax_index(keys).item()) if head else int(logits().argmax().item())
 
     def flagged():
         return None if flag is None else bool(flag.item())
     descs = mma_descriptors(slabs)
-    return step, prep, logits, x0, flagged
+    return StepRun(step, prep, logits, x0, flagged, token)
 
 
 def main():
@@ -167,6 +205,9 @@ def main():
                          "words, every activation kept as such (fixed: the same bits every run), or int32 "
                          "words (fixed32: values below 2**15, guarded: the run reports `flagged` where a value "
                          "read reached 2**13 or a part added 2**11)")
+    ap.add_argument("--head", nargs="+", default=["full"], choices=HEADS,
+                    help="the probe's lm_head, every logit (full), or the engine's greedy head from an int8 copy "
+                         "(screened: the argmax alone; --sums atomic)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -177,7 +218,7 @@ def main():
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
-                                                 args.qkv_stages, args.mma, args.sums)]
+                                                 args.qkv_stages, args.mma, args.sums, args.head)]
     from minillm.benchutil import ms_graph, require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'
@@ -200,19 +241,22 @@ def main():
     for bn, stages in args.tiles:
         for form, parts in variants:
             try:
-                step, prep, logits, x_in, flagged = step_launcher(slabs, shapes, cfg, params, offs, final, caches,
-                                                                  programs, stages, form, leave_out=parts)
+                built = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form,
+                                    leave_out=parts)
             except ValueError as e:
                 ap.error(str(e))
-            x_in.copy_(x0)
-            runs = []
+            built.x0.copy_(x0)
+            runs, tokens = [], []
             for _ in range(3):  # do the logits keep their bits from run to run?
-                step()
-                runs.append(logits())
+                built.step()
+                runs.append(built.logits())
+                tokens.append(built.token())
             got = runs[0]
-            check = dict(rel_err=((got - want).abs().max() / want.abs().max()).item(),
-                         same_argmax=bool(got.argmax() == want.argmax()),
-                         same_bits=all(torch.equal(got, other) for other in runs[1:]), flagged=flagged())
+            check = dict(rel_err=None if got is None else ((got - want).abs().max() / want.abs().max()).item(),
+                         same_argmax=tokens[0] == int(want.argmax()), same_bits=None if got is None else
+                         all(torch.equal(got, other) for other in runs[1:]), same_tokens=len(set(tokens)) == 1,
+                         flagged=built.flagged())
+            step, prep = built.step, built.prep
             us = ms_graph([step]) * 1e3
             run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), us=round(us, 2),
                        floor_fraction=round(floor_us / us, 3))

@@ -132,6 +132,20 @@ def test_int32_words_refuse_sums_their_guard_does_not_cover():
                                                                                          sums="fixed32"))
 
 
+@pytest.mark.parametrize("form, expect", [
+    (pps.Form(sums="fixed32", head="screened"), "--head screened: takes --layernorm folded and --sums atomic"),
+    (pps.Form("staged", head="screened"), "--head screened: takes --layernorm folded and --sums atomic"),
+    (pps.Form(head="screened"), r"--head screened: the screen takes a vocabulary of at least 16384 columns and a "
+                                r"width up to 2048 divisible by 4, got 100 x 320"),
+])
+def test_screened_head_refuses_what_it_cannot_run(form, expect):
+    slabs, shapes = pps.weights(CFG, "cpu")
+    params, offs, final = pps.step_params(CFG, "cpu")
+    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 7, "cpu")]
+    with pytest.raises(ValueError, match=expect):
+        pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, form)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A GPT-2 checkpoint with peaked logits (tests/models.py), head size 64 as the kernels take."""
@@ -221,6 +235,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--sums", "ordered"], "argument --sums: invalid choice: 'ordered'"),
     (["--mma", "deferred"], "argument --mma: invalid choice: 'deferred'"),
     (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
+    (["--head", "argmax"], "argument --head: invalid choice: 'argmax'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     assert_refused_in_one_line("probe_pdl_step", argv, expect)
@@ -249,8 +264,8 @@ def test_step_matches_torch(stages, few, form):
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
-    step, _, logits, x_in, flagged = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages,
-                                                       form)
+    step, _, logits, x_in, flagged, _ = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs,
+                                                          stages, form)
     x_in.copy_(x0)
     runs = []
     for _ in range(3):  # each step starts over: the residual stream set again, the outputs zeroed
@@ -269,11 +284,38 @@ def test_step_matches_torch(stages, few, form):
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    step, _, logits, x_in, _ = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
+    step, _, logits, x_in, _, _ = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
     x_in.copy_(x0)
     step()
     got = logits()
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3 and got.argmax() == want.argmax()
+
+
+@hopper
+@pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
+def test_screened_head_gives_the_torch_steps_argmax(few):
+    """The engine's greedy head (kernels.screened_argmax) after the step's launches: the argmax of
+    the same step in torch, every run (a vocabulary past the screen's 16384 columns, not a
+    multiple of its blocks)."""
+    cfg = GPTConfig(n_layer=2, n_head=5, n_embd=320, n_positions=32, vocab_size=20011)
+    programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes = pps.weights(cfg, "cuda", seed=7)
+    params, offs, final = pps.step_params(cfg, "cuda")
+    caches = pps.make_caches(cfg, 23, "cuda")
+    built = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, pps.Form(head="screened"))
+    checked = 0
+    for seed in range(12):
+        x0 = torch.randn(cfg.n_embd, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, cfg.n_head)
+        top2 = want.topk(2).values
+        if (top2[0] - top2[1]) / want.abs().max() < 4e-3:
+            continue  # a near tie (the logits' error is up to 2e-3 of their largest): it would prove nothing
+        checked += 1
+        built.x0.copy_(x0)
+        for _ in range(2):  # the keys reset by each step
+            built.step()
+            assert built.logits() is None and built.token() == int(want.argmax())
+    assert checked >= 6
 
 
 @hopper
@@ -286,8 +328,8 @@ def test_int32_guard_raises_its_flag():
     big_bias = params.clone()
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
     for p, x, raised in ((params, x0, False), (params, x0 * 1e4, True), (big_bias, x0, True), (params, x0, False)):
-        step, _, _, x_in, flagged = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
-                                                      pps.Form(sums="fixed32"))
+        step, _, _, x_in, flagged, _ = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
+                                                         pps.Form(sums="fixed32"))
         x_in.copy_(x)
         step()
         assert flagged() is raised
