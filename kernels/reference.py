@@ -144,9 +144,11 @@ def screen_head(weight, bias, colsum):
     return None
 
 
-def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys):
+def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys, x_unit=None):
     """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
-    screened head's result (kernels.vocab_screen), here from the full logits."""
+    screened head's result (kernels.vocab_screen), here from the full logits. x_unit: x is int32
+    fixed-point words of that many each."""
+    x = x if x_unit is None else x.float() * x_unit
     linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
 
 

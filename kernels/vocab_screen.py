@@ -24,6 +24,7 @@ buffer, which the program reads back after its blocks; no logits come out. Most 
 no column exactly: a column is computed only if it was near the best lower end posted before its
 program finished (a few columns a row, see the tests).
 """
+import math
 import os
 from collections import namedtuple
 
@@ -122,12 +123,23 @@ def _pack_int8(v, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _x_row(x_ptr, rk, stride_xk, k_mask, X_UNIT: tl.constexpr):
+    """The row as fp32: from floats, or (X_UNIT > 0) from int32 fixed-point words of X_UNIT each,
+    a residual stream summed by integer atomics (a word's conversion rounds once; X_UNIT is a
+    power of two, so the scaling is exact)."""
+    x = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0).to(tl.float32)
+    if X_UNIT > 0.0:
+        x = x * X_UNIT
+    return x
+
+
+@triton.jit
 def _vocab_screen_kernel(
     x_ptr, q_ptr, meta_ptr, w_ptr, bias_ptr, fold_ptr, up_ptr, key_ptr,
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr,
+    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, X_UNIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -143,7 +155,7 @@ def _vocab_screen_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     rk = tl.arange(0, BLOCK_K)
     k_mask = rk < K
-    xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)  # (BLOCK_K,)
+    xf = _x_row(x_ptr, rk, stride_xk, k_mask, X_UNIT)  # (BLOCK_K,)
     row_sum, row_sq = _row_sums(xf, k_mask, PAD_FOLD)
     mean, rstd = _mean_rstd(row_sum, row_sq, K, ln_eps)  # as vocab_fma: the same bits
     # The bound. With u = rstd * (x - mean) (u' its fp32 value), u' = su * xq + d (xq int8) and a
@@ -202,7 +214,7 @@ def _vocab_screen_kernel(
     tl.debug_barrier()  # the upper ends stored by other lanes of this warp are visible now
     rn_all = pid * BLOCK_N + tl.arange(0, ITERS)[:, None] * step + cols[None, :]  # (ITERS, BLOCK_N)
     uppers = tl.load(up_ptr + rn_all, mask=rn_all < N_PAD, other=float("-inf")).to(tl.float32)
-    xf = tl.load(x_ptr + rk * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
+    xf = _x_row(x_ptr, rk, stride_xk, k_mask, X_UNIT)
     # post the best lower end as the lowest-ranked key of its value (index part 0); the word's
     # maximum comes back: some column's rounded logit reaches it
     posted = _ordered(best_lower).to(tl.int64) << 32
@@ -253,22 +265,28 @@ def screen_config(N, K, *, sms):
                 programs=min(triton.cdiv(N, block_n), sms * per_sm))
 
 
-def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None):
+def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, upper=None, x_unit=None):
     """Max the argmax key of layernorm(x2) @ weight + bias (x2 (1, K); weight (K, N) out-major with
     its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
     reading the screen (`screen_head`) and only the few columns it cannot rule out. No logits
-    come out; upper (N_PAD,) of x2's dtype, if given, receives each column's upper end (tests)."""
+    come out; upper (N_PAD,) of the logits' dtype, if given, receives each column's upper end
+    (tests). x_unit: x2 is int32 fixed-point words of that many (a power of two) each, and the
+    logits are fp32."""
     K, N = weight.shape
     n_pad = screen.meta.shape[1]
+    if (x_unit is not None) != (x2.dtype == torch.int32):
+        raise ValueError(f"x_unit: expected a unit exactly for int32 words x2, got {x_unit} for {x2.dtype}")
+    if x_unit is not None and not (x_unit > 0 and math.frexp(x_unit)[0] == 0.5):
+        raise ValueError(f"x_unit: expected a power of two, got {x_unit}")
     if upper is None:
-        upper = torch.empty(n_pad, dtype=x2.dtype, device=x2.device)
+        upper = torch.empty(n_pad, dtype=torch.float32 if x_unit else x2.dtype, device=x2.device)
     meta = screen_config(N, K, sms=sm_count(x2.device))
     programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
     pdl = use_pdl(x2.device)
     args = (x2, screen.q, screen.meta, weight, bias if bias is not None else ln_fold, ln_fold, upper, argmax_keys,
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
-                PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]))
+                PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), X_UNIT=float(x_unit or 0.0))
     # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
     # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
     # programs take more blocks, which may take more registers, so the count only falls (a few rounds)

@@ -159,6 +159,8 @@ UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
 READ32 = gl.constexpr(float(1 << 13))
 MAX_PARTS32 = int((2 ** 15 - READ32.value) // PART32.value)  # 12
+# the kernels' GUARD bits (timing only: each check priced alone), both by default
+GUARD_PARTS, GUARD_READS = gl.constexpr(1), gl.constexpr(2)
 
 
 @gluon.jit
@@ -183,25 +185,26 @@ def _act_load(ptr, mask, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _to_word(v, mask, FIXED: gl.constexpr, flag_ptr):
+def _to_word(v, mask, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
     """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero (the conversion saturates;
     NaN becomes 0). int32: a v not below PART32 (NaN and inf too) raises the flag. The int64
     words' range (2**39) is left unguarded."""
     if FIXED == 64:
         w = (v * FIXED_SCALE).to(gl.int64)
     else:
-        _raise_flag(flag_ptr, mask & ~(gl.abs(v) < PART32))
+        if (GUARD & GUARD_PARTS) != 0:
+            _raise_flag(flag_ptr, mask & ~(gl.abs(v) < PART32))
         w = (v * SCALE32).to(gl.int32)
     return w
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr, flag_ptr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
     (_to_word), whose sums do not depend on the order."""
     if FIXED != 0:
-        gl.atomic_add(ptr, _to_word(v, mask, FIXED, flag_ptr), mask=mask, sem="relaxed", scope="gpu")
+        gl.atomic_add(ptr, _to_word(v, mask, FIXED, flag_ptr, GUARD), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
 
@@ -216,11 +219,11 @@ def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.con
 
 
 @gluon.jit
-def _row_stats(r, K, eps, FIXED: gl.constexpr, flag_ptr):
+def _row_stats(r, K, eps, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
     """A layernorm's mean and 1 / std of _row_load's r: the sum and the sum of squares in one
     reduction, one trip through shared memory. int32 words (FIXED 32): a value of the residual
     stream at or beyond READ32 raises the flag, here where r is needed anyway."""
-    if FIXED == 32:
+    if FIXED == 32 and (GUARD & GUARD_READS) != 0:
         _raise_flag(flag_ptr, ~(gl.abs(r) < READ32))
     s, ss = gl.reduce((r, r * r), 0, _add_pairs)
     return _mean_rstd(s, ss, K, eps)
@@ -229,7 +232,8 @@ def _row_stats(r, K, eps, FIXED: gl.constexpr, flag_ptr):
 @gluon.jit
 def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, flag_ptr,
                           MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
-                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr):
+                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr,
+                          GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
     """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
     values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
     from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
@@ -238,7 +242,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
     FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width
-    (int32's guard: _to_word, _row_stats, the flag at flag_ptr)."""
+    (int32's guard: _to_word, _row_stats, the flag at flag_ptr; GUARD: which checks)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -262,7 +266,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
     v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
     if FOLD:
-        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, flag_ptr)
+        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, flag_ptr, GUARD)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v
@@ -273,7 +277,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
     y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
     if FIXED != 0:
-        gl.store(y_ptr + h * D + d, _to_word(y, d < D, FIXED, flag_ptr))
+        gl.store(y_ptr + h * D + d, _to_word(y, d < D, FIXED, flag_ptr, GUARD))
     else:
         gl.store(y_ptr + h * D + d, y)
     gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))

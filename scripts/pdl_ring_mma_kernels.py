@@ -61,7 +61,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
-                           FIXED: gl.constexpr, num_warps: gl.constexpr):
+                           FIXED: gl.constexpr, num_warps: gl.constexpr,
+                           GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -78,7 +79,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
     int32's guard raises the flag at flag_ptr (pdl_ring_kernels' PART32, READ32; the residual
-    stream's values checked where the layernorms' statistics take them)."""
+    stream's values checked where the layernorms' statistics take them; GUARD: which checks)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -142,7 +143,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if (XFORM == 1) | (XFORM == 3):
             r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
-            mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr)
+            mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr, GUARD)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
@@ -151,7 +152,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            _act_add(y_ptr + bias_rows, bias, own, FIXED, flag_ptr)
+            _act_add(y_ptr + bias_rows, bias, own, FIXED, flag_ptr, GUARD)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
@@ -188,11 +189,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
-                        mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr)
+                        mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr, GUARD)
                         if BIAS:
-                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, flag_ptr)
+                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, flag_ptr, GUARD)
                     y = y * rstd
-                _act_add(y_ptr + out, y, out < N, FIXED, flag_ptr)
+                _act_add(y_ptr + out, y, out < N, FIXED, flag_ptr, GUARD)
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()

@@ -19,6 +19,7 @@ MMAS = ("sync", "async")  # the kernel's ASYNC
 SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
+GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
 
 
 def step_params(cfg, device, seed=2):
@@ -141,7 +142,8 @@ class Form:
     1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
-    layernorms folded and fp32 sums only, as it reads the residual stream in fp32)."""
+    layernorms folded, fp32 or int32 sums); guard: int32's checks, "on" (both), or to price each,
+    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -150,3 +152,4 @@ class Form:
     mma: str = "async"
     sums: str = "atomic"
     head: str = "full"
+    guard: str = "on"

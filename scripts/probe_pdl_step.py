@@ -42,10 +42,10 @@ from minillm.config import PRESETS  # noqa: E402
 from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
 from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
                             mma_descriptors, share)
-from pdl_ring_kernels import MAX_PARTS32  # noqa: E402
+from pdl_ring_kernels import MAX_PARTS32, UNIT32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
+from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
                            WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
@@ -83,11 +83,12 @@ def most_parts(N, K, programs, order):
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
-                  flag=None, **compile_only):
+                  flag=None, guard=3, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
-                      xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, **compile_only)
+                      xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, guard,
+                      **compile_only)
 
 
 # step runs prep (the residual stream set to x0, the other outputs zeroed) then every launch;
@@ -97,9 +98,10 @@ def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, asy
 StepRun = namedtuple("StepRun", "step prep logits x0 flagged token")
 
 
-def screened_head(slabs, params, row, C, device):
-    """The engine's greedy head on the probe's folded lm_head row: (launch(x), keys). The argmax
-    key of the logits goes into keys (reset to EMPTY by the caller before each step)."""
+def screened_head(slabs, params, row, C, device, fixed):
+    """The engine's greedy head on the probe's folded lm_head row: (launch(x), keys), x the
+    residual stream (fp32, or int32 words: fixed 32). The argmax key of the logits goes into
+    keys (reset to EMPTY by the caller before each step)."""
     from kernels import screen_head, screened_argmax
 
     slab, start, V, _, _, _, _, u_off, _, c_off = row
@@ -111,7 +113,8 @@ def screened_head(slabs, params, row, C, device):
                          f"a width up to 2048 divisible by 4, got {V} x {C}")
     keys = torch.full((1,), EMPTY, dtype=torch.int64, device=device)
     upper = torch.empty(screen.meta.shape[1], dtype=torch.float32, device=device)
-    return (lambda x: screened_argmax(x.view(1, C), weight, c, u, EPS, screen, keys, upper)), keys
+    unit = UNIT32.value if fixed == 32 else None
+    return (lambda x: screened_argmax(x.view(1, C), weight, c, u, EPS, screen, keys, upper, unit)), keys
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
@@ -119,16 +122,16 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     """A StepRun of the whole step in `form`. ValueError where a sum could have more parts than
     the int32 words' guard covers, or the screened head cannot run."""
     C = cfg.n_embd
-    if form.head == "screened" and (form.layernorm != "folded" or form.sums != "atomic"):
-        raise ValueError("--head screened: takes --layernorm folded and --sums atomic (it reads the residual "
-                         "stream in fp32 and the folded head)")
+    if form.head == "screened" and (form.layernorm != "folded" or form.sums == "fixed"):
+        raise ValueError("--head screened: takes --layernorm folded and --sums atomic or fixed32 (it reads the "
+                         "folded head and the residual stream in fp32 or int32 words)")
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
         slabs, params, rows = fold_layernorms(slabs, params, rows)
     rows = leave_out_parts(rows, leave_out)
     if form.gelu == "approx":
         rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
-    fixed = WORD_BITS[form.sums]
+    fixed, guard = WORD_BITS[form.sums], GUARDS[form.guard]
     device = slabs[0].device
     # the activations, then the int32 words' guard flag (zeroed with them)
     arena = torch.zeros(size + 1, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
@@ -144,7 +147,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
                              f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
-    head, keys = screened_head(slabs, params, rows[-1], C, device) if form.head == "screened" else (None, None)
+    head, keys = screened_head(slabs, params, rows[-1], C, device, fixed) if form.head == "screened" else (None, None)
     if head:
         launches.pop()
 
@@ -158,10 +161,10 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         prep()
         for row, depth, order in launches:
             if row[0] == "attn":
-                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag)
+                launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag, guard)
             else:
                 launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
-                              flag)
+                              flag, guard)
         if head:
             head(arena[:C])
 
@@ -207,7 +210,10 @@ def main():
                          "read reached 2**13 or a part added 2**11)")
     ap.add_argument("--head", nargs="+", default=["full"], choices=HEADS,
                     help="the probe's lm_head, every logit (full), or the engine's greedy head from an int8 copy "
-                         "(screened: the argmax alone; --sums atomic)")
+                         "(screened: the argmax alone; --sums atomic or fixed32)")
+    ap.add_argument("--guard", nargs="+", default=["on"], choices=sorted(GUARDS),
+                    help="fixed32's checks: on (both), or to price each alone, parts (a part or bias added), "
+                         "reads (the residual stream where a layernorm reads it), off (timing only)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -218,7 +224,8 @@ def main():
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
-                                                 args.qkv_stages, args.mma, args.sums, args.head)]
+                                                 args.qkv_stages, args.mma, args.sums, args.head,
+                                                 args.guard)]
     from minillm.benchutil import ms_graph, require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

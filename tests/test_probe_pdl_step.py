@@ -133,8 +133,9 @@ def test_int32_words_refuse_sums_their_guard_does_not_cover():
 
 
 @pytest.mark.parametrize("form, expect", [
-    (pps.Form(sums="fixed32", head="screened"), "--head screened: takes --layernorm folded and --sums atomic"),
-    (pps.Form("staged", head="screened"), "--head screened: takes --layernorm folded and --sums atomic"),
+    (pps.Form(sums="fixed", head="screened"), "--head screened: takes --layernorm folded and --sums atomic or "
+                                              "fixed32"),
+    (pps.Form("staged", head="screened"), "--head screened: takes --layernorm folded and --sums atomic or fixed32"),
     (pps.Form(head="screened"), r"--head screened: the screen takes a vocabulary of at least 16384 columns and a "
                                 r"width up to 2048 divisible by 4, got 100 x 320"),
 ])
@@ -236,6 +237,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--mma", "deferred"], "argument --mma: invalid choice: 'deferred'"),
     (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
     (["--head", "argmax"], "argument --head: invalid choice: 'argmax'"),
+    (["--guard", "some"], "argument --guard: invalid choice: 'some'"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     assert_refused_in_one_line("probe_pdl_step", argv, expect)
@@ -292,8 +294,9 @@ def test_step_matches_transformers(checkpoint, form):
 
 
 @hopper
+@pytest.mark.parametrize("sums", ["atomic", "fixed32"])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
-def test_screened_head_gives_the_torch_steps_argmax(few):
+def test_screened_head_gives_the_torch_steps_argmax(few, sums):
     """The engine's greedy head (kernels.screened_argmax) after the step's launches: the argmax of
     the same step in torch, every run (a vocabulary past the screen's 16384 columns, not a
     multiple of its blocks)."""
@@ -302,7 +305,8 @@ def test_screened_head_gives_the_torch_steps_argmax(few):
     slabs, shapes = pps.weights(cfg, "cuda", seed=7)
     params, offs, final = pps.step_params(cfg, "cuda")
     caches = pps.make_caches(cfg, 23, "cuda")
-    built = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, pps.Form(head="screened"))
+    built = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3,
+                              pps.Form(sums=sums, head="screened"))
     checked = 0
     for seed in range(12):
         x0 = torch.randn(cfg.n_embd, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
@@ -315,21 +319,26 @@ def test_screened_head_gives_the_torch_steps_argmax(few):
         for _ in range(2):  # the keys reset by each step
             built.step()
             assert built.logits() is None and built.token() == int(want.argmax())
+            assert built.flagged() is (False if sums == "fixed32" else None)
     assert checked >= 6
 
 
 @hopper
-def test_int32_guard_raises_its_flag():
+@pytest.mark.parametrize("guard", sorted(pps.GUARDS))
+def test_int32_guard_raises_its_flag(guard):
     """What int32 words cannot hold raises the flag: a residual value at or beyond 2**13 where a
-    layernorm reads it (x0 scaled up), a part or bias added at or beyond 2**11 (attn-out's
-    bias); a step that fits clears it."""
+    layernorm reads it (x0 scaled up: the reads' check, and the parts' too, as qkv's raw
+    products W' x are then that large), a part or bias added at or beyond 2**11 (attn-out's
+    bias, 3,000: the parts' check alone); a step that fits clears it. Each check alone raises it
+    for what it covers (--guard, timing only)."""
+    parts = guard in ("on", "parts")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     big_bias = params.clone()
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
-    for p, x, raised in ((params, x0, False), (params, x0 * 1e4, True), (big_bias, x0, True), (params, x0, False)):
+    for p, x, raised in ((params, x0, False), (params, x0 * 1e4, guard != "off"), (big_bias, x0, parts), (params, x0, False)):
         step, _, _, x_in, flagged, _ = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
-                                                         pps.Form(sums="fixed32"))
+                                                         pps.Form(sums="fixed32", guard=guard))
         x_in.copy_(x)
         step()
         assert flagged() is raised

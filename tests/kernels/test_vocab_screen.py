@@ -1,6 +1,8 @@
 """The screened one-row vocabulary head (kernels/vocab_screen.py): its argmax key is the full head's
 (vocab_fma.py, through `linear`) bit for bit, every column's upper end holds the full head's
 logit, ties and near-ties go to the lowest column, NaN rows name no token, and where it runs."""
+import re
+
 import pytest
 import torch
 
@@ -92,6 +94,39 @@ def test_screen_leaves_a_larger_key(device):
     keys = torch.full((1,), big, dtype=torch.int64, device=device)
     kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, keys)
     assert keys.item() == big
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_screen_reads_int32_fixed_point_words(dtype, device):
+    """x as int32 fixed-point words (x_unit, a residual stream summed by integer atomics): the key
+    the same row gives in fp32, which (with fp32 weights) is the full head's."""
+    unit = 2.0 ** -16
+    for seed in range(2):
+        x, wf, bf, colsum = _head(100, N_ODD, dtype, device, seed=seed)
+        words = torch.round(x.float() / unit).to(torch.int32)
+        x32 = words.float() * unit  # exact: the words are below 2**24
+        screen = kernels.screen_head(wf, bf, colsum)
+        want, got = _keys(device), _keys(device)
+        kernels.screened_argmax(x32, wf, bf, colsum, 1e-5, screen, want)
+        kernels.screened_argmax(words, wf, bf, colsum, 1e-5, screen, got, x_unit=unit)
+        assert torch.equal(got, want), f"seed {seed}"
+        if dtype == torch.float32:
+            full = _keys(device)
+            kernels.linear(x32, wf, bf, ln_fold=colsum, argmax_keys=full)
+            assert torch.equal(got, full), f"seed {seed}"
+
+
+@pytest.mark.parametrize("x_dtype, x_unit, expect", [
+    (torch.float32, 2.0 ** -16, "x_unit: expected a unit exactly for int32 words x2, got 1.52587890625e-05 for "
+                                "torch.float32"),
+    (torch.int32, None, "x_unit: expected a unit exactly for int32 words x2, got None for torch.int32"),
+    (torch.int32, 3e-5, "x_unit: expected a power of two, got 3e-05"),
+])
+def test_screen_refuses_a_unit_that_does_not_fit(x_dtype, x_unit, expect):
+    x, wf, bf, colsum = _head(40, N_ODD, torch.float32, "cpu")
+    screen = kernels.screen_head(wf, bf, colsum)
+    with pytest.raises(ValueError, match=re.escape(expect)):
+        kernels.screened_argmax(x.to(x_dtype), wf, bf, colsum, 1e-5, screen, _keys("cpu"), x_unit=x_unit)
 
 
 def test_screen_head_bounds(device):
