@@ -94,20 +94,22 @@ def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, asy
 # step runs prep (the residual stream set to x0, the other outputs zeroed) then every launch;
 # logits() reads the head's outputs as fp32 (None from the screened head), token() the argmax;
 # x0 is the residual stream's input (fp32, for the caller to fill); flagged() says whether the
-# int32 words' guard was raised in the last step (None for the other forms)
-StepRun = namedtuple("StepRun", "step prep logits x0 flagged token")
+# int32 words' guard was raised in the last step (None for the other forms); arena: the
+# activations (for their address)
+StepRun = namedtuple("StepRun", "step prep logits x0 flagged token arena")
 
 
-def screened_head(slabs, params, row, C, device, fixed):
+def screened_head(slabs, params, row, C, device, fixed, shared):
     """The engine's greedy head on the probe's folded lm_head row: (launch(x), keys), x the
     residual stream (fp32, or int32 words: fixed 32). The argmax key of the logits goes into
-    keys (reset to EMPTY by the caller before each step)."""
+    keys (reset to EMPTY by the caller before each step). The screen is kept in shared."""
     from kernels import screen_head, screened_argmax
 
     slab, start, V, _, _, _, _, u_off, _, c_off = row
     weight = slabs[slab][start:start + V].t()  # (C, V) out-major, as the engine's lm_head
     u, c = params[u_off:u_off + V], params[c_off:c_off + V]
-    screen = screen_head(weight, c, u)
+    screen = shared["screen"] if "screen" in shared else screen_head(weight, c, u)
+    shared["screen"] = screen
     if screen is None:
         raise ValueError(f"--head screened: the screen takes a vocabulary of at least 16384 columns and "
                          f"a width up to 2048 divisible by 4, got {V} x {C}")
@@ -118,23 +120,34 @@ def screened_head(slabs, params, row, C, device, fixed):
 
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
-                  leave_out=()):
+                  leave_out=(), arena_pad=0, shared=None):
     """A StepRun of the whole step in `form`. ValueError where a sum could have more parts than
-    the int32 words' guard covers, or the screened head cannot run."""
+    the int32 words' guard covers, or the screened head cannot run. arena_pad: the activations
+    start that many words (a multiple of 32) into their buffer. shared: a dict in which the
+    folded weights and the head's screen are kept for the next launcher on the same weights,
+    so that forms compared share their addresses (folded copies alternate between two
+    allocations otherwise)."""
+    shared = {} if shared is None else shared
     C = cfg.n_embd
     if form.head == "screened" and (form.layernorm != "folded" or form.sums == "fixed"):
         raise ValueError("--head screened: takes --layernorm folded and --sums atomic or fixed32 (it reads the "
                          "folded head and the residual stream in fp32 or int32 words)")
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
-        slabs, params, rows = fold_layernorms(slabs, params, rows)
+        if "folded" not in shared:
+            shared["folded"] = fold_layernorms(slabs, params, rows)
+        slabs, params, rows = shared["folded"]
     rows = leave_out_parts(rows, leave_out)
     if form.gelu == "approx":
         rows = [(*row[:6], GELU_APPROX, *row[7:]) if row[0] != "attn" and row[6] == GELU else row for row in rows]
     fixed, guard = WORD_BITS[form.sums], GUARDS[form.guard]
     device = slabs[0].device
     # the activations, then the int32 words' guard flag (zeroed with them)
-    arena = torch.zeros(size + 1, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed], device=device)
+    if arena_pad % 32:
+        raise ValueError(f"--arena-pad: expected a multiple of 32 words, got {arena_pad}")
+    words = torch.zeros(arena_pad + size + 1, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed],
+                        device=device)
+    arena = words[arena_pad:]
     flag = arena[size:] if fixed == 32 else None
     x0 = torch.zeros(C, dtype=torch.float32, device=device)
     launches = []  # (row, ring depth, tile order)
@@ -147,7 +160,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
                              f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
-    head, keys = screened_head(slabs, params, rows[-1], C, device, fixed) if form.head == "screened" else (None, None)
+    head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared) if form.head == "screened" else (None, None)
     if head:
         launches.pop()
 
@@ -180,7 +193,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     def flagged():
         return None if flag is None else bool(flag.item())
     descs = mma_descriptors(slabs)
-    return StepRun(step, prep, logits, x0, flagged, token)
+    return StepRun(step, prep, logits, x0, flagged, token, arena)
 
 
 def main():
@@ -214,6 +227,9 @@ def main():
     ap.add_argument("--guard", nargs="+", default=["on"], choices=sorted(GUARDS),
                     help="fixed32's checks: on (both), or to price each alone, parts (a part or bias added), "
                          "reads (the residual stream where a layernorm reads it), off (timing only)")
+    ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
+                    help="start the activations this many words (a multiple of 32) into their buffer: "
+                         "their placement's share of a form's time")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -221,6 +237,8 @@ def main():
                          "the logits then checked against transformers'")
     ap.add_argument("--out", type=Path, help="folder for pdl-step-MODEL.json")
     args = ap.parse_args()
+    if any(pad % 32 for pad in args.arena_pad):
+        ap.error(f"--arena-pad: expected multiples of 32 words, got {args.arena_pad}")
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
@@ -244,12 +262,15 @@ def main():
     programs = rec["programs"]
     cache_bytes, floor_us = floor_with_cache(rec, cfg, args.positions)
     rec.update(positions=args.positions, cache_bytes=cache_bytes, floor_with_cache_us=round(floor_us, 2))
-    variants = [(form, parts) for form in forms for parts in [()] + [(part,) for part in args.leave_out]]
+    variants = [(form, parts, pad) for pad in args.arena_pad for form in forms
+                for parts in [()] + [(part,) for part in args.leave_out]]
+    shared = {}  # the folded weights and the screen: every form on the same addresses
     for bn, stages in args.tiles:
-        for form, parts in variants:
+        for form, parts, pad in variants:
+            built = None  # the last form's activations freed: the next ones take their place
             try:
                 built = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form,
-                                    leave_out=parts)
+                                      leave_out=parts, arena_pad=pad, shared=shared)
             except ValueError as e:
                 ap.error(str(e))
             built.x0.copy_(x0)
@@ -265,8 +286,8 @@ def main():
                          flagged=built.flagged())
             step, prep = built.step, built.prep
             us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), us=round(us, 2),
-                       floor_fraction=round(floor_us / us, 3))
+            run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), arena_pad=pad,
+                       arena_at=hex(built.arena.data_ptr()), us=round(us, 2), floor_fraction=round(floor_us / us, 3))
             if not parts:
                 run["prep_us"] = round(ms_graph([prep]) * 1e3, 2)  # the step's own first launches, priced alone
                 run.update(check)

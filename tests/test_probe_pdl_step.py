@@ -147,6 +147,25 @@ def test_screened_head_refuses_what_it_cannot_run(form, expect):
         pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, form)
 
 
+def test_forms_share_their_weights_and_pad_their_activations(monkeypatch):
+    """Launchers built with one `shared` dict fold the layernorms once (the forms compared then
+    read the same weights' addresses); arena_pad moves the activations within their buffer."""
+    slabs, shapes = pps.weights(CFG, "cpu")
+    params, offs, final = pps.step_params(CFG, "cpu")
+    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 7, "cpu")]
+    folds = []
+    fold = pps.fold_layernorms
+    monkeypatch.setattr(pps, "fold_layernorms", lambda *a: folds.append(1) or fold(*a))
+    shared = {}
+    for form, pad in ((pps.Form(), 0), (pps.Form(sums="fixed32"), 64), (pps.Form(gelu="exact"), 96)):
+        built = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, form, arena_pad=pad,
+                                  shared=shared)
+        assert built.arena.storage_offset() == pad
+    assert len(folds) == 1
+    with pytest.raises(ValueError, match="--arena-pad: expected a multiple of 32 words, got 48"):
+        pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, arena_pad=48)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A GPT-2 checkpoint with peaked logits (tests/models.py), head size 64 as the kernels take."""
@@ -238,6 +257,8 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
     (["--head", "argmax"], "argument --head: invalid choice: 'argmax'"),
     (["--guard", "some"], "argument --guard: invalid choice: 'some'"),
+    (["--arena-pad", "-32"], "argument --arena-pad: expected an integer >= 0, got -32"),
+    (["--arena-pad", "0", "48"], "--arena-pad: expected multiples of 32 words, got [0, 48]"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     assert_refused_in_one_line("probe_pdl_step", argv, expect)
@@ -266,8 +287,8 @@ def test_step_matches_torch(stages, few, form):
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
     slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     want = pps.reference_step(slabs, shapes, params, offs, final, x0, caches, CFG.n_head)
-    step, _, logits, x_in, flagged, _ = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs,
-                                                          stages, form)
+    built = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, stages, form)
+    step, logits, x_in, flagged = built.step, built.logits, built.x0, built.flagged
     x_in.copy_(x0)
     runs = []
     for _ in range(3):  # each step starts over: the residual stream set again, the outputs zeroed
@@ -286,7 +307,8 @@ def test_step_matches_torch(stages, few, form):
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    step, _, logits, x_in, _, _ = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
+    built = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form)
+    step, logits, x_in = built.step, built.logits, built.x0
     x_in.copy_(x0)
     step()
     got = logits()
@@ -337,8 +359,8 @@ def test_int32_guard_raises_its_flag(guard):
     big_bias = params.clone()
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
     for p, x, raised in ((params, x0, False), (params, x0 * 1e4, guard != "off"), (big_bias, x0, parts), (params, x0, False)):
-        step, _, _, x_in, flagged, _ = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
-                                                         pps.Form(sums="fixed32", guard=guard))
-        x_in.copy_(x)
-        step()
-        assert flagged() is raised
+        built = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
+                                  pps.Form(sums="fixed32", guard=guard))
+        built.x0.copy_(x)
+        built.step()
+        assert built.flagged() is raised
