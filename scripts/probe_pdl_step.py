@@ -196,6 +196,34 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     return StepRun(step, prep, logits, x0, flagged, token, arena)
 
 
+def time_form(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form, parts, pad, shared, x0, want,
+              floor_us):
+    """One form's record: its time (a CUDA graph's replays), where its weights and activations
+    lie, and (with no parts left out) its check against `want` over three runs."""
+    from minillm.benchutil import ms_graph
+
+    built = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form, leave_out=parts,
+                          arena_pad=pad, shared=shared)
+    built.x0.copy_(x0)
+    runs, tokens = [], []
+    for _ in range(3):  # do the logits keep their bits from run to run?
+        built.step()
+        runs.append(built.logits())
+        tokens.append(built.token())
+    us = ms_graph([built.step]) * 1e3
+    slab0 = shared["folded"][0][0] if "folded" in shared else slabs[0]
+    run = dict(**vars(form), left_out=list(parts), arena_pad=pad, arena_at=hex(built.arena.data_ptr()),
+               weights_at=hex(slab0.data_ptr()), us=round(us, 2), floor_fraction=round(floor_us / us, 3))
+    if not parts:
+        got = runs[0]
+        run["prep_us"] = round(ms_graph([built.prep]) * 1e3, 2)  # the step's own first launches, priced alone
+        run.update(rel_err=None if got is None else ((got - want).abs().max() / want.abs().max()).item(),
+                   same_argmax=tokens[0] == int(want.argmax()), same_bits=None if got is None else
+                   all(torch.equal(got, other) for other in runs[1:]), same_tokens=len(set(tokens)) == 1,
+                   flagged=built.flagged())
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(PRESETS), help="preset whose widths to use")
@@ -230,6 +258,9 @@ def main():
     ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
                     help="start the activations this many words (a multiple of 32) into their buffer: "
                          "their placement's share of a form's time")
+    ap.add_argument("--copies", type=_int_at_least(1), default=1,
+                    help="time every form again on this many copies of the folded weights, each in a new "
+                         "allocation (3 GB each at gpt2-xl): their placement's share of a form's time")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -239,12 +270,14 @@ def main():
     args = ap.parse_args()
     if any(pad % 32 for pad in args.arena_pad):
         ap.error(f"--arena-pad: expected multiples of 32 words, got {args.arena_pad}")
+    if args.copies > 1 and args.layernorm != ["folded"]:
+        ap.error("--copies: takes --layernorm folded (the copies are of the folded weights)")
     if any(bn != 64 for bn, _ in args.tiles):
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
                                                  args.guard)]
-    from minillm.benchutil import ms_graph, require_cuda
+    from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'
         require_cuda("probe_pdl_step.py")
@@ -265,34 +298,21 @@ def main():
     variants = [(form, parts, pad) for pad in args.arena_pad for form in forms
                 for parts in [()] + [(part,) for part in args.leave_out]]
     shared = {}  # the folded weights and the screen: every form on the same addresses
-    for bn, stages in args.tiles:
-        for form, parts, pad in variants:
-            built = None  # the last form's activations freed: the next ones take their place
-            try:
-                built = step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form,
-                                      leave_out=parts, arena_pad=pad, shared=shared)
-            except ValueError as e:
-                ap.error(str(e))
-            built.x0.copy_(x0)
-            runs, tokens = [], []
-            for _ in range(3):  # do the logits keep their bits from run to run?
-                built.step()
-                runs.append(built.logits())
-                tokens.append(built.token())
-            got = runs[0]
-            check = dict(rel_err=None if got is None else ((got - want).abs().max() / want.abs().max()).item(),
-                         same_argmax=tokens[0] == int(want.argmax()), same_bits=None if got is None else
-                         all(torch.equal(got, other) for other in runs[1:]), same_tokens=len(set(tokens)) == 1,
-                         flagged=built.flagged())
-            step, prep = built.step, built.prep
-            us = ms_graph([step]) * 1e3
-            run = dict(tile=[bn, BK], stages=stages, **vars(form), left_out=list(parts), arena_pad=pad,
-                       arena_at=hex(built.arena.data_ptr()), us=round(us, 2), floor_fraction=round(floor_us / us, 3))
-            if not parts:
-                run["prep_us"] = round(ms_graph([prep]) * 1e3, 2)  # the step's own first launches, priced alone
-                run.update(check)
-            rec["runs"].append(run)
-            print(json.dumps(run), flush=True)
+    kept = []  # the earlier copies of the weights, alive so that each new copy takes a new place
+    for copy in range(args.copies):
+        if copy:
+            kept.append(shared["folded"])
+            shared["folded"] = ([s.clone() for s in kept[-1][0]], *kept[-1][1:])
+        for bn, stages in args.tiles:
+            for form, parts, pad in variants:
+                try:
+                    run = time_form(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form, parts,
+                                    pad, shared, x0, want, floor_us)
+                except ValueError as e:
+                    ap.error(str(e))
+                run = dict(tile=[bn, BK], stages=stages, copy=copy, **run)
+                rec["runs"].append(run)
+                print(json.dumps(run), flush=True)
     print(f"{rec['model']}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

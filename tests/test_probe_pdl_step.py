@@ -259,6 +259,8 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--guard", "some"], "argument --guard: invalid choice: 'some'"),
     (["--arena-pad", "-32"], "argument --arena-pad: expected an integer >= 0, got -32"),
     (["--arena-pad", "0", "48"], "--arena-pad: expected multiples of 32 words, got [0, 48]"),
+    (["--copies", "0"], "argument --copies: expected an integer >= 1, got 0"),
+    (["--copies", "2", "--layernorm", "staged"], "--copies: takes --layernorm folded"),
 ])
 def test_cli_refuses_in_one_line(argv, expect):
     assert_refused_in_one_line("probe_pdl_step", argv, expect)
