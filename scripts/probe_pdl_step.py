@@ -213,7 +213,9 @@ def time_form(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
     us = ms_graph([built.step]) * 1e3
     slab0 = shared["folded"][0][0] if "folded" in shared else slabs[0]
     run = dict(**vars(form), left_out=list(parts), arena_pad=pad, arena_at=hex(built.arena.data_ptr()),
-               weights_at=hex(slab0.data_ptr()), us=round(us, 2), floor_fraction=round(floor_us / us, 3))
+               weights_at=hex(slab0.data_ptr()),
+               params_at=hex((shared["folded"][1] if "folded" in shared else params).data_ptr()), us=round(us, 2),
+               floor_fraction=round(floor_us / us, 3))
     if not parts:
         got = runs[0]
         run["prep_us"] = round(ms_graph([built.prep]) * 1e3, 2)  # the step's own first launches, priced alone
@@ -261,6 +263,10 @@ def main():
     ap.add_argument("--copies", type=_int_at_least(1), default=1,
                     help="time every form again on this many copies of the folded weights, each in a new "
                          "allocation (3 GB each at gpt2-xl): their placement's share of a form's time")
+    ap.add_argument("--fresh", default="weights", choices=("weights", "params", "both", "refold"),
+                    help="what each of --copies copies: the folded weights, the parameters (biases, layernorms' "
+                         "folded terms), both, or all built again (refold: the weights folded, a new screen; only the last "
+                         "copy kept alive, so that the copies take two places in turn)")
     ap.add_argument("--leave-out", nargs="+", default=[], choices=PARTS, metavar="PART",
                     help=f"also time each form without each of these ({', '.join(PARTS)}; timing only)")
     ap.add_argument("--checkpoint", type=Path, metavar="DIR",
@@ -301,8 +307,15 @@ def main():
     kept = []  # the earlier copies of the weights, alive so that each new copy takes a new place
     for copy in range(args.copies):
         if copy:
-            kept.append(shared["folded"])
-            shared["folded"] = ([s.clone() for s in kept[-1][0]], *kept[-1][1:])
+            kept.append((shared.pop("folded"), shared.pop("screen", None)))
+            f_slabs, f_params, f_rows = kept[-1][0]
+            if args.fresh == "refold":  # folded again with a new screen, only the last copy kept (as before
+                del kept[:-1]           # session 109's call 3: two places in turn)
+            else:
+                shared["folded"] = ([s.clone() for s in f_slabs] if args.fresh != "params" else f_slabs,
+                                    f_params.clone() if args.fresh != "weights" else f_params, f_rows)
+                if kept[-1][1] is not None:
+                    shared["screen"] = kept[-1][1]
         for bn, stages in args.tiles:
             for form, parts, pad in variants:
                 try:
