@@ -141,6 +141,11 @@ def _add_pairs(a, b, c, d):
 
 
 @gluon.jit
+def _add_triples(a, b, c, d, e, f):
+    return a + d, b + e, c + f
+
+
+@gluon.jit
 def _mean_rstd(s, ss, K, eps):
     """A layernorm's mean and 1 / std from the sum and the sum of squares of its K values (fp32:
     E[x^2] - mean^2 loses nothing at a residual's scale)."""
@@ -152,8 +157,11 @@ def _mean_rstd(s, ss, K, eps):
 # Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts,
 # so that one launch's sums stay below 2**15; the residual stream, which sums over launches, is
 # below READ32 wherever a layernorm reads it, and READ32 + MAX_PARTS32 PART32 <= 2**15, so no
-# word wraps between two reads. Whatever breaks a bound raises the flag. (Checking every word
-# where it is loaded, right after the wait, cost 150 us a step: session 108, call 7.)
+# word wraps between two reads. Whatever breaks a bound raises the flag, at the program's end:
+# a program notes the parts it adds that break PART32 as it goes, and the residual stream's
+# values beyond READ32 in the reduction that takes its statistics. (Checking every word where it
+# is loaded, right after the wait, cost 150 us a step: session 108, call 7; raising the flag by
+# a predicated atomic a value where the value was made, 40 us: session 109, call 2.)
 SCALE32 = gl.constexpr(float(1 << 16))
 UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
@@ -185,26 +193,34 @@ def _act_load(ptr, mask, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _to_word(v, mask, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
+def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
+    """Where a part (or a bias) v, added as an int32 word, breaks PART32 (NaN and inf too): the
+    caller keeps these and raises the flag at its end; all False where nothing is checked."""
+    if (FIXED == 32) & ((GUARD & GUARD_PARTS) != 0):
+        over = mask & ~(gl.abs(v) < PART32)
+    else:
+        over = mask & ~mask
+    return over
+
+
+@gluon.jit
+def _to_word(v, FIXED: gl.constexpr):
     """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero (the conversion saturates;
-    NaN becomes 0). int32: a v not below PART32 (NaN and inf too) raises the flag. The int64
-    words' range (2**39) is left unguarded."""
+    NaN becomes 0). The int64 words' range (2**39) is left unguarded."""
     if FIXED == 64:
         w = (v * FIXED_SCALE).to(gl.int64)
     else:
-        if (GUARD & GUARD_PARTS) != 0:
-            _raise_flag(flag_ptr, mask & ~(gl.abs(v) < PART32))
         w = (v * SCALE32).to(gl.int32)
     return w
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
     (_to_word), whose sums do not depend on the order."""
     if FIXED != 0:
-        gl.atomic_add(ptr, _to_word(v, mask, FIXED, flag_ptr, GUARD), mask=mask, sem="relaxed", scope="gpu")
+        gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
 
@@ -219,14 +235,18 @@ def _row_load(x_ptr, K, KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.con
 
 
 @gluon.jit
-def _row_stats(r, K, eps, FIXED: gl.constexpr, flag_ptr, GUARD: gl.constexpr):
-    """A layernorm's mean and 1 / std of _row_load's r: the sum and the sum of squares in one
-    reduction, one trip through shared memory. int32 words (FIXED 32): a value of the residual
-    stream at or beyond READ32 raises the flag, here where r is needed anyway."""
-    if FIXED == 32 and (GUARD & GUARD_READS) != 0:
-        _raise_flag(flag_ptr, ~(gl.abs(r) < READ32))
-    s, ss = gl.reduce((r, r * r), 0, _add_pairs)
-    return _mean_rstd(s, ss, K, eps)
+def _row_stats(r, K, eps, FIXED: gl.constexpr, GUARD: gl.constexpr):
+    """A layernorm's (mean, 1 / std, values over) of _row_load's r: the sum and the sum of
+    squares in one reduction, one trip through shared memory. int32 words (FIXED 32): the same
+    reduction counts the residual stream's values at or beyond READ32 (NaN too), for the caller
+    to raise the flag at its end (0.0 where nothing is checked)."""
+    if (FIXED == 32) & ((GUARD & GUARD_READS) != 0):
+        s, ss, over = gl.reduce((r, r * r, (~(gl.abs(r) < READ32)).to(gl.float32)), 0, _add_triples)
+    else:
+        s, ss = gl.reduce((r, r * r), 0, _add_pairs)
+        over = s * 0.0
+    mean, rstd = _mean_rstd(s, ss, K, eps)
+    return mean, rstd, over
 
 
 @gluon.jit
@@ -242,7 +262,8 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     3); this launch's few programs take the statistics of x (the residual stream) and finish
     q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
     FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width
-    (int32's guard: _to_word, _row_stats, the flag at flag_ptr; GUARD: which checks)."""
+    (int32's guard: y's values and the residual stream's checked, the flag at flag_ptr raised at
+    the end; GUARD: which checks)."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
@@ -266,7 +287,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
     v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
     if FOLD:
-        mean, rstd = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, flag_ptr, GUARD)
+        mean, rstd, over = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, GUARD)
         q = rstd * (q - mean * u_q) + c_q
         k_new = rstd * (k_new - mean * u_k) + c_k
         v_new = rstd * (v_new - mean * u_v) + c_v
@@ -277,8 +298,13 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
     y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
     if FIXED != 0:
-        gl.store(y_ptr + h * D + d, _to_word(y, d < D, FIXED, flag_ptr, GUARD))
+        gl.store(y_ptr + h * D + d, _to_word(y, FIXED))
     else:
         gl.store(y_ptr + h * D + d, y)
     gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))
     gl.store(vc_ptr + P * C + h * D + d, v_new.to(gl.float16))
+    if (FIXED == 32) & (GUARD != 0):  # last, off the outputs' path
+        bad = _over_part(y, d < D, FIXED, GUARD)
+        if FOLD:
+            bad = bad | ((d == 0) & (over > 0.0))
+        _raise_flag(flag_ptr, bad)

@@ -10,7 +10,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _row_load, _row_stats, _x_row
+from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _over_part, _raise_flag,
+                              _row_load, _row_stats, _x_row)
 from stream_step_kernels import BK, _barrier, _tma_load
 
 
@@ -78,8 +79,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
     each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
-    int32's guard raises the flag at flag_ptr (pdl_ring_kernels' PART32, READ32; the residual
-    stream's values checked where the layernorms' statistics take them; GUARD: which checks)."""
+    int32's guard raises the flag at flag_ptr at the program's end (pdl_ring_kernels' PART32,
+    READ32: the parts noted as they are added, the residual stream's values counted where the
+    layernorms' statistics take them; GUARD: which checks)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -143,7 +145,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         if (XFORM == 1) | (XFORM == 3):
             r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
-            mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr, GUARD)
+            mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
             xv = gl.where(m, (xv - mean) * rstd * g + b, 0.0)
         if XFORM == 2:
             xv = _gelu_tanh(xv)  # GELU(0) = 0: the masked columns stay zero
@@ -151,19 +153,24 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             xv = _gelu_tanh_approx(xv)
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
+        bias_over = own & ~own  # the biases (int32's guard: a part each) that break PART32
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            _act_add(y_ptr + bias_rows, bias, own, FIXED, flag_ptr, GUARD)
+            _act_add(y_ptr + bias_rows, bias, own, FIXED)
+            bias_over = _over_part(bias, own, FIXED, GUARD)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, 8], gl.float32, mma)
+    parts_over = rows < 0  # the parts this program adds that break PART32 (int32's guard)
     if ORDER == 0:
         first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
     else:
         first_out = 0
     rstd = 0.0
+    if XFORM == 3:
+        over = 0.0  # (the statistics' count of values over READ32, taken in the loop)
     for j in range(n):
         t = t0 + j
         rb, ch = _tile_at(t, KT, RB, ORDER)
@@ -189,13 +196,21 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
-                        mean, rstd = _row_stats(r, K, eps, FIXED, flag_ptr, GUARD)
+                        mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
                         if BIAS:
-                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, flag_ptr, GUARD)
+                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED)
+                            bias_over = _over_part(bias - rstd * mean * u, own, FIXED, GUARD)
                     y = y * rstd
-                _act_add(y_ptr + out, y, out < N, FIXED, flag_ptr, GUARD)
+                _act_add(y_ptr + out, y, out < N, FIXED)
+                parts_over = parts_over | _over_part(y, out < N, FIXED, GUARD)
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
+    if (FIXED == 32) & (GUARD != 0) & ((MODE & NO_MATH) == 0):  # int32's flag, at the end: off the outputs' path
+        if (XFORM == 1) | (XFORM == 3):
+            parts_over = parts_over | ((rows == 0) & (over > 0.0))
+        _raise_flag(flag_ptr, parts_over)
+        if BIAS:
+            _raise_flag(flag_ptr, bias_over)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
