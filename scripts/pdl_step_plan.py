@@ -1,13 +1,15 @@
 """The plan of scripts/probe_pdl_step.py's whole decode step: the parameters' layout, each
-launch in order, how the step is built (Form) and what each form changes in the plan (the
-layernorms folded into the weights, parts left out, the fixed-point form's words). Plain torch
-and Python: the CPU tests check all of it."""
+launch in order, the step in torch (reference_step), how the step is built (Form) and what each
+form changes in the plan (the layernorms folded into the weights, parts left out, the
+fixed-point form's words and the most parts a sum takes). Plain torch and Python: the CPU tests
+check all of it."""
 from dataclasses import dataclass
 
 import torch
 
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
 from pdl_ring_kernels import SCALE32, UNIT32
+from probe_pdl_ring import BK, attend, share
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
@@ -63,6 +65,37 @@ def plan_step(shapes, C, heads, offs, final):
     slab, start, V, _ = shapes[-1]
     rows.append((slab, start, V, C, 0, out(V), LAYERNORM, final["ln_w"], final["ln_b"], -1))
     return rows, at
+
+
+def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
+    """The step in torch: fp32 over the fp16 weights, each linear's input rounded to fp16 (as the
+    tensor cores read it); the logits."""
+    C = x0.numel()
+    ln = lambda v, w, b: torch.nn.functional.layer_norm(v, (C,), params[w:w + C], params[b:b + C], EPS)  # noqa: E731
+    lin = lambda i, v: slabs[shapes[i][0]][shapes[i][1]:shapes[i][1] + shapes[i][2]].float() @ v.half().float()  # noqa
+    r = x0.float().clone()
+    for layer, o in enumerate(offs):
+        qkv = lin(4 * layer, ln(r, o["ln1_w"], o["ln1_b"])) + params[o["qkv"]:o["qkv"] + 3 * C]
+        y = attend(qkv, *caches[layer], heads)
+        r = r + lin(4 * layer + 1, y) + params[o["attn_out"]:o["attn_out"] + C]
+        h = lin(4 * layer + 2, ln(r, o["ln2_w"], o["ln2_b"])) + params[o["fc"]:o["fc"] + 4 * C]
+        g = torch.nn.functional.gelu(h, approximate="tanh")
+        r = r + lin(4 * layer + 3, g) + params[o["mlp_out"]:o["mlp_out"] + C]
+    return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
+
+
+def most_parts(N, K, programs, order):
+    """The most parts any output of ring_linear_mma_kernel's sum gets: the bias and a partial from
+    each program whose tiles touch its row block (order 0), or one a tile (order 1)."""
+    kt, rb = -(-K // BK), -(-N // 64)
+    if order == 1:
+        return kt + 1
+    parts = [1] * rb
+    for pid in range(programs):
+        t0, n = share(rb * kt, programs, pid)
+        for b in range(t0 // kt, (t0 + n - 1) // kt + 1) if n else ():
+            parts[b] += 1
+    return max(parts)
 
 
 def to_words(x, bits=64):

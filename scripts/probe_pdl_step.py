@@ -40,46 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
-from probe_pdl_ring import (BK, attend, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
-                            mma_descriptors, share)
+from probe_pdl_ring import (BK, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
+                            mma_descriptors)
 from pdl_ring_kernels import MAX_PARTS32, UNIT32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
 from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
-                           WORD_BITS, plan_step, step_params, to_words)
+                           most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
-
-
-def reference_step(slabs, shapes, params, offs, final, x0, caches, heads):
-    """The step in torch: fp32 over the fp16 weights, each linear's input rounded to fp16 (as the
-    tensor cores read it); the logits."""
-    C = x0.numel()
-    ln = lambda v, w, b: torch.nn.functional.layer_norm(v, (C,), params[w:w + C], params[b:b + C], EPS)  # noqa: E731
-    lin = lambda i, v: slabs[shapes[i][0]][shapes[i][1]:shapes[i][1] + shapes[i][2]].float() @ v.half().float()  # noqa
-    r = x0.float().clone()
-    for layer, o in enumerate(offs):
-        qkv = lin(4 * layer, ln(r, o["ln1_w"], o["ln1_b"])) + params[o["qkv"]:o["qkv"] + 3 * C]
-        y = attend(qkv, *caches[layer], heads)
-        r = r + lin(4 * layer + 1, y) + params[o["attn_out"]:o["attn_out"] + C]
-        h = lin(4 * layer + 2, ln(r, o["ln2_w"], o["ln2_b"])) + params[o["fc"]:o["fc"] + 4 * C]
-        g = torch.nn.functional.gelu(h, approximate="tanh")
-        r = r + lin(4 * layer + 3, g) + params[o["mlp_out"]:o["mlp_out"] + C]
-    return lin(len(shapes) - 1, ln(r, final["ln_w"], final["ln_b"]))
-
-
-def most_parts(N, K, programs, order):
-    """The most parts any output of ring_linear_mma_kernel's sum gets: the bias and a partial from
-    each program whose tiles touch its row block (order 0), or one a tile (order 1)."""
-    kt, rb = -(-K // BK), -(-N // 64)
-    if order == 1:
-        return kt + 1
-    parts = [1] * rb
-    for pid in range(programs):
-        t0, n = share(rb * kt, programs, pid)
-        for b in range(t0 // kt, (t0 + n - 1) // kt + 1) if n else ():
-            parts[b] += 1
-    return max(parts)
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
