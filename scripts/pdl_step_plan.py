@@ -170,8 +170,8 @@ class Form:
     parts and biases added by fp32 atomics ("atomic"), or as fixed-point words with every
     activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
     kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
-    fp32's bytes, as fast as the atomics unguarded, but values must stay below 2**15: a flag
-    rises where they might not, pdl_ring_kernels' PART32 and READ32; session 108, calls 2-7). The last part's program finishing each output, as kernels/_fixed_merge does, took
+    fp32's bytes, 9-26 us slower unguarded, 18-32 guarded, session 109; values must stay below
+    2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32). The last part's program finishing each output, as kernels/_fixed_merge does, took
     1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;

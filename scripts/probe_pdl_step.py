@@ -1,7 +1,8 @@
 """Probe: a whole batch-1 decode step of GPT-2's architecture as session 106's chain of dependent
 launches (scripts/probe_pdl_ring.py, its tensor-core form): per layer the first layernorm, qkv,
 the decode attention, attn-out into the residual, the second layernorm, fc, GELU, mlp-out into the
-residual; then the final layernorm and the lm_head (logits, no argmax).
+residual; then the final layernorm and the lm_head (logits, no argmax; or with --head screened
+the engine's greedy head, kernels.screened_argmax, the argmax alone).
 
 Nothing is a launch of its own but the linears and the attention. A layernorm is folded into the
 next linear's weights (--layernorm folded: x staged as it is; the attention launch takes LN1's
@@ -18,13 +19,16 @@ real and checked against the same step in torch.
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
 step. Session 107 (bench/results/h200/session-107/): 1,263 us at first, 1,051-1,081 with the
 defaults (layernorms folded, tiles by row block, GELU by tanh.approx, a tile's products issued
-in a row with one wait; Triton 3.9, 1,070 under 3.6). Session 108: the same bits every run for
-12-22 us more with int32 words (or none: same-run pairs within noise), 120-160 us with int64.
+in a row with one wait; Triton 3.9, 1,070 under 3.6). Session 108: the same bits every run with
+int32 words, 120-160 us more with int64. Session 109, every form on the same copy of the weights
+(forms each on their own copy had run up to 30 us apart with identical code), Triton 3.6 with
+the screened head: fp32 atomics 1,071-1,099 us, int32 words 1,095-1,107, guarded 1,125-1,135.
 --checkpoint runs a real GPT-2 checkpoint's weights and checks the logits against transformers'.
 
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
     python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
-    python3 scripts/probe_pdl_step.py --sums atomic fixed                     # the price of the same bits
+    python3 scripts/probe_pdl_step.py --sums atomic fixed32 --head screened   # the price of the same bits
+    python3 scripts/probe_pdl_step.py --head screened --copies 4              # the weights' placement
 """
 import argparse
 import json
