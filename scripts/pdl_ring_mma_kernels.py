@@ -63,8 +63,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
                            FIXED: gl.constexpr, num_warps: gl.constexpr,
-                           GUARD: gl.constexpr = 3,  # GUARD_PARTS | GUARD_READS
-                           EARLY_STATS: gl.constexpr = False):
+                           GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
     wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
@@ -82,9 +81,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
     int32's guard raises the flag at flag_ptr at the program's end (pdl_ring_kernels' PART32,
     READ32: the parts noted as they are added, the residual stream's values counted where the
-    layernorms' statistics take them; GUARD: which checks). EARLY_STATS (XFORM 3, ASYNC): the
-    statistics taken between the first tile's products and their wait, so that the reduction
-    overlaps the tensor cores, instead of behind them."""
+    layernorms' statistics take them; GUARD: which checks)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs
@@ -171,7 +168,6 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
     else:
         first_out = 0
-    mean = 0.0
     rstd = 0.0
     if XFORM == 3:
         over = 0.0  # (the statistics' count of values over READ32, taken in the loop)
@@ -188,9 +184,6 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             for s in gl.static_range(4):
                 acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
                                     is_async=ASYNC)
-            if EARLY_STATS & (XFORM == 3) & ASYNC:
-                if j == 0:  # the products in flight: the reduction beside them
-                    mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
             if ASYNC:
                 acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()
@@ -203,8 +196,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
                 if XFORM == 3:
                     if j == first_out:  # the statistics behind the first products, not before them
-                        if not (EARLY_STATS & ASYNC):
-                            mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
+                        mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
                         if BIAS:
                             _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED)
                             bias_over = _over_part(bias - rstd * mean * u, own, FIXED, GUARD)

@@ -22,7 +22,6 @@ SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
-STATS = ("behind", "overlap")  # the mma kernel's EARLY_STATS: False, True
 
 
 def step_params(cfg, device, seed=2):
@@ -172,15 +171,12 @@ class Form:
     activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
     kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
     fp32's bytes, 9-26 us slower unguarded, 18-32 guarded, session 109; values must stay below
-    2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32). The last
-    part's program finishing each output, as kernels/_fixed_merge does, took 1,235-1,285 us
-    against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
+    2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32). The last part's program finishing each output, as kernels/_fixed_merge does, took
+    1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
     layernorms folded, fp32 or int32 sums); guard: int32's checks, "on" (both), or to price each,
-    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off";
-    stats: where fc and the head take their folded layernorm's statistics, "behind" the first
-    tile's products or "overlap"ping them (between their issue and their wait)."""
+    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -190,4 +186,3 @@ class Form:
     sums: str = "atomic"
     head: str = "full"
     guard: str = "on"
-    stats: str = "behind"

@@ -158,23 +158,22 @@ def mma_shares(N, K, programs, order):
 
 
 def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
-               eps=1e-5, order=0, async_mma=False, fixed=0, flag=None, guard=3, early_stats=False,
-               **compile_only):
+               eps=1e-5, order=0, async_mma=False, fixed=0, flag=None, guard=3, **compile_only):
     """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
     with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
     g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
     the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
     async_mma: a tile's four products issued in a row with one wait. fixed: 0, or the width of
     the fixed-point words that x and y are (the kernel's FIXED); flag: int32 words' guard flag;
-    guard: which of its checks run (the kernel's GUARD); early_stats: the kernel's EARLY_STATS."""
+    guard: which of its checks run (the kernel's GUARD)."""
     kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
     xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
     args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps,
             x if flag is None else flag)
     meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs, XB=triton.next_power_of_2(4 * xs),
                 XFORM=xform, BIAS=bias_off >= 0, BROWS=max(128, triton.next_power_of_2(64 * firsts)),
-                KP=max(128, triton.next_power_of_2(K)), ASYNC=async_mma, FIXED=fixed, GUARD=guard,
-                EARLY_STATS=early_stats, num_warps=4, launch_pdl=pdl)
+                KP=max(128, triton.next_power_of_2(K)), ASYNC=async_mma, FIXED=fixed, GUARD=guard, num_warps=4,
+                launch_pdl=pdl)
     if compile_only:
         return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
     return ring_linear_mma_kernel[(programs,)](*args, **meta)

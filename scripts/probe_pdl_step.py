@@ -49,19 +49,19 @@ from probe_pdl_ring import (BK, floor_with_cache, launch_attention, launch_mma, 
 from pdl_ring_kernels import MAX_PARTS32, UNIT32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS,  # noqa: E402,F401
-                           MMAS, ORDERS, STATS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
+from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
+                           ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
                            most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
-                  flag=None, guard=3, early_stats=False, **compile_only):
+                  flag=None, guard=3, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
                       xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, guard,
-                      early_stats, **compile_only)
+                      **compile_only)
 
 
 # step runs prep (the residual stream set to x0, the other outputs zeroed) then every launch;
@@ -133,9 +133,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
                              f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
-    head, keys = None, None
-    if form.head == "screened":
-        head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared)
+    head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared) if form.head == "screened" else (None, None)
     if head:
         launches.pop()
 
@@ -152,7 +150,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag, guard)
             else:
                 launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
-                              flag, guard, form.stats == "overlap")
+                              flag, guard)
         if head:
             head(arena[:C])
 
@@ -229,9 +227,6 @@ def main():
     ap.add_argument("--head", nargs="+", default=["full"], choices=HEADS,
                     help="the probe's lm_head, every logit (full), or the engine's greedy head from an int8 copy "
                          "(screened: the argmax alone; --sums atomic or fixed32)")
-    ap.add_argument("--stats", nargs="+", default=["behind"], choices=STATS,
-                    help="where fc and the head take their folded layernorm's statistics: behind the first "
-                         "tile's products (behind) or between their issue and their wait (overlap; --mma async)")
     ap.add_argument("--guard", nargs="+", default=["on"], choices=sorted(GUARDS),
                     help="fixed32's checks: on (both), or to price each alone, parts (a part or bias added), "
                          "reads (the residual stream where a layernorm reads it), off (timing only)")
@@ -260,7 +255,7 @@ def main():
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
-                                                 args.guard, args.stats)]
+                                                 args.guard)]
     from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

@@ -257,7 +257,6 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--mlp-stages", "0"], "argument --mlp-stages: expected an integer >= 1, got 0"),
     (["--head", "argmax"], "argument --head: invalid choice: 'argmax'"),
     (["--guard", "some"], "argument --guard: invalid choice: 'some'"),
-    (["--stats", "before"], "argument --stats: invalid choice: 'before'"),
     (["--arena-pad", "-32"], "argument --arena-pad: expected an integer >= 0, got -32"),
     (["--arena-pad", "0", "48"], "--arena-pad: expected multiples of 32 words, got [0, 48]"),
     (["--copies", "0"], "argument --copies: expected an integer >= 1, got 0"),
@@ -284,9 +283,7 @@ def random_step_inputs():
 @pytest.mark.parametrize("form", [pps.Form("staged", gelu="exact", mma="sync"), pps.Form(gelu="exact", mma="sync"),
                                   pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(mlp_stages=4, qkv_stages=2), pps.Form(sums="fixed"),
-                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32"),
-                                  pps.Form(stats="overlap"), pps.Form(order="chunks", sums="fixed32", stats="overlap")],
-                         ids=str)
+                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
