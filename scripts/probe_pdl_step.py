@@ -133,8 +133,9 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
                              f"({MAX_PARTS32}); take --order rows or --sums fixed")
         launches.append((row, depth, order))
-    head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared) if form.head == "screened" else (None, None)
-    if head:
+    head, keys = None, None
+    if form.head == "screened":  # the engine's head in place of the probe's last launch
+        head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared)
         launches.pop()
 
     def prep():
