@@ -215,14 +215,16 @@ def _to_word(v, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
-    (_to_word), whose sums do not depend on the order."""
+    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART32
+    (_over_part), for the caller to keep until its end."""
     if FIXED != 0:
         gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
+    return _over_part(v, mask, FIXED, GUARD)
 
 
 @gluon.jit

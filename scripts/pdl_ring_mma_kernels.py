@@ -10,8 +10,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _over_part, _raise_flag,
-                              _row_load, _row_stats, _x_row)
+from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _raise_flag, _row_load,
+                              _row_stats, _x_row)
 from stream_step_kernels import BK, _barrier, _tma_load
 
 
@@ -155,8 +155,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     if BIAS:
         bias_over = own & ~own  # the biases (int32's guard: a part each) that break PART32
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            _act_add(y_ptr + bias_rows, bias, own, FIXED)
-            bias_over = _over_part(bias, own, FIXED, GUARD)
+            bias_over = _act_add(y_ptr + bias_rows, bias, own, FIXED, GUARD)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
@@ -198,11 +197,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                     if j == first_out:  # the statistics behind the first products, not before them
                         mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
                         if BIAS:
-                            _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED)
-                            bias_over = _over_part(bias - rstd * mean * u, own, FIXED, GUARD)
+                            bias_over = _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, GUARD)
                     y = y * rstd
-                _act_add(y_ptr + out, y, out < N, FIXED)
-                parts_over = parts_over | _over_part(y, out < N, FIXED, GUARD)
+                parts_over = parts_over | _act_add(y_ptr + out, y, out < N, FIXED, GUARD)
             acc = gl.zeros_like(acc)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()

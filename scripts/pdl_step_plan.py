@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
+from kernels import fold_layernorm
 from pdl_ring_kernels import SCALE32, UNIT32
 from probe_pdl_ring import BK, attend, share
 
@@ -131,10 +132,11 @@ def fold_layernorms(slabs, params, rows):
         slab, start, N, K, in_off, out_off, _, g_off, b_off, bias_off = row
         if folded[slab] is slabs[slab]:
             folded[slab] = slabs[slab].clone()
-        w = slabs[slab][start:start + N].float()
-        folded[slab][start:start + N] = (w * params[g_off:g_off + K]).half()
-        c = w @ params[b_off:b_off + K] + (params[bias_off:bias_off + N] if bias_off >= 0 else 0)
-        extra += [folded[slab][start:start + N].float().sum(1), c]
+        # the engine's fold, on the rows as (K, N): g * W in fp16, b @ W + bias and the column sums in fp32
+        w, c, u = fold_layernorm(slabs[slab][start:start + N].t(), params[bias_off:bias_off + N] if bias_off >= 0
+                                 else None, params[g_off:g_off + K], params[b_off:b_off + K])
+        folded[slab][start:start + N] = w.t()
+        extra += [u, c]
         if i + 1 < len(rows) and rows[i + 1][0] == "attn":  # qkv: raw, finished by the attention
             plan.append((slab, start, N, K, in_off, out_off, PLAIN, 0, 0, -1))
             pending = (at, at + N)

@@ -149,8 +149,6 @@ def test_mma_runs_only_on_64_row_tiles(capsys):
     assert "mma skipped at 32-row tiles" in capsys.readouterr().out
 
 
-
-
 @hopper
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("mode", [0, 2])  # 2: the next launch triggered late

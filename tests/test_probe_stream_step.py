@@ -128,8 +128,6 @@ def test_help_has_an_example():
     assert_help_has_example("probe_stream_step", "python3 scripts/probe_stream_step.py --model gpt2-xl")
 
 
-
-
 @hopper
 @pytest.mark.parametrize("form", ["one", "ws2", "ws2l4"])  # ws2l4: L2 requests ahead, weights tile by tile
 @pytest.mark.parametrize("counted", [False, True])
