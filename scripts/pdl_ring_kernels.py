@@ -2,8 +2,8 @@
 streams its share of the weight tiles through a TMA ring in shared memory, with the ring's
 first tiles asked for BEFORE the dependent-launch wait. Two forms of the products: CUDA cores
 (ring_linear_kernel, here) and tensor cores (ring_linear_mma_kernel, pdl_ring_mma_kernels.py);
-each layer's decode attention between them (ring_attention_kernel), and the layernorm
-statistics both take (_row_load, _row_stats).
+the layernorm statistics both take (_row_load, _row_stats), and int32 words' guard. Each layer's
+decode attention between them: pdl_attention_kernels.py.
 
 A launch that takes at most about half of an SM's shared memory and registers leaves room for
 the next launch's program, launched early by programmatic dependent launch, which asks for its
@@ -154,11 +154,12 @@ def _mean_rstd(s, ss, K, eps):
 
 
 # the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24).
-# Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts,
-# so that one launch's sums stay below 2**15; the residual stream, which sums over launches, is
-# below READ32 wherever a layernorm reads it, and READ32 + MAX_PARTS32 PART32 <= 2**15, so no
-# word wraps between two reads. Whatever breaks a bound raises the flag, at the program's end:
-# a program notes the parts it adds that break PART32 as it goes, and the residual stream's
+# Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts
+# (more parts, a smaller bound: part_bound), so that one launch's sums stay below 2**15; the
+# residual stream, which sums over launches, is below READ32 wherever a layernorm reads it, and
+# READ32 + MAX_PARTS32 PART32 <= 2**15, so no word wraps between two reads. Whatever breaks a
+# bound raises the flag, at the program's end: a program notes the parts it adds that break
+# its bound as it goes, and the residual stream's
 # values beyond READ32 in the reduction that takes its statistics. (Checking every word where it
 # is loaded, right after the wait, cost 150 us a step: session 108, call 7; by a predicated
 # atomic a value where the value was made, 31-57 us; at the end, 18-32: session 109, calls 2-7.)
@@ -167,6 +168,18 @@ UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
 READ32 = gl.constexpr(float(1 << 13))
 MAX_PARTS32 = int((2 ** 15 - READ32.value) // PART32.value)  # 12
+
+
+def part_bound(parts):
+    """int32's bound on a part (or a bias) of a launch whose sums take up to `parts` of them:
+    PART32 up to MAX_PARTS32 parts, past that the largest power of two that keeps READ32 + parts
+    x the bound within 2**15 (the attention merged into attn-out: a part a head)."""
+    bound = PART32.value
+    while READ32.value + parts * bound > 2 ** 15:
+        bound /= 2
+    return bound
+
+
 # the kernels' GUARD bits (timing only: each check priced alone), both by default
 GUARD_PARTS, GUARD_READS = gl.constexpr(1), gl.constexpr(2)
 
@@ -193,11 +206,12 @@ def _act_load(ptr, mask, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
-    """Where a part (or a bias) v, added as an int32 word, breaks PART32 (NaN and inf too): the
-    caller keeps these and raises the flag at its end; all False where nothing is checked."""
+def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr, PART: gl.constexpr):
+    """Where a part (or a bias) v, added as an int32 word, breaks PART (part_bound's; NaN and inf
+    too): the caller keeps these and raises the flag at its end; all False where nothing is
+    checked."""
     if (FIXED == 32) & ((GUARD & GUARD_PARTS) != 0):
-        over = mask & ~(gl.abs(v) < PART32)
+        over = mask & ~(gl.abs(v) < PART)
     else:
         over = mask & ~mask
     return over
@@ -215,16 +229,16 @@ def _to_word(v, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr, PART: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
-    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART32
+    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART
     (_over_part), for the caller to keep until its end."""
     if FIXED != 0:
         gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
-    return _over_part(v, mask, FIXED, GUARD)
+    return _over_part(v, mask, FIXED, GUARD, PART)
 
 
 @gluon.jit
@@ -249,64 +263,3 @@ def _row_stats(r, K, eps, FIXED: gl.constexpr, GUARD: gl.constexpr):
         over = s * 0.0
     mean, rstd = _mean_rstd(s, ss, K, eps)
     return mean, rstd, over
-
-
-@gluon.jit
-def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, flag_ptr,
-                          MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
-                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr,
-                          GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
-    """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
-    values (fp16, (P + 1, C) row-major, row P for this step's) loaded before the wait, q, k and v
-    from qkv's output after it; y[head] = softmax(K q * scale) V over the P + 1 positions, and the
-    new key and value appended at row P. Small enough to share any SM with the launches beside it.
-    FOLD: qkv's output is W' x with the layernorm folded into W' (ring_linear_mma_kernel's XFORM
-    3); this launch's few programs take the statistics of x (the residual stream) and finish
-    q, k, v = rstd (W' x - mean u) + c, u and c at p_ptr + u_off / c_off, so qkv's many do not.
-    FIXED (32, 64): the activations (qkv's output, x, y) are fixed-point words of that width
-    (int32's guard: y's values and the residual stream's checked, the flag at flag_ptr raised at
-    the end; GUARD: which checks)."""
-    h = gl.program_id(0)
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
-    at = p[:, None] * C + h * D + d[None, :]
-    old = (p < P)[:, None]
-    kt = gl.load(kc_ptr + at, mask=old, other=0.0)  # the cache never depends on the launch before
-    vt = gl.load(vc_ptr + at, mask=old, other=0.0)
-    if FOLD:
-        u_q = gl.load(p_ptr + u_off + h * D + d)
-        u_k = gl.load(p_ptr + u_off + C + h * D + d)
-        u_v = gl.load(p_ptr + u_off + 2 * C + h * D + d)
-        c_q = gl.load(p_ptr + c_off + h * D + d)
-        c_k = gl.load(p_ptr + c_off + C + h * D + d)
-        c_v = gl.load(p_ptr + c_off + 2 * C + h * D + d)
-    if (MODE & LATE_TRIGGER) == 0:
-        gdc_launch_dependents()
-    if (MODE & NO_WAIT) == 0:
-        gdc_wait()
-    q = _act_load(qkv_ptr + h * D + d, d < D, FIXED)
-    k_new = _act_load(qkv_ptr + C + h * D + d, d < D, FIXED)
-    v_new = _act_load(qkv_ptr + 2 * C + h * D + d, d < D, FIXED)
-    if FOLD:
-        mean, rstd, over = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, GUARD)
-        q = rstd * (q - mean * u_q) + c_q
-        k_new = rstd * (k_new - mean * u_k) + c_k
-        v_new = rstd * (v_new - mean * u_v) + c_v
-    new = (p == P)[:, None]
-    k = gl.where(new, k_new[None, :], kt.to(gl.float32))
-    v = gl.where(new, v_new[None, :], vt.to(gl.float32))
-    s = gl.where(p <= P, gl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-    e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
-    y = gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
-    if FIXED != 0:
-        gl.store(y_ptr + h * D + d, _to_word(y, FIXED))
-    else:
-        gl.store(y_ptr + h * D + d, y)
-    gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))
-    gl.store(vc_ptr + P * C + h * D + d, v_new.to(gl.float16))
-    if (FIXED == 32) & (GUARD != 0):  # last, off the outputs' path
-        bad = _over_part(y, d < D, FIXED, GUARD)
-        if FOLD:
-            bad = bad | ((d == 0) & (over > 0.0))
-        _raise_flag(flag_ptr, bad)

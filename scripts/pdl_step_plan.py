@@ -13,7 +13,8 @@ from pdl_ring_kernels import SCALE32, UNIT32
 from probe_pdl_ring import BK, attend, share
 
 EPS = 1e-5
-PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
+# how a linear stages x (the kernel's XFORM; ATTEND: the layer's attention, where attn-out stages x)
+PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX, ATTEND = 0, 1, 2, 3, 4, 5
 PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
@@ -23,6 +24,7 @@ SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
+ATTENTIONS = ("launch", "merged")
 
 
 def step_params(cfg, device, seed=2):
@@ -178,7 +180,11 @@ class Form:
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
     layernorms folded, fp32 or int32 sums); guard: int32's checks, "on" (both), or to price each,
-    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
+    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off";
+    attention: each layer's a launch of its own ("launch") or computed where attn-out stages x
+    ("merged": a program a head, its tiles one box wide; qkv's launch stores LN1's statistics by
+    one more program, since attn-out adds into the residual stream they are taken from; one
+    launch a layer fewer; layernorms folded, heads of 64)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -188,3 +194,4 @@ class Form:
     sums: str = "atomic"
     head: str = "full"
     guard: str = "on"
+    attention: str = "launch"

@@ -1,0 +1,105 @@
+"""Each layer's decode attention in scripts/probe_pdl_step.py's chain of dependent launches: as a
+launch of its own between qkv and attn-out (ring_attention_kernel, a program a head), or inside
+attn-out where it stages x (pdl_ring_mma_kernels' XFORM 5, every program the head its K chunk
+is: one launch a layer fewer). One head's pieces, shared by both: its cached keys and values
+(asked for before the wait: the cache never depends on the launch before), the folded
+layernorm's terms of its q, k and v, qkv's raw outputs, and the softmax over the positions."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from pdl_ring_kernels import (LATE_TRIGGER, NO_WAIT, PART32, _act_load, _over_part, _raise_flag, _row_load, _row_stats,
+                              _to_word)
+
+
+@gluon.jit
+def _head_cache(kc_ptr, vc_ptr, h, P, C, D: gl.constexpr, BP: gl.constexpr, blk: gl.constexpr):
+    """Head h's P cached keys and values ((P + 1, C) fp16 row-major, row P this step's, not read)
+    as (BP, D) tiles in blk, zeros past P."""
+    p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    at = p[:, None] * C + h * D + d[None, :]
+    old = (p < P)[:, None]
+    return gl.load(kc_ptr + at, mask=old, other=0.0), gl.load(vc_ptr + at, mask=old, other=0.0)
+
+
+@gluon.jit
+def _head_fold(p_ptr, u_off, c_off, h, C, D: gl.constexpr, blk: gl.constexpr):
+    """The folded layernorm's u and c of head h's q, k and v (qkv's outputs h D, C + h D, 2C + h D):
+    q = rstd (W' x - mean u) + c."""
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    at = h * D + d
+    return (gl.load(p_ptr + u_off + at), gl.load(p_ptr + u_off + C + at), gl.load(p_ptr + u_off + 2 * C + at),
+            gl.load(p_ptr + c_off + at), gl.load(p_ptr + c_off + C + at), gl.load(p_ptr + c_off + 2 * C + at))
+
+
+@gluon.jit
+def _head_qkv(qkv_ptr, h, C, D: gl.constexpr, FIXED: gl.constexpr, blk: gl.constexpr):
+    """Head h's q, k and v from qkv's output (fp32 or FIXED-bit words), as fp32."""
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    at = qkv_ptr + h * D + d
+    return _act_load(at, d < D, FIXED), _act_load(at + C, d < D, FIXED), _act_load(at + 2 * C, d < D, FIXED)
+
+
+@gluon.jit
+def _attend_head(q, k_new, v_new, kt, vt, P, scale, BP: gl.constexpr, blk: gl.constexpr):
+    """softmax(K q * scale) V over the cache's P positions (kt, vt) and this step's k_new, v_new
+    (row P): the head's output, (D,) fp32."""
+    p = gl.arange(0, BP, layout=gl.SliceLayout(1, blk))
+    new = (p == P)[:, None]
+    k = gl.where(new, k_new[None, :], kt.to(gl.float32))
+    v = gl.where(new, v_new[None, :], vt.to(gl.float32))
+    s = gl.where(p <= P, gl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+    e = gl.exp2((s - gl.max(s, axis=0)) * 1.4426950408889634)  # log2(e): exp via exp2
+    return gl.sum(e[:, None] * v, axis=0) / gl.sum(e, axis=0)
+
+
+@gluon.jit
+def _append_kv(kc_ptr, vc_ptr, P, C, h, k_new, v_new, D: gl.constexpr, blk: gl.constexpr):
+    """This step's key and value of head h into the cache's row P (fp16)."""
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    gl.store(kc_ptr + P * C + h * D + d, k_new.to(gl.float16))
+    gl.store(vc_ptr + P * C + h * D + d, v_new.to(gl.float16))
+
+
+@gluon.jit
+def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_ptr, u_off, c_off, eps, flag_ptr,
+                          MODE: gl.constexpr, D: gl.constexpr, BP: gl.constexpr, FOLD: gl.constexpr,
+                          KP: gl.constexpr, FIXED: gl.constexpr, num_warps: gl.constexpr,
+                          GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
+    """A layer's decode attention between qkv and attn-out, a program a head: its P cached keys and
+    values loaded before the wait, q, k and v from qkv's output after it; y[head] = softmax(K q
+    * scale) V over the P + 1 positions, and the new key and value appended at row P. Small
+    enough to share any SM with the launches beside it. FOLD: qkv's output is W' x with the
+    layernorm folded into W' (ring_linear_mma_kernel's XFORM 3); this launch's few programs take
+    the statistics of x (the residual stream) and finish q, k, v = rstd (W' x - mean u) + c, u
+    and c at p_ptr + u_off / c_off, so qkv's many do not. FIXED (32, 64): the activations (qkv's
+    output, x, y) are fixed-point words of that width (int32's guard: y's values and the
+    residual stream's checked, the flag at flag_ptr raised at the end; GUARD: which checks)."""
+    h = gl.program_id(0)
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))
+    kt, vt = _head_cache(kc_ptr, vc_ptr, h, P, C, D, BP, blk)
+    if FOLD:
+        u_q, u_k, u_v, c_q, c_k, c_v = _head_fold(p_ptr, u_off, c_off, h, C, D, blk)
+    if (MODE & LATE_TRIGGER) == 0:
+        gdc_launch_dependents()
+    if (MODE & NO_WAIT) == 0:
+        gdc_wait()
+    q, k_new, v_new = _head_qkv(qkv_ptr, h, C, D, FIXED, blk)
+    if FOLD:
+        mean, rstd, over = _row_stats(_row_load(x_ptr, C, KP, FIXED, num_warps), C, eps, FIXED, GUARD)
+        q = rstd * (q - mean * u_q) + c_q
+        k_new = rstd * (k_new - mean * u_k) + c_k
+        v_new = rstd * (v_new - mean * u_v) + c_v
+    y = _attend_head(q, k_new, v_new, kt, vt, P, scale, BP, blk)
+    if FIXED != 0:
+        gl.store(y_ptr + h * D + d, _to_word(y, FIXED))
+    else:
+        gl.store(y_ptr + h * D + d, y)
+    _append_kv(kc_ptr, vc_ptr, P, C, h, k_new, v_new, D, blk)
+    if (FIXED == 32) & (GUARD != 0):  # last, off the outputs' path
+        bad = _over_part(y, d < D, FIXED, GUARD, PART32)
+        if FOLD:
+            bad = bad | ((d == 0) & (over > 0.0))
+        _raise_flag(flag_ptr, bad)
