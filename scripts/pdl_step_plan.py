@@ -15,7 +15,7 @@ from probe_pdl_ring import BK, attend, share
 EPS = 1e-5
 # how a linear stages x (the kernel's XFORM; ATTEND: the layer's attention, where attn-out stages x)
 PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX, ATTEND = 0, 1, 2, 3, 4, 5
-PARTS = ("layernorm", "gelu", "bias")
+PARTS = ("layernorm", "gelu", "bias", "attention")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
@@ -25,6 +25,7 @@ WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
 ATTENTIONS = ("launch", "merged")
+ATTN_OUTS = ("rows", "heads")
 
 
 def step_params(cfg, device, seed=2):
@@ -151,7 +152,7 @@ def fold_layernorms(slabs, params, rows):
 def leave_out_parts(rows, parts):
     """The plan with parts left out, to price each (timing only: the logits are then wrong):
     "layernorm" and "gelu" stage x as it is (the attention then takes qkv's outputs as they
-    are), "bias" adds none."""
+    are), "bias" adds none ("attention": the step launcher's, the plan as it is)."""
     plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
     plain |= {GELU} if "gelu" in parts else set()
     return [(row[:4] if plain & {LAYERNORM} else row) if row[0] == "attn" else
@@ -184,7 +185,9 @@ class Form:
     attention: each layer's a launch of its own ("launch") or computed where attn-out stages x
     ("merged": a program a head, its tiles one box wide; qkv's launch stores LN1's statistics by
     one more program, since attn-out adds into the residual stream they are taken from; one
-    launch a layer fewer; layernorms folded, heads of 64)."""
+    launch a layer fewer; layernorms folded, heads of 64); attn_out: attn-out's tiles as the
+    other linears' ("rows") or as merged attention takes them, one box wide, a program a head
+    ("heads", which merged implies: timing their share)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -195,3 +198,4 @@ class Form:
     head: str = "full"
     guard: str = "on"
     attention: str = "launch"
+    attn_out: str = "rows"

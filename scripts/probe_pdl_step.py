@@ -47,21 +47,24 @@ from minillm.config import PRESETS  # noqa: E402
 from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
 from probe_pdl_ring import (BK, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
                             mma_descriptors, mma_shares)
-from pdl_ring_kernels import UNIT32, part_bound  # noqa: E402
+from pdl_ring_kernels import NO_X, UNIT32, part_bound  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (ATTEND, ATTENTIONS, EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS,  # noqa: E402,F401
-                           LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words,
-                           leave_out_parts, most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
+from pdl_step_plan import (ATTEND, ATTENTIONS, ATTN_OUTS, EPS, FOLDED, GELU, GELU_APPROX, GELUS,  # noqa: E402,F401
+                           GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, SUMS, Form,
+                           fold_layernorms, from_words, leave_out_parts, most_parts, reference_step, WORD_BITS,
+                           plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
                   flag=None, guard=3, **more):
-    """launch_mma of a plan's row; more: its other keywords (part, boxes, stats, attend, compile-only's)."""
+    """launch_mma of a plan's row; more: its other keywords (mode, part, boxes, stats, attend,
+    compile-only's)."""
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
-    return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
+    mode = more.pop("mode", 0)
+    return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, mode, pdl, params,
                       xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, guard, **more)
 
 
@@ -137,16 +140,18 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
         order = int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))
         parts = most_parts(row[2], row[3], programs, order) if row[0] != "attn" else 0
         more = {}
-        if merged and kind == "attention":
+        if kind == "attention" and (merged or "attention" in leave_out):
             attn = row
             continue
         if merged and kind == "qkv":
             more = dict(stats=stats[i // 5])
-        if merged and kind == "attn-out":  # one box a tile, a head a program: the attention where x is staged
-            layer, order, parts = attn[1], 2, cfg.n_head + 1
-            row = (*row[:4], attn[2], row[5], ATTEND, attn[4], 0, row[9])
-            more = dict(boxes=1, attend=(*caches[layer], stats[layer], cfg.n_head))
+        if kind == "attn-out" and (merged or form.attn_out == "heads"):  # one box a tile, a head a program
+            order, parts = 2, cfg.n_head + 1
             depth = min(mma_shares(row[2], row[3], programs, 2, 1)[4], 8)  # (all its tiles asked for before the wait)
+            more = dict(boxes=1)
+        if merged and kind == "attn-out":  # the attention where x is staged (timing "attention" out: x not staged)
+            row = (*row[:4], attn[2], row[5], ATTEND, attn[4], 0, row[9])
+            more.update(attend=(*caches[attn[1]], stats[attn[1]], cfg.n_head), mode=NO_X.value * ("attention" in leave_out))
         launches.append((row, depth, order, dict(more, part=part_bound(parts))))
     head, keys = None, None
     if form.head == "screened":  # the engine's head in place of the probe's last launch
@@ -249,6 +254,9 @@ def main():
     ap.add_argument("--attention", nargs="+", default=["launch"], choices=ATTENTIONS,
                     help="each layer's decode attention as a launch of its own (launch), or computed by attn-out "
                          "where it stages x (merged: a program a head; one launch a layer fewer)")
+    ap.add_argument("--attn-out", nargs="+", default=["rows"], choices=ATTN_OUTS,
+                    help="attn-out's tiles as the other linears' (rows) or as --attention merged takes them, one box "
+                         "wide, a program a head (heads; merged implies it): their share of merged's time")
     ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
                     help="start the activations this many words (a multiple of 32) into their buffer: "
                          "their placement's share of a form's time")
@@ -274,7 +282,7 @@ def main():
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
-                                                 args.guard, args.attention)]
+                                                 args.guard, args.attention, args.attn_out)]
     from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

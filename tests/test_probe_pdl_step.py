@@ -122,7 +122,7 @@ def test_most_parts_counts_each_program_on_a_row_block():
         assert pps.most_parts(N, K, programs, 1) == kt + 1  # a part a tile, and the bias
 
 
-def recorded_launches(monkeypatch, cfg, programs, form):
+def recorded_launches(monkeypatch, cfg, programs, form, leave_out=()):
     """The step's launches in order, as (kind, row, keywords), its kernels not run (CPU tensors)."""
     slabs, shapes = pps.weights(cfg, "cpu")
     params, offs, final = pps.step_params(cfg, "cpu")
@@ -132,7 +132,7 @@ def recorded_launches(monkeypatch, cfg, programs, form):
                         calls.append(("linear", row, dict(kw, order=order, depth=depth))))
     monkeypatch.setattr(pps, "launch_attention", lambda arena, row, *a: calls.append(("attention", row, {})))
     monkeypatch.setattr(pps, "mma_descriptors", lambda slabs: None)
-    pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form).step()
+    pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form, leave_out=leave_out).step()
     return calls, caches
 
 
@@ -167,7 +167,17 @@ def test_merged_attention_is_one_launch_a_layer_fewer(monkeypatch):
         assert out[2]["boxes"] == 1 and out[2]["order"] == 2 and out[2]["part"] == pps.part_bound(CFG.n_head + 1)
         assert out[2]["depth"] == 1  # 5 row blocks a head, 26 programs a head: a tile each
         assert (qkv[1], fc[1], mlp[1]) == (plain[5 * layer][1], plain[5 * layer + 3][1], plain[5 * layer + 4][1])
+        assert out[2]["mode"] == 0  # (the chain: x staged)
     assert calls[-1][1] == plain[-1][1]
+    # timing their shares: attn-out's tiles as merged takes them, reading the attention launch's output
+    heads, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attn_out="heads"))
+    assert [(kind, row) for kind, row, _ in heads] == [(kind, row) for kind, row, _ in plain]
+    assert all((kw["order"], kw["boxes"]) == (2, 1) for _, _, kw in heads[2:-1:5]) and "boxes" not in heads[0][2]
+    # and the attention left out: no attention launch, or attn-out staging no x (the kernel's NO_X)
+    bare, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(), leave_out=("attention",))
+    assert [kind for kind, _, _ in bare] == ["linear"] * (4 * CFG.n_layer + 1)
+    bare, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attention="merged"), leave_out=("attention",))
+    assert [kw.get("mode", 0) for _, _, kw in bare] == [0, 8, 0, 0] * CFG.n_layer + [0]
 
 
 @pytest.mark.parametrize("form, programs, expect", [
@@ -303,7 +313,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--tiles", "32x3"], "--tiles: the tensor-core form takes 64-row tiles"),
     (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
-    (["--leave-out", "attention"], "argument --leave-out: invalid choice: 'attention'"),
+    (["--leave-out", "residual"], "argument --leave-out: invalid choice: 'residual'"),
     (["--layernorm", "fused"], "argument --layernorm: invalid choice: 'fused'"),
     (["--order", "cols"], "argument --order: invalid choice: 'cols'"),
     (["--gelu", "erf"], "argument --gelu: invalid choice: 'erf'"),
