@@ -82,12 +82,11 @@ def _gelu_tanh_approx(x):
 
 
 @gluon.jit
-def _store_stats(s_ptr, flag_ptr, x_ptr, K, eps, KP: gl.constexpr, FIXED: gl.constexpr, GUARD: gl.constexpr,
-                 num_warps: gl.constexpr):
-    """The layernorm statistics of x[:K] (mean, 1 / std) into s_ptr[0:2], for the attention that
-    attn-out computes (XFORM 5: its programs cannot read the residual stream they add into);
-    int32's guard counts the values over READ32 here."""
-    mean, rstd, over = _row_stats(_row_load(x_ptr, K, KP, FIXED, num_warps), K, eps, FIXED, GUARD)
+def _store_stats(s_ptr, flag_ptr, r, K, eps, FIXED: gl.constexpr, GUARD: gl.constexpr, num_warps: gl.constexpr):
+    """The layernorm statistics of _row_load's r (mean, 1 / std) into s_ptr[0:2], for the
+    attention that attn-out computes (XFORM 5: its programs cannot read the residual stream they
+    add into); int32's guard counts the values over READ32 here."""
+    mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
     i = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
     gl.store(s_ptr + i, gl.where(i == 0, mean, rstd), mask=i < 2)
     if (FIXED == 32) & (GUARD != 0):
@@ -102,7 +101,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
                            FIXED: gl.constexpr, num_warps: gl.constexpr,
                            GUARD: gl.constexpr = 3,  # GUARD_PARTS | GUARD_READS
-                           BOXES: gl.constexpr = 4, STATS: gl.constexpr = False, BP: gl.constexpr = 16,
+                           BOXES: gl.constexpr = 4, STATS: gl.constexpr = 0, BP: gl.constexpr = 16,
                            PART: gl.constexpr = PART32):
     """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 64 BOXES) tile as
     BOXES wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
@@ -119,8 +118,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     this program's K chunk: x_ptr is qkv's raw output W' x (its layernorm folded, u and c of its
     3K outputs at p_ptr + g_off, + 3K), s_ptr the statistics that qkv's launch stored
     (STATS), kc_ptr / vc_ptr the layer's cache ((P + 1, K) fp16, row P this step's, written by
-    each chunk's first program), BP a power of two > P. STATS: one more program than `programs`
-    stores the statistics of x at s_ptr (_store_stats). BIAS: the bias (XFORM 3: c - rstd mean
+    each chunk's first program), BP a power of two > P. STATS: the statistics of x stored at
+    s_ptr (_store_stats) by one more program than `programs` (1) or by program 0 after its
+    products (2). BIAS: the bias (XFORM 3: c - rstd mean
     u) of the row blocks whose first K chunk is this program's, loaded before the wait as one
     vector (BROWS, a power of two) and added by one atomic. ASYNC: a tile's wgmma issued in a
     row with one wait (else a wait each). FIXED (32, 64): x and y are fixed-point words of that
@@ -188,9 +188,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    if STATS:
+    if STATS == 1:
         if pid == programs:
-            _store_stats(s_ptr, flag_ptr, x_ptr, K, eps, KP, FIXED, GUARD, num_warps)
+            _store_stats(s_ptr, flag_ptr, _row_load(x_ptr, K, KP, FIXED, num_warps), K, eps, FIXED, GUARD, num_warps)
+    if STATS == 2:  # asked for beside x's chunks (by program 0 alone), taken after the products
+        rs = _row_load(x_ptr, (pid == 0).to(gl.int32) * K, KP, FIXED, num_warps)
     if (MODE & NO_X) == 0:
         if XFORM == ATTEND:
             q, k_new, v_new = _head_qkv(x_ptr, chunk0, K, 64, FIXED, xa)
@@ -264,6 +266,9 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                     y = y * rstd
                 parts_over = parts_over | _act_add(y_ptr + out, y, out < N, FIXED, GUARD, PART)
             acc = gl.zeros_like(acc)
+    if STATS == 2:
+        if pid == 0:
+            _store_stats(s_ptr, flag_ptr, rs, K, eps, FIXED, GUARD, num_warps)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
     if (FIXED == 32) & (GUARD != 0) & ((MODE & NO_MATH) == 0):  # int32's flag, at the end: off the outputs' path

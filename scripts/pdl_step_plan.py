@@ -26,6 +26,7 @@ HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
 ATTENTIONS = ("launch", "merged")
 ATTN_OUTS = ("rows", "heads")
+STATS_BY = ("first", "extra")
 
 
 def step_params(cfg, device, seed=2):
@@ -187,7 +188,9 @@ class Form:
     one more program, since attn-out adds into the residual stream they are taken from; one
     launch a layer fewer; layernorms folded, heads of 64); attn_out: attn-out's tiles as the
     other linears' ("rows") or as merged attention takes them, one box wide, a program a head
-    ("heads", which merged implies: timing their share)."""
+    ("heads", which merged implies: timing their share); stats_by: with merged, LN1's statistics
+    stored by qkv's program 0 after its products ("first") or by one more program ("extra": its
+    shared memory as large as the others', so it may start late and hold back attn-out's launch)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -199,3 +202,4 @@ class Form:
     guard: str = "on"
     attention: str = "launch"
     attn_out: str = "rows"
+    stats_by: str = "first"

@@ -172,7 +172,7 @@ def mma_shares(N, K, programs, order, boxes=4):
 
 def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
                eps=1e-5, order=0, async_mma=False, fixed=0, flag=None, guard=3, part=2048.0, boxes=4, stats=None,
-               attend=None, **compile_only):
+               stats_by="first", attend=None, **compile_only):
     """One launch of the tensor-core form (one warpgroup, 64-row tiles of `boxes` 64-column boxes):
     y[:N] += W[start:start + N] @ x with x staged as xform says (probe_pdl_step: 1 its layernorm,
     weight and bias at params + g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params +
@@ -180,8 +180,9 @@ def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None
     raw output, u and c of its folded layernorm at params + g_off, + 3K) and, where bias_off >=
     0, the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1;
     2 a program in one chunk); async_mma: a tile's products issued in a row with one wait.
-    stats: a 2-float tensor into which one more program stores x's layernorm statistics (for
-    the attention at attn-out). fixed: 0, or the width of the fixed-point words that x and y are
+    stats: a 2-float tensor into which x's layernorm statistics go (for the attention at
+    attn-out), stored by one more program (stats_by "extra") or by program 0 after its products
+    ("first"). fixed: 0, or the width of the fixed-point words that x and y are
     (the kernel's FIXED); flag: int32 words' guard flag; guard: which of its checks run (the
     kernel's GUARD); part: a part's bound under it (pdl_ring_kernels.part_bound)."""
     kt, rb, chunks, firsts, _ = mma_shares(N, K, programs, order, boxes)
@@ -195,9 +196,10 @@ def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None
     meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs,
                 XB=triton.next_power_of_2(max(4, boxes * xs)), XFORM=xform, BIAS=bias_off >= 0,
                 BROWS=max(128, triton.next_power_of_2(64 * firsts)), KP=max(128, triton.next_power_of_2(K)),
-                ASYNC=async_mma, FIXED=fixed, GUARD=guard, BOXES=boxes, STATS=stats is not None,
+                ASYNC=async_mma, FIXED=fixed, GUARD=guard, BOXES=boxes,
+                STATS=0 if stats is None else {"extra": 1, "first": 2}[stats_by],
                 BP=max(16, triton.next_power_of_2(P + 1)), PART=part, num_warps=4, launch_pdl=pdl)
-    grid = (programs + (stats is not None),)
+    grid = (programs + (stats is not None and stats_by == "extra"),)
     if compile_only:
         return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
     return ring_linear_mma_kernel[grid](*args, **meta)

@@ -51,7 +51,7 @@ from pdl_ring_kernels import NO_X, UNIT32, part_bound  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
 from pdl_step_plan import (ATTEND, ATTENTIONS, ATTN_OUTS, EPS, FOLDED, GELU, GELU_APPROX, GELUS,  # noqa: E402,F401
-                           GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, SUMS, Form,
+                           GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, STATS_BY, SUMS, Form,
                            fold_layernorms, from_words, leave_out_parts, most_parts, reference_step, WORD_BITS,
                            plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
@@ -144,14 +144,15 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             attn = row
             continue
         if merged and kind == "qkv":
-            more = dict(stats=stats[i // 5])
+            more = dict(stats=stats[i // 5], stats_by=form.stats_by)
         if kind == "attn-out" and (merged or form.attn_out == "heads"):  # one box a tile, a head a program
             order, parts = 2, cfg.n_head + 1
             depth = min(mma_shares(row[2], row[3], programs, 2, 1)[4], 8)  # (all its tiles asked for before the wait)
             more = dict(boxes=1)
         if merged and kind == "attn-out":  # the attention where x is staged (timing "attention" out: x not staged)
             row = (*row[:4], attn[2], row[5], ATTEND, attn[4], 0, row[9])
-            more.update(attend=(*caches[attn[1]], stats[attn[1]], cfg.n_head), mode=NO_X.value * ("attention" in leave_out))
+            more.update(attend=(*caches[attn[1]], stats[attn[1]], cfg.n_head),
+                        mode=NO_X.value * ("attention" in leave_out))
         launches.append((row, depth, order, dict(more, part=part_bound(parts))))
     head, keys = None, None
     if form.head == "screened":  # the engine's head in place of the probe's last launch
@@ -257,6 +258,9 @@ def main():
     ap.add_argument("--attn-out", nargs="+", default=["rows"], choices=ATTN_OUTS,
                     help="attn-out's tiles as the other linears' (rows) or as --attention merged takes them, one box "
                          "wide, a program a head (heads; merged implies it): their share of merged's time")
+    ap.add_argument("--stats-by", nargs="+", default=["first"], choices=STATS_BY,
+                    help="with --attention merged, LN1's statistics stored by qkv's program 0 after its products "
+                         "(first) or by one more program (extra)")
     ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
                     help="start the activations this many words (a multiple of 32) into their buffer: "
                          "their placement's share of a form's time")
@@ -282,7 +286,7 @@ def main():
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
-                                                 args.guard, args.attention, args.attn_out)]
+                                                 args.guard, args.attention, args.attn_out, args.stats_by)]
     from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

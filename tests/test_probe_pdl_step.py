@@ -144,7 +144,8 @@ def test_int32_words_bound_each_launchs_parts(monkeypatch):
         assert pps.part_bound(n) * n + 2 ** 13 <= 2 ** 15
     cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
     calls, _ = recorded_launches(monkeypatch, cfg, 132, pps.Form(order="chunks", sums="fixed32"))
-    assert [kw["part"] for kind, _, kw in calls if kind == "linear"] == [2048, 2048, 2048, 1024, 2048]  # mlp-out: 13 parts
+    parts = [kw["part"] for kind, _, kw in calls if kind == "linear"]
+    assert parts == [2048, 2048, 2048, 1024, 2048]  # mlp-out: 13 parts
 
 
 def test_merged_attention_is_one_launch_a_layer_fewer(monkeypatch):
@@ -159,7 +160,8 @@ def test_merged_attention_is_one_launch_a_layer_fewer(monkeypatch):
         qkv, out, fc, mlp = calls[4 * layer:4 * layer + 4]
         attn = plain[5 * layer + 1][1]  # ("attn", layer, qkv's output, y, u, c)
         stats = qkv[2]["stats"]
-        assert stats.shape == (2,) and "stats" not in out[2] and "attend" not in qkv[2]
+        assert stats.shape == (2,) and qkv[2]["stats_by"] == "first" and "stats" not in out[2]
+        assert "attend" not in qkv[2]
         k, v, s, heads = out[2]["attend"]
         assert k is caches[layer][0] and v is caches[layer][1] and heads == CFG.n_head
         assert s.data_ptr() == stats.data_ptr()  # what qkv stores, attn-out reads
@@ -349,7 +351,8 @@ def random_step_inputs():
                                   pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(mlp_stages=4, qkv_stages=2), pps.Form(sums="fixed"),
                                   pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32"),
-                                  pps.Form(attention="merged"), pps.Form(attention="merged", sums="fixed32")], ids=str)
+                                  pps.Form(attention="merged"), pps.Form(attention="merged", sums="fixed32"),
+                                  pps.Form(attention="merged", stats_by="extra")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
