@@ -190,7 +190,9 @@ class Form:
     other linears' ("rows") or as merged attention takes them, one box wide, a program a head
     ("heads", which merged implies: timing their share); stats_by: with merged, LN1's statistics
     stored by qkv's program 0 after its products ("first") or by one more program ("extra": its
-    shared memory as large as the others', so it may start late and hold back attn-out's launch)."""
+    shared memory as large as the others', so it may start late and hold back attn-out's launch);
+    attn_stages: attn-out's ring depth one box wide (heads or merged; None: all its tiles, up to 8;
+    a deeper ring only takes shared memory, which keeps fc's programs off attn-out's SMs)."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -203,3 +205,4 @@ class Form:
     attention: str = "launch"
     attn_out: str = "rows"
     stats_by: str = "first"
+    attn_stages: int | None = None

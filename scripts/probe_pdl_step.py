@@ -147,7 +147,8 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             more = dict(stats=stats[i // 5], stats_by=form.stats_by)
         if kind == "attn-out" and (merged or form.attn_out == "heads"):  # one box a tile, a head a program
             order, parts = 2, cfg.n_head + 1
-            depth = min(mma_shares(row[2], row[3], programs, 2, 1)[4], 8)  # (all its tiles asked for before the wait)
+            # all its tiles asked for before the wait (a deeper ring: only shared memory taken)
+            depth = form.attn_stages or min(mma_shares(row[2], row[3], programs, 2, 1)[4], 8)
             more = dict(boxes=1)
         if merged and kind == "attn-out":  # the attention where x is staged (timing "attention" out: x not staged)
             row = (*row[:4], attn[2], row[5], ATTEND, attn[4], 0, row[9])
@@ -261,6 +262,9 @@ def main():
     ap.add_argument("--stats-by", nargs="+", default=["first"], choices=STATS_BY,
                     help="with --attention merged, LN1's statistics stored by qkv's program 0 after its products "
                          "(first) or by one more program (extra)")
+    ap.add_argument("--attn-stages", type=_int_at_least(1), nargs="+", default=[None],
+                    help="attn-out's ring depth one box wide (--attn-out heads or --attention merged; default: all "
+                         "its tiles, up to 8): deeper takes shared memory that keeps fc's programs off its SMs")
     ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
                     help="start the activations this many words (a multiple of 32) into their buffer: "
                          "their placement's share of a form's time")
@@ -286,7 +290,8 @@ def main():
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
-                                                 args.guard, args.attention, args.attn_out, args.stats_by)]
+                                                 args.guard, args.attention, args.attn_out, args.stats_by,
+                                                 args.attn_stages)]
     from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

@@ -175,6 +175,8 @@ def test_merged_attention_is_one_launch_a_layer_fewer(monkeypatch):
     heads, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attn_out="heads"))
     assert [(kind, row) for kind, row, _ in heads] == [(kind, row) for kind, row, _ in plain]
     assert all((kw["order"], kw["boxes"]) == (2, 1) for _, _, kw in heads[2:-1:5]) and "boxes" not in heads[0][2]
+    deep, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attention="merged", attn_stages=12))
+    assert [kw["depth"] for _, _, kw in deep] == [3, 12, 3, 3] * CFG.n_layer + [3]
     # and the attention left out: no attention launch, or attn-out staging no x (the kernel's NO_X)
     bare, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(), leave_out=("attention",))
     assert [kind for kind, _, _ in bare] == ["linear"] * (4 * CFG.n_layer + 1)
