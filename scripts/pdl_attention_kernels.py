@@ -1,15 +1,20 @@
-"""Each layer's decode attention in scripts/probe_pdl_step.py's chain of dependent launches: as a
-launch of its own between qkv and attn-out (ring_attention_kernel, a program a head), or inside
-attn-out where it stages x (pdl_ring_mma_kernels' XFORM 5, every program the head its K chunk
-is: one launch a layer fewer). One head's pieces, shared by both: its cached keys and values
-(asked for before the wait: the cache never depends on the launch before), the folded
-layernorm's terms of its q, k and v, qkv's raw outputs, and the softmax over the positions."""
+"""Each layer's decode attention in the chains of dependent launches of scripts/probe_pdl_ring.py
+and scripts/probe_pdl_step.py: a launch of its own between qkv and attn-out, a program a head
+(ring_attention_kernel), small enough to share any SM with the launches beside it. A head's
+pieces are helpers: its cached keys and values (asked for before the wait: the cache never
+depends on the launch before), the folded layernorm's terms of its q, k and v, qkv's raw
+outputs, the softmax over the positions, and this step's key and value appended.
+
+Session 110 also computed the attention inside attn-out, where it stages x (a program a head,
+attn-out's tiles one box wide, LN1's statistics stored by qkv: one launch a layer fewer). It
+took 1,086-1,117 us a gpt2-xl step against 1,062-1,074 with this launch (fp32 atomics; int32
+words 1,142-1,151 against 1,112-1,117): attn-out's tiles by head cost about as much as the
+launch saved (bench/results/h200/session-110/). Removed; the code is at c69c61f."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import (LATE_TRIGGER, NO_WAIT, PART32, _act_load, _over_part, _raise_flag, _row_load, _row_stats,
-                              _to_word)
+from pdl_ring_kernels import LATE_TRIGGER, NO_WAIT, _act_load, _over_part, _raise_flag, _row_load, _row_stats, _to_word
 
 
 @gluon.jit
@@ -99,7 +104,7 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
         gl.store(y_ptr + h * D + d, y)
     _append_kv(kc_ptr, vc_ptr, P, C, h, k_new, v_new, D, blk)
     if (FIXED == 32) & (GUARD != 0):  # last, off the outputs' path
-        bad = _over_part(y, d < D, FIXED, GUARD, PART32)
+        bad = _over_part(y, d < D, FIXED, GUARD)
         if FOLD:
             bad = bad | ((d == 0) & (over > 0.0))
         _raise_flag(flag_ptr, bad)

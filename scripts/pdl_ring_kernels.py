@@ -2,7 +2,7 @@
 streams its share of the weight tiles through a TMA ring in shared memory, with the ring's
 first tiles asked for BEFORE the dependent-launch wait. Two forms of the products: CUDA cores
 (ring_linear_kernel, here) and tensor cores (ring_linear_mma_kernel, pdl_ring_mma_kernels.py);
-the layernorm statistics both take (_row_load, _row_stats), and int32 words' guard. Each layer's
+the layernorm statistics both take (_row_load, _row_stats) and int32 words' guard. Each layer's
 decode attention between them: pdl_attention_kernels.py.
 
 A launch that takes at most about half of an SM's shared memory and registers leaves room for
@@ -154,12 +154,11 @@ def _mean_rstd(s, ss, K, eps):
 
 
 # the int32 words' units: values up to 2**15 (the int64 words': kernels/_fixed_merge's 2**-24).
-# Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts
-# (more parts, a smaller bound: part_bound), so that one launch's sums stay below 2**15; the
-# residual stream, which sums over launches, is below READ32 wherever a layernorm reads it, and
-# READ32 + MAX_PARTS32 PART32 <= 2**15, so no word wraps between two reads. Whatever breaks a
-# bound raises the flag, at the program's end: a program notes the parts it adds that break
-# its bound as it goes, and the residual stream's
+# Their guard: a part (or a bias) added is below PART32 and a sum has at most MAX_PARTS32 parts,
+# so that one launch's sums stay below 2**15; the residual stream, which sums over launches, is
+# below READ32 wherever a layernorm reads it, and READ32 + MAX_PARTS32 PART32 <= 2**15, so no
+# word wraps between two reads. Whatever breaks a bound raises the flag, at the program's end:
+# a program notes the parts it adds that break PART32 as it goes, and the residual stream's
 # values beyond READ32 in the reduction that takes its statistics. (Checking every word where it
 # is loaded, right after the wait, cost 150 us a step: session 108, call 7; by a predicated
 # atomic a value where the value was made, 31-57 us; at the end, 18-32: session 109, calls 2-7.)
@@ -168,18 +167,6 @@ UNIT32 = gl.constexpr(1.0 / SCALE32.value)
 PART32 = gl.constexpr(float(1 << 11))
 READ32 = gl.constexpr(float(1 << 13))
 MAX_PARTS32 = int((2 ** 15 - READ32.value) // PART32.value)  # 12
-
-
-def part_bound(parts):
-    """int32's bound on a part (or a bias) of a launch whose sums take up to `parts` of them:
-    PART32 up to MAX_PARTS32 parts, past that the largest power of two that keeps READ32 + parts
-    x the bound within 2**15 (the attention merged into attn-out: a part a head)."""
-    bound = PART32.value
-    while READ32.value + parts * bound > 2 ** 15:
-        bound /= 2
-    return bound
-
-
 # the kernels' GUARD bits (timing only: each check priced alone), both by default
 GUARD_PARTS, GUARD_READS = gl.constexpr(1), gl.constexpr(2)
 
@@ -206,12 +193,11 @@ def _act_load(ptr, mask, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr, PART: gl.constexpr):
-    """Where a part (or a bias) v, added as an int32 word, breaks PART (part_bound's; NaN and inf
-    too): the caller keeps these and raises the flag at its end; all False where nothing is
-    checked."""
+def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
+    """Where a part (or a bias) v, added as an int32 word, breaks PART32 (NaN and inf too): the
+    caller keeps these and raises the flag at its end; all False where nothing is checked."""
     if (FIXED == 32) & ((GUARD & GUARD_PARTS) != 0):
-        over = mask & ~(gl.abs(v) < PART)
+        over = mask & ~(gl.abs(v) < PART32)
     else:
         over = mask & ~mask
     return over
@@ -229,16 +215,16 @@ def _to_word(v, FIXED: gl.constexpr):
 
 
 @gluon.jit
-def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr, PART: gl.constexpr):
+def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
     (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
-    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART
+    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART32
     (_over_part), for the caller to keep until its end."""
     if FIXED != 0:
         gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:
         gl.atomic_add(ptr, v, mask=mask, sem="relaxed", scope="gpu")
-    return _over_part(v, mask, FIXED, GUARD, PART)
+    return _over_part(v, mask, FIXED, GUARD)
 
 
 @gluon.jit

@@ -1,28 +1,25 @@
 """The tensor-core form of scripts/probe_pdl_ring.py's linear (ring_linear_mma_kernel), which
 scripts/probe_pdl_step.py chains into a whole decode step: wgmma over the TMA ring's (64 x 64)
 boxes with x in the first column of the B operand, x staged as the step needs it (as it is, a
-layernorm, GELU, as it is for a layernorm folded into the weights, or the layer's decode
-attention computed right there), biases added once; the split-K parts meet by atomics that
-nobody waits for, in fp32 or as int32 or int64 fixed-point words (the same bits every run)."""
+layernorm, GELU, or as it is for a layernorm folded into the weights), biases added once; the
+split-K parts meet by atomics that nobody waits for, in fp32 or as int32 or int64 fixed-point
+words (the same bits every run)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_attention_kernels import _append_kv, _attend_head, _head_cache, _head_fold, _head_qkv
-from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, PART32, _act_add, _act_load, _raise_flag,
-                              _row_load, _row_stats, _x_row)
-from stream_step_kernels import _barrier, _tma_load
-
-ATTEND = gl.constexpr(5)  # XFORM (pdl_step_plan's): x is the layer's decode attention, computed right there
+from pdl_ring_kernels import (LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _act_add, _act_load, _raise_flag, _row_load,
+                              _row_stats, _x_row)
+from stream_step_kernels import BK, _barrier, _tma_load
 
 
 @gluon.jit
 def _tile_at(t, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
     """Tile t's (row block, K chunk): ORDER 0 by row block (a row block's K chunks in a row: few
-    partial sums a row, x by the chunks of a whole row), 1 and 2 by K chunk (a chunk's row blocks
-    in a row: a program's tiles share one or two chunks of x; with 2 one, _share)."""
+    partial sums a row, x by the chunks of a whole row), 1 by K chunk (a chunk's row blocks in a
+    row: a program's tiles share one or two chunks of x)."""
     if ORDER == 0:
         rb = t // KT
         chunk = t % KT
@@ -33,35 +30,14 @@ def _tile_at(t, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
 
 
 @gluon.jit
-def _share(pid, n_tiles, programs, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
-    """Program pid's tiles (first, count): an even split of the tiles in their order, or (ORDER 2)
-    the programs split among the K chunks (pid's: pid KT // programs) and each chunk's row blocks
-    split evenly among its programs, so that a program holds one chunk of x (with one box a tile,
-    one head; takes programs >= KT). None past the programs (the statistics' own program)."""
-    if ORDER == 2:
-        chunk = pid * KT // programs
-        first = (chunk * programs + KT - 1) // KT  # the chunk's first program
-        m = ((chunk + 1) * programs + KT - 1) // KT - first
-        j = pid - first
-        t0 = chunk * RB + j * RB // m
-        n = (j + 1) * RB // m - j * RB // m
-    else:
-        t0 = n_tiles * pid // programs
-        n = n_tiles * (pid + 1) // programs - t0
-    if pid >= programs:
-        n = 0
-    return t0, n
-
-
-@gluon.jit
 def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr,
-                  BN: gl.constexpr, BOXES: gl.constexpr):
-    """Ask for tile t as BOXES (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)."""
+                  BN: gl.constexpr):
+    """Ask for tile t as four (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)."""
     rb, chunk = _tile_at(t, KT, RB, ORDER)
     bar = bars.index(slot)
-    mbarrier.expect(bar, BOXES * desc.block_type.nbytes)
-    for s in gl.static_range(BOXES):
-        _tma_load(desc, [row0 + rb * BN, (chunk * BOXES + s) * 64], bar, ring.index(slot * BOXES + s))
+    mbarrier.expect(bar, 4 * desc.block_type.nbytes)
+    for s in gl.static_range(4):
+        _tma_load(desc, [row0 + rb * BN, chunk * BK + s * 64], bar, ring.index(slot * 4 + s))
 
 
 @gluon.jit
@@ -82,56 +58,35 @@ def _gelu_tanh_approx(x):
 
 
 @gluon.jit
-def _store_stats(s_ptr, flag_ptr, r, K, eps, FIXED: gl.constexpr, GUARD: gl.constexpr, num_warps: gl.constexpr):
-    """The layernorm statistics of _row_load's r (mean, 1 / std) into s_ptr[0:2], for the
-    attention that attn-out computes (XFORM 5: its programs cannot read the residual stream they
-    add into); int32's guard counts the values over READ32 here."""
-    mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
-    i = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
-    gl.store(s_ptr + i, gl.where(i == 0, mean, rstd), mask=i < 2)
-    if (FIXED == 32) & (GUARD != 0):
-        _raise_flag(flag_ptr, (i == 0) & (over > 0.0))
-
-
-@gluon.jit
 def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_ptr, g_off, bias_off, eps, flag_ptr,
-                           s_ptr, kc_ptr, vc_ptr, P, scale,
                            MODE: gl.constexpr, STAGES: gl.constexpr, KT: gl.constexpr, RB: gl.constexpr,
                            ORDER: gl.constexpr, XS: gl.constexpr, XB: gl.constexpr, XFORM: gl.constexpr,
                            BIAS: gl.constexpr, BROWS: gl.constexpr, KP: gl.constexpr, ASYNC: gl.constexpr,
                            FIXED: gl.constexpr, num_warps: gl.constexpr,
-                           GUARD: gl.constexpr = 3,  # GUARD_PARTS | GUARD_READS
-                           BOXES: gl.constexpr = 4, STATS: gl.constexpr = 0, BP: gl.constexpr = 16,
-                           PART: gl.constexpr = PART32):
-    """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 64 BOXES) tile as
-    BOXES wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
+                           GUARD: gl.constexpr = 3):  # GUARD_PARTS | GUARD_READS
+    """ring_linear_kernel's chain on the tensor cores: one warpgroup, a (64 x 256) tile as four
+    wgmma over (64 x 64) boxes against x as fp16 in the first of 8 columns (the others zero):
     no conversions and no shuffles after the wait, where the CUDA-core form spends about a
-    microsecond a launch on the tiles that landed before it. Tiles in ORDER (_tile_at, _share);
-    XS: the most K chunks a program's tiles touch, XB: x's boxes, a power of two of at least
-    BOXES XS.
+    microsecond a launch on the tiles that landed before it. Tiles in ORDER (_tile_at); XS: the
+    most K chunks a program's tiles touch, XB: x's boxes, a power of two of at least 4 XS.
     For a whole step (scripts/probe_pdl_step.py), x is staged as XFORM says: 0 as it is, 1 its
     layernorm (weight and bias at p_ptr + g_off, + K; statistics from all of x, loaded beside
     the chunks), 2 its GELU (4: by tanh.approx), 3 as it is for a layernorm folded into the
     weights (W' = W diag(g): W LN(x) + bias = rstd (W' x - mean u) + c with u = W' 1 at p_ptr +
     g_off and c = W b + bias at p_ptr + bias_off, per output; the statistics are needed only at
-    the outputs), 5 (ATTEND, ORDER 2, one box a tile) the decode attention of the head that is
-    this program's K chunk: x_ptr is qkv's raw output W' x (its layernorm folded, u and c of its
-    3K outputs at p_ptr + g_off, + 3K), s_ptr the statistics that qkv's launch stored
-    (STATS), kc_ptr / vc_ptr the layer's cache ((P + 1, K) fp16, row P this step's, written by
-    each chunk's first program), BP a power of two > P. STATS: the statistics of x stored at
-    s_ptr (_store_stats) by one more program than `programs` (1) or by program 0 after its
-    products (2). BIAS: the bias (XFORM 3: c - rstd mean
-    u) of the row blocks whose first K chunk is this program's, loaded before the wait as one
-    vector (BROWS, a power of two) and added by one atomic. ASYNC: a tile's wgmma issued in a
-    row with one wait (else a wait each). FIXED (32, 64): x and y are fixed-point words of that
-    width, the parts and biases added as integers (_act_add), so y's bits do not depend on the
-    order in which the parts arrive; int32's guard raises the flag at flag_ptr at the program's
-    end (PART: part_bound's for this launch's parts; the residual stream's values over READ32
-    counted where the layernorms' statistics take them; GUARD: which checks)."""
+    the outputs). BIAS: the bias (XFORM 3: c - rstd mean u) of the row blocks whose first K
+    chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
+    added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
+    each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
+    as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
+    int32's guard raises the flag at flag_ptr at the program's end (pdl_ring_kernels' PART32,
+    READ32: the parts noted as they are added, the residual stream's values counted where the
+    layernorms' statistics take them; GUARD: which checks)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
-    t0, n = _share(pid, n_tiles, programs, KT, RB, ORDER)
-    ring = gl.allocate_shared_memory(gl.float16, [STAGES * BOXES, BN, 64], desc.layout)
+    t0 = n_tiles * pid // programs
+    n = n_tiles * (pid + 1) // programs - t0
+    ring = gl.allocate_shared_memory(gl.float16, [STAGES * 4, BN, 64], desc.layout)
     # x as the (8 x 64) K-major B operand of each box: row 0 the chunk, rows 1-7 zero
     xl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     xs = gl.allocate_shared_memory(gl.float16, [XB, 8, 64], xl)
@@ -140,20 +95,20 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if s < n:
-            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN, BOXES)
-    # x's boxes (XB, a power of two >= BOXES XS) zeroed before the wait; after it one load and
-    # one store write every box's row 0, which the 128-byte swizzle leaves in place: the buffer
-    # seen unswizzled as (XB, 512), a box a row, its first 64 columns
+            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN)
+    # x's boxes (XB, a power of two >= 4 XS) zeroed before the wait; after it one load and one
+    # store write every box's row 0, which the 128-byte swizzle leaves in place: the buffer seen
+    # unswizzled as (XB, 512), a box a row, its first 64 columns
     flat = xs.reinterpret(gl.float16, [XB, 512], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     xa: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     flat.store(gl.zeros([XB, 512], gl.float16, xa))
     # where each box's x comes from, and what never depends on the launch before (the layernorm's
-    # weight and bias, this program's biases, the head's cache): all asked for before the wait
+    # weight and bias, this program's biases): all asked for before the wait
     _, chunk0 = _tile_at(t0, KT, RB, ORDER)
     bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
     c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
-    i = bx // BOXES
-    if ORDER != 0:  # the chunks of this program's tiles, in a row
+    i = bx // 4
+    if ORDER == 1:  # the chunks of this program's tiles, in a row
         chunk = chunk0 + i
         ok = (i < XS) & (chunk <= (t0 + n - 1) // RB)
     elif XS == KT:
@@ -162,14 +117,11 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     else:  # a box row a tile
         chunk = (t0 + i) % KT
         ok = (i < XS) & (i < n)
-    col = (chunk * BOXES + bx % BOXES)[:, None] * 64 + c64[None, :]
+    col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
     m = ok[:, None] & (col < K)
     if XFORM == 1:
         g = gl.load(p_ptr + g_off + col, mask=m, other=0.0)
         b = gl.load(p_ptr + g_off + K + col, mask=m, other=0.0)
-    if XFORM == ATTEND:  # head chunk0's keys and values, and its q, k, v's folded terms
-        kt, vt = _head_cache(kc_ptr, vc_ptr, chunk0, P, K, 64, BP, xa)
-        u_q, u_k, u_v, c_q, c_k, c_v = _head_fold(p_ptr, g_off, g_off + 3 * K, chunk0, K, 64, xa)
     if BIAS:  # the row blocks whose first K chunk is this program's: [rb_lo, rb_hi)
         if ORDER == 0:
             rb_lo = (t0 + KT - 1) // KT
@@ -188,25 +140,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
         gdc_wait()
-    if STATS == 1:
-        if pid == programs:
-            _store_stats(s_ptr, flag_ptr, _row_load(x_ptr, K, KP, FIXED, num_warps), K, eps, FIXED, GUARD, num_warps)
-    if STATS == 2:  # asked for beside x's chunks (by program 0 alone), taken after the products
-        rs = _row_load(x_ptr, (pid == 0).to(gl.int32) * K, KP, FIXED, num_warps)
     if (MODE & NO_X) == 0:
-        if XFORM == ATTEND:
-            q, k_new, v_new = _head_qkv(x_ptr, chunk0, K, 64, FIXED, xa)
-            mean = gl.load(s_ptr + c64 * 0)  # (every lane the same word)
-            rstd = gl.load(s_ptr + 1 + c64 * 0)
-            k_new = rstd * (k_new - mean * u_k) + c_k
-            v_new = rstd * (v_new - mean * u_v) + c_v
-            head = _attend_head(rstd * (q - mean * u_q) + c_q, k_new, v_new, kt, vt, P, scale, BP, xa)
-            if n > 0:
-                if t0 % RB == 0:  # the chunk's first program appends the head's key and value
-                    _append_kv(kc_ptr, vc_ptr, P, K, chunk0, k_new, v_new, 64, xa)
-            xv = gl.where((bx == 0)[:, None], head[None, :], 0.0)
-        else:
-            xv = _act_load(x_ptr + col, m, FIXED)
+        xv = _act_load(x_ptr + col, m, FIXED)
         if (XFORM == 1) | (XFORM == 3):
             r = _row_load(x_ptr, K, KP, FIXED, num_warps)  # asked for beside x's chunks
         if XFORM == 1:
@@ -218,16 +153,16 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             xv = _gelu_tanh_approx(xv)
         flat.slice(0, 64, dim=1).store(xv.to(gl.float16))
     if BIAS:
-        bias_over = own & ~own  # the biases (int32's guard: a part each) that break PART
+        bias_over = own & ~own  # the biases (int32's guard: a part each) that break PART32
         if XFORM != 3:  # fire and forget: the outputs' other parts come by atomics too
-            bias_over = _act_add(y_ptr + bias_rows, bias, own, FIXED, GUARD, PART)
+            bias_over = _act_add(y_ptr + bias_rows, bias, own, FIXED, GUARD)
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 16])
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     cols = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, 8], gl.float32, mma)
-    parts_over = rows < 0  # the parts this program adds that break PART (int32's guard)
+    parts_over = rows < 0  # the parts this program adds that break PART32 (int32's guard)
     if ORDER == 0:
         first_out = gl.minimum(n - 1, KT - 1 - t0 % KT)  # this program's first outputs: at tile j = first_out
     else:
@@ -240,21 +175,21 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         rb, ch = _tile_at(t, KT, RB, ORDER)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if ORDER != 0:
+        if ORDER == 1:
             xr = ch - chunk0
         else:
             xr = _x_row(t, j, KT, XS)
         if (MODE & NO_MATH) == 0:
-            for s in gl.static_range(BOXES):
-                acc = warpgroup_mma(ring.index(slot * BOXES + s), xs.index(xr * BOXES + s).permute((1, 0)), acc,
+            for s in gl.static_range(4):
+                acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
                                     is_async=ASYNC)
             if ASYNC:
                 acc = warpgroup_mma_wait(0, deps=[acc])
         _barrier()
         fence_async_shared()
         if j + STAGES < n:
-            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN, BOXES)
-        if (ORDER != 0) | (ch == KT - 1) | (j == n - 1):
+            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN)
+        if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):
             if (MODE & NO_MATH) == 0:
                 out = rb * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)
@@ -262,13 +197,10 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
                     if j == first_out:  # the statistics behind the first products, not before them
                         mean, rstd, over = _row_stats(r, K, eps, FIXED, GUARD)
                         if BIAS:
-                            bias_over = _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, GUARD, PART)
+                            bias_over = _act_add(y_ptr + bias_rows, bias - rstd * mean * u, own, FIXED, GUARD)
                     y = y * rstd
-                parts_over = parts_over | _act_add(y_ptr + out, y, out < N, FIXED, GUARD, PART)
+                parts_over = parts_over | _act_add(y_ptr + out, y, out < N, FIXED, GUARD)
             acc = gl.zeros_like(acc)
-    if STATS == 2:
-        if pid == 0:
-            _store_stats(s_ptr, flag_ptr, rs, K, eps, FIXED, GUARD, num_warps)
     if (MODE & LATE_TRIGGER) != 0:
         gdc_launch_dependents()
     if (FIXED == 32) & (GUARD != 0) & ((MODE & NO_MATH) == 0):  # int32's flag, at the end: off the outputs' path

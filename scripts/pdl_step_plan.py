@@ -13,9 +13,8 @@ from pdl_ring_kernels import SCALE32, UNIT32
 from probe_pdl_ring import BK, attend, share
 
 EPS = 1e-5
-# how a linear stages x (the kernel's XFORM; ATTEND: the layer's attention, where attn-out stages x)
-PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX, ATTEND = 0, 1, 2, 3, 4, 5
-PARTS = ("layernorm", "gelu", "bias", "attention")
+PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)
+PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
@@ -24,9 +23,6 @@ SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
-ATTENTIONS = ("launch", "merged")
-ATTN_OUTS = ("rows", "heads")
-STATS_BY = ("first", "extra")
 
 
 def step_params(cfg, device, seed=2):
@@ -153,7 +149,7 @@ def fold_layernorms(slabs, params, rows):
 def leave_out_parts(rows, parts):
     """The plan with parts left out, to price each (timing only: the logits are then wrong):
     "layernorm" and "gelu" stage x as it is (the attention then takes qkv's outputs as they
-    are), "bias" adds none ("attention": the step launcher's, the plan as it is)."""
+    are), "bias" adds none."""
     plain = {LAYERNORM, FOLDED} if "layernorm" in parts else set()
     plain |= {GELU} if "gelu" in parts else set()
     return [(row[:4] if plain & {LAYERNORM} else row) if row[0] == "attn" else
@@ -182,17 +178,7 @@ class Form:
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
     layernorms folded, fp32 or int32 sums); guard: int32's checks, "on" (both), or to price each,
-    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off";
-    attention: each layer's a launch of its own ("launch") or computed where attn-out stages x
-    ("merged": a program a head, its tiles one box wide; qkv's launch stores LN1's statistics by
-    one more program, since attn-out adds into the residual stream they are taken from; one
-    launch a layer fewer; layernorms folded, heads of 64); attn_out: attn-out's tiles as the
-    other linears' ("rows") or as merged attention takes them, one box wide, a program a head
-    ("heads", which merged implies: timing their share); stats_by: with merged, LN1's statistics
-    stored by qkv's program 0 after its products ("first") or by one more program ("extra": its
-    shared memory as large as the others', so it may start late and hold back attn-out's launch);
-    attn_stages: attn-out's ring depth one box wide (heads or merged; None: all its tiles, up to 8;
-    a deeper ring only takes shared memory, which keeps fc's programs off attn-out's SMs)."""
+    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"
@@ -202,7 +188,3 @@ class Form:
     sums: str = "atomic"
     head: str = "full"
     guard: str = "on"
-    attention: str = "launch"
-    attn_out: str = "rows"
-    stats_by: str = "first"
-    attn_stages: int | None = None

@@ -77,15 +77,8 @@ def phases(shapes, C, bn, attention=False):
     return rows, at
 
 
-def share(n_tiles, programs, pid, order=0, kt=1):
-    """Program pid's tiles, as the kernels split them (pdl_ring_mma_kernels' _share): (first tile,
-    count); order 2: each program within one of the kt K chunks."""
-    if order == 2:
-        rb = n_tiles // kt
-        chunk = pid * kt // programs
-        first = -(-chunk * programs // kt)
-        m, j = -(-(chunk + 1) * programs // kt) - first, pid - first
-        return chunk * rb + j * rb // m, (j + 1) * rb // m - j * rb // m
+def share(n_tiles, programs, pid):
+    """Program pid's tiles, as the kernel splits them: (first tile, count)."""
     t0 = n_tiles * pid // programs
     return t0, n_tiles * (pid + 1) // programs - t0
 
@@ -147,62 +140,44 @@ def make_caches(cfg, positions, device, seed=1):
                   for _ in range(2)) for _ in range(cfg.n_layer)]
 
 
-def mma_shares(N, K, programs, order, boxes=4):
-    """For ring_linear_mma_kernel's tiles of `boxes` (64 x 64) boxes in order (0 by row block, 1
-    by K chunk, 2 by K chunk with each program in one): (K chunks, row blocks, the most chunks a
-    program's tiles touch (orders 1, 2), the most row blocks whose first chunk a program holds,
-    the most tiles a program holds)."""
-    kt, rb = -(-K // (64 * boxes)), -(-N // 64)
-    if order == 2 and programs < kt:
-        raise ValueError(f"tiles split by K chunk, a program in one: takes at least {kt} programs (the K chunks), "
-                         f"got {programs}")
-    chunks, firsts, most = 1, 1, 1
+def mma_shares(N, K, programs, order):
+    """For ring_linear_mma_kernel's tiles in order (0 by row block, 1 by K chunk): (K chunks, row
+    blocks, the most chunks a program's tiles touch (order 1), the most row blocks whose first
+    chunk a program holds)."""
+    kt, rb = (K + BK - 1) // BK, (N + 63) // 64
+    chunks, firsts = 1, 1
     for pid in range(programs):
-        t0, n = share(rb * kt, programs, pid, order, kt)
+        t0, n = share(rb * kt, programs, pid)
         if n == 0:
             continue
-        most = max(most, n)
         if order == 0:  # (chunks: x_rows stages x by tile where a program has fewer than kt)
             firsts = max(firsts, -(-(t0 + n) // kt) - -(-t0 // kt))
         else:
             chunks = max(chunks, (t0 + n - 1) // rb - t0 // rb + 1)
             firsts = max(firsts, min(t0 + n, rb) - t0)
-    return kt, rb, chunks, firsts, most
+    return kt, rb, chunks, firsts
 
 
 def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None, xform=0, g_off=0, bias_off=-1,
-               eps=1e-5, order=0, async_mma=False, fixed=0, flag=None, guard=3, part=2048.0, boxes=4, stats=None,
-               stats_by="first", attend=None, **compile_only):
-    """One launch of the tensor-core form (one warpgroup, 64-row tiles of `boxes` 64-column boxes):
-    y[:N] += W[start:start + N] @ x with x staged as xform says (probe_pdl_step: 1 its layernorm,
-    weight and bias at params + g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params +
-    g_off; 5 the layer's attention, attend = (its K cache, V cache, statistics, heads), x qkv's
-    raw output, u and c of its folded layernorm at params + g_off, + 3K) and, where bias_off >=
-    0, the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1;
-    2 a program in one chunk); async_mma: a tile's products issued in a row with one wait.
-    stats: a 2-float tensor into which x's layernorm statistics go (for the attention at
-    attn-out), stored by one more program (stats_by "extra") or by program 0 after its products
-    ("first"). fixed: 0, or the width of the fixed-point words that x and y are
-    (the kernel's FIXED); flag: int32 words' guard flag; guard: which of its checks run (the
-    kernel's GUARD); part: a part's bound under it (pdl_ring_kernels.part_bound)."""
-    kt, rb, chunks, firsts, _ = mma_shares(N, K, programs, order, boxes)
+               eps=1e-5, order=0, async_mma=False, fixed=0, flag=None, guard=3, **compile_only):
+    """One launch of the tensor-core form (one warpgroup, 64-row tiles): y[:N] += W[start:start + N] @ x
+    with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
+    g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
+    the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
+    async_mma: a tile's four products issued in a row with one wait. fixed: 0, or the width of
+    the fixed-point words that x and y are (the kernel's FIXED); flag: int32 words' guard flag;
+    guard: which of its checks run (the kernel's GUARD)."""
+    kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
     xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
-    k_cache, v_cache, s, P, scale = x, x, stats, 0, 1.0
-    if attend is not None:
-        k_cache, v_cache, s, heads = attend
-        P, scale = k_cache.shape[0] - 1, (K // heads) ** -0.5
     args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps,
-            x if flag is None else flag, x if s is None else s, k_cache, v_cache, P, scale)
-    meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs,
-                XB=triton.next_power_of_2(max(4, boxes * xs)), XFORM=xform, BIAS=bias_off >= 0,
-                BROWS=max(128, triton.next_power_of_2(64 * firsts)), KP=max(128, triton.next_power_of_2(K)),
-                ASYNC=async_mma, FIXED=fixed, GUARD=guard, BOXES=boxes,
-                STATS=0 if stats is None else {"extra": 1, "first": 2}[stats_by],
-                BP=max(16, triton.next_power_of_2(P + 1)), PART=part, num_warps=4, launch_pdl=pdl)
-    grid = (programs + (stats is not None and stats_by == "extra"),)
+            x if flag is None else flag)
+    meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs, XB=triton.next_power_of_2(4 * xs),
+                XFORM=xform, BIAS=bias_off >= 0, BROWS=max(128, triton.next_power_of_2(64 * firsts)),
+                KP=max(128, triton.next_power_of_2(K)), ASYNC=async_mma, FIXED=fixed, GUARD=guard, num_warps=4,
+                launch_pdl=pdl)
     if compile_only:
         return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)
-    return ring_linear_mma_kernel[grid](*args, **meta)
+    return ring_linear_mma_kernel[(programs,)](*args, **meta)
 
 
 def launch(descs, slabs, arena, ph, programs, stages, bn, reg, mode, pdl, form="cuda", **compile_only):

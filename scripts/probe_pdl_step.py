@@ -29,7 +29,6 @@ the screened head: fp32 atomics 1,071-1,099 us, int32 words 1,095-1,107, guarded
     python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
     python3 scripts/probe_pdl_step.py --sums atomic fixed32 --head screened   # the price of the same bits
     python3 scripts/probe_pdl_step.py --head screened --copies 4              # the weights' placement
-    python3 scripts/probe_pdl_step.py --attention launch merged               # the attention inside attn-out
 """
 import argparse
 import json
@@ -46,26 +45,23 @@ from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
 from probe_pdl_ring import (BK, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
-                            mma_descriptors, mma_shares)
-from pdl_ring_kernels import NO_X, UNIT32, part_bound  # noqa: E402
+                            mma_descriptors)
+from pdl_ring_kernels import MAX_PARTS32, UNIT32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
-from pdl_step_plan import (ATTEND, ATTENTIONS, ATTN_OUTS, EPS, FOLDED, GELU, GELU_APPROX, GELUS,  # noqa: E402,F401
-                           GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS, ORDERS, PARTS, PLAIN, STATS_BY, SUMS, Form,
-                           fold_layernorms, from_words, leave_out_parts, most_parts, reference_step, WORD_BITS,
-                           plan_step, step_params, to_words)
+from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
+                           ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
+                           most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
 from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
-                  flag=None, guard=3, **more):
-    """launch_mma of a plan's row; more: its other keywords (mode, part, boxes, stats, attend,
-    compile-only's)."""
+                  flag=None, guard=3, **compile_only):
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
-    mode = more.pop("mode", 0)
-    return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, mode, pdl, params,
-                      xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, guard, **more)
+    return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,
+                      xform, g_off, bias_off, EPS, order, async_mma, fixed, flag, guard,
+                      **compile_only)
 
 
 # step runs prep (the residual stream set to x0, the other outputs zeroed) then every launch;
@@ -98,22 +94,17 @@ def screened_head(slabs, params, row, C, device, fixed, shared):
 
 def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, stages, form=Form(), pdl=True,
                   leave_out=(), arena_pad=0, shared=None):
-    """A StepRun of the whole step in `form`. ValueError where the screened head or the merged
-    attention cannot run. arena_pad: the activations start that many words (a multiple of 32)
-    into their buffer. shared: a dict in which the folded weights and the head's screen are kept
-    for the next launcher on the same weights, so that forms compared share their addresses
-    (folded copies alternate between two allocations otherwise)."""
+    """A StepRun of the whole step in `form`. ValueError where a sum could have more parts than
+    the int32 words' guard covers, or the screened head cannot run. arena_pad: the activations
+    start that many words (a multiple of 32) into their buffer. shared: a dict in which the
+    folded weights and the head's screen are kept for the next launcher on the same weights,
+    so that forms compared share their addresses (folded copies alternate between two
+    allocations otherwise)."""
     shared = {} if shared is None else shared
     C = cfg.n_embd
     if form.head == "screened" and (form.layernorm != "folded" or form.sums == "fixed"):
         raise ValueError("--head screened: takes --layernorm folded and --sums atomic or fixed32 (it reads the "
                          "folded head and the residual stream in fp32 or int32 words)")
-    merged = form.attention == "merged"
-    if merged and (form.layernorm != "folded" or "layernorm" in leave_out or C // cfg.n_head != 64
-                   or programs < cfg.n_head):
-        raise ValueError(f"--attention merged: takes --layernorm folded (not left out), heads of 64 and at least as "
-                         f"many programs as heads, got {form.layernorm}, heads of {C // cfg.n_head}, {programs} "
-                         f"programs for {cfg.n_head} heads")
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
         if "folded" not in shared:
@@ -132,29 +123,16 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     arena = words[arena_pad:]
     flag = arena[size:] if fixed == 32 else None
     x0 = torch.zeros(C, dtype=torch.float32, device=device)
-    stats = torch.zeros(cfg.n_layer, 2, dtype=torch.float32, device=device)  # merged: LN1's, stored by qkv
-    launches = []  # (row, ring depth, tile order, launch_mma's other keywords)
+    launches = []  # (row, ring depth, tile order)
     for i, row in enumerate(rows):
         kind = "head" if i == len(rows) - 1 else ("qkv", "attention", "attn-out", "fc", "mlp-out")[i % 5]  # plan_step's
         depth = {"qkv": form.qkv_stages, "fc": form.mlp_stages, "mlp-out": form.mlp_stages}.get(kind) or stages
         order = int(form.order == "chunks" or (form.order == "mixed" and kind != "head"))
-        parts = most_parts(row[2], row[3], programs, order) if row[0] != "attn" else 0
-        more = {}
-        if kind == "attention" and (merged or "attention" in leave_out):
-            attn = row
-            continue
-        if merged and kind == "qkv":
-            more = dict(stats=stats[i // 5], stats_by=form.stats_by)
-        if kind == "attn-out" and (merged or form.attn_out == "heads"):  # one box a tile, a head a program
-            order, parts = 2, cfg.n_head + 1
-            # all its tiles asked for before the wait (a deeper ring: only shared memory taken)
-            depth = form.attn_stages or min(mma_shares(row[2], row[3], programs, 2, 1)[4], 8)
-            more = dict(boxes=1)
-        if merged and kind == "attn-out":  # the attention where x is staged (timing "attention" out: x not staged)
-            row = (*row[:4], attn[2], row[5], ATTEND, attn[4], 0, row[9])
-            more.update(attend=(*caches[attn[1]], stats[attn[1]], cfg.n_head),
-                        mode=NO_X.value * ("attention" in leave_out))
-        launches.append((row, depth, order, dict(more, part=part_bound(parts))))
+        parts = most_parts(row[2], row[3], programs, order) if fixed == 32 and row[0] != "attn" else 0
+        if parts > MAX_PARTS32:
+            raise ValueError(f"--sums fixed32: {kind}'s sums take up to {parts} parts, more than the guard covers "
+                             f"({MAX_PARTS32}); take --order rows or --sums fixed")
+        launches.append((row, depth, order))
     head, keys = None, None
     if form.head == "screened":  # the engine's head in place of the probe's last launch
         head, keys = screened_head(slabs, params, rows[-1], C, device, fixed, shared)
@@ -168,12 +146,12 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
 
     def step():
         prep()
-        for row, depth, order, more in launches:
+        for row, depth, order in launches:
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag, guard)
             else:
                 launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
-                              flag, guard, **more)
+                              flag, guard)
         if head:
             head(arena[:C])
 
@@ -253,18 +231,6 @@ def main():
     ap.add_argument("--guard", nargs="+", default=["on"], choices=sorted(GUARDS),
                     help="fixed32's checks: on (both), or to price each alone, parts (a part or bias added), "
                          "reads (the residual stream where a layernorm reads it), off (timing only)")
-    ap.add_argument("--attention", nargs="+", default=["launch"], choices=ATTENTIONS,
-                    help="each layer's decode attention as a launch of its own (launch), or computed by attn-out "
-                         "where it stages x (merged: a program a head; one launch a layer fewer)")
-    ap.add_argument("--attn-out", nargs="+", default=["rows"], choices=ATTN_OUTS,
-                    help="attn-out's tiles as the other linears' (rows) or as --attention merged takes them, one box "
-                         "wide, a program a head (heads; merged implies it): their share of merged's time")
-    ap.add_argument("--stats-by", nargs="+", default=["first"], choices=STATS_BY,
-                    help="with --attention merged, LN1's statistics stored by qkv's program 0 after its products "
-                         "(first) or by one more program (extra)")
-    ap.add_argument("--attn-stages", type=_int_at_least(1), nargs="+", default=[None],
-                    help="attn-out's ring depth one box wide (--attn-out heads or --attention merged; default: all "
-                         "its tiles, up to 8): deeper takes shared memory that keeps fc's programs off its SMs")
     ap.add_argument("--arena-pad", type=_int_at_least(0), nargs="+", default=[0], metavar="WORDS",
                     help="start the activations this many words (a multiple of 32) into their buffer: "
                          "their placement's share of a form's time")
@@ -290,8 +256,7 @@ def main():
         ap.error("--tiles: the tensor-core form takes 64-row tiles (64xSTAGES)")
     forms = [Form(*f) for f in itertools.product(args.layernorm, args.order, args.gelu, args.mlp_stages,
                                                  args.qkv_stages, args.mma, args.sums, args.head,
-                                                 args.guard, args.attention, args.attn_out, args.stats_by,
-                                                 args.attn_stages)]
+                                                 args.guard)]
     from minillm.benchutil import require_cuda
 
     if args.checkpoint:  # the logits to match: transformers'

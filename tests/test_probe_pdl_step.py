@@ -2,7 +2,6 @@
 biases once, attn-out and mlp-out into the residual stream); the torch step matches a second,
 separate one (sdpa for the attention); the kernel's GELU form equals torch's; the command line
 refuses bad options in one line; on a Hopper GPU the step matches torch."""
-import re
 import sys
 
 import pytest
@@ -122,83 +121,15 @@ def test_most_parts_counts_each_program_on_a_row_block():
         assert pps.most_parts(N, K, programs, 1) == kt + 1  # a part a tile, and the bias
 
 
-def recorded_launches(monkeypatch, cfg, programs, form, leave_out=()):
-    """The step's launches in order, as (kind, row, keywords), its kernels not run (CPU tensors)."""
+def test_int32_words_refuse_sums_their_guard_does_not_cover():
+    cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
     slabs, shapes = pps.weights(cfg, "cpu")
     params, offs, final = pps.step_params(cfg, "cpu")
     caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(cfg, 7, "cpu")]
-    calls = []
-    monkeypatch.setattr(pps, "launch_linear", lambda descs, arena, params, row, programs, depth, pdl, order, *a, **kw:
-                        calls.append(("linear", row, dict(kw, order=order, depth=depth))))
-    monkeypatch.setattr(pps, "launch_attention", lambda arena, row, *a: calls.append(("attention", row, {})))
-    monkeypatch.setattr(pps, "mma_descriptors", lambda slabs: None)
-    pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3, form, leave_out=leave_out).step()
-    return calls, caches
-
-
-def test_int32_words_bound_each_launchs_parts(monkeypatch):
-    """A launch whose sums take more parts than MAX_PARTS32 gets a smaller bound on each part, so
-    that the residual stream still cannot wrap between two reads."""
-    assert [pps.part_bound(n) for n in (1, 12, 13, 24, 26, 48, 49)] == [2048, 2048, 1024, 1024, 512, 512, 256]
-    for n in (1, 12, 13, 26, 200):
-        assert pps.part_bound(n) * n + 2 ** 13 <= 2 ** 15
-    cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
-    calls, _ = recorded_launches(monkeypatch, cfg, 132, pps.Form(order="chunks", sums="fixed32"))
-    parts = [kw["part"] for kind, _, kw in calls if kind == "linear"]
-    assert parts == [2048, 2048, 2048, 1024, 2048]  # mlp-out: 13 parts
-
-
-def test_merged_attention_is_one_launch_a_layer_fewer(monkeypatch):
-    """--attention merged: per layer qkv (one more program storing LN1's statistics), attn-out
-    computing the attention where it stages x (one box a tile, a program a head, all its tiles
-    asked for before the wait, a part a head), fc and mlp-out; no attention launch."""
-    calls, caches = recorded_launches(monkeypatch, CFG, 132, pps.Form(attention="merged", sums="fixed32"))
-    plain, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(sums="fixed32"))
-    assert len(calls) == 4 * CFG.n_layer + 1 and len(plain) == 5 * CFG.n_layer + 1
-    assert all(kind == "linear" for kind, _, _ in calls)
-    for layer in range(CFG.n_layer):
-        qkv, out, fc, mlp = calls[4 * layer:4 * layer + 4]
-        attn = plain[5 * layer + 1][1]  # ("attn", layer, qkv's output, y, u, c)
-        stats = qkv[2]["stats"]
-        assert stats.shape == (2,) and qkv[2]["stats_by"] == "first" and "stats" not in out[2]
-        assert "attend" not in qkv[2]
-        k, v, s, heads = out[2]["attend"]
-        assert k is caches[layer][0] and v is caches[layer][1] and heads == CFG.n_head
-        assert s.data_ptr() == stats.data_ptr()  # what qkv stores, attn-out reads
-        assert out[1][4:9] == (attn[2], 0, pps.ATTEND, attn[4], 0) and out[1][9] == plain[5 * layer + 2][1][9]
-        assert out[2]["boxes"] == 1 and out[2]["order"] == 2 and out[2]["part"] == pps.part_bound(CFG.n_head + 1)
-        assert out[2]["depth"] == 1  # 5 row blocks a head, 26 programs a head: a tile each
-        assert (qkv[1], fc[1], mlp[1]) == (plain[5 * layer][1], plain[5 * layer + 3][1], plain[5 * layer + 4][1])
-        assert out[2]["mode"] == 0  # (the chain: x staged)
-    assert calls[-1][1] == plain[-1][1]
-    # timing their shares: attn-out's tiles as merged takes them, reading the attention launch's output
-    heads, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attn_out="heads"))
-    assert [(kind, row) for kind, row, _ in heads] == [(kind, row) for kind, row, _ in plain]
-    assert all((kw["order"], kw["boxes"]) == (2, 1) for _, _, kw in heads[2:-1:5]) and "boxes" not in heads[0][2]
-    deep, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attention="merged", attn_stages=12))
-    assert [kw["depth"] for _, _, kw in deep] == [3, 12, 3, 3] * CFG.n_layer + [3]
-    # and the attention left out: no attention launch, or attn-out staging no x (the kernel's NO_X)
-    bare, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(), leave_out=("attention",))
-    assert [kind for kind, _, _ in bare] == ["linear"] * (4 * CFG.n_layer + 1)
-    bare, _ = recorded_launches(monkeypatch, CFG, 132, pps.Form(attention="merged"), leave_out=("attention",))
-    assert [kw.get("mode", 0) for _, _, kw in bare] == [0, 8, 0, 0] * CFG.n_layer + [0]
-
-
-@pytest.mark.parametrize("form, programs, expect", [
-    (pps.Form("staged", attention="merged"), 132, "--attention merged: takes --layernorm folded (not left out), heads "
-                                                  "of 64 and at least as many programs as heads, got staged, heads "
-                                                  "of 64, 132 programs for 5 heads"),
-    (pps.Form(attention="merged"), 4, "got folded, heads of 64, 4 programs for 5 heads"),
-])
-def test_merged_attention_refuses_what_it_cannot_run(form, programs, expect):
-    slabs, shapes = pps.weights(CFG, "cpu")
-    params, offs, final = pps.step_params(CFG, "cpu")
-    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 7, "cpu")]
-    with pytest.raises(ValueError, match=re.escape(expect)):
-        pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, 3, form)
-    with pytest.raises(ValueError, match="--attention merged: takes --layernorm folded"):
-        pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, pps.Form(attention="merged"),
-                          leave_out=("layernorm",))
+    with pytest.raises(ValueError, match=r"--sums fixed32: mlp-out's sums take up to 13 parts, more than the guard "
+                                         r"covers \(12\); take --order rows or --sums fixed"):
+        pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, 132, 3, pps.Form(order="chunks",
+                                                                                         sums="fixed32"))
 
 
 @pytest.mark.parametrize("form, expect", [
@@ -317,7 +248,7 @@ def test_kernel_gelu_form_is_torch_gelu():
     (["--tiles", "32x3"], "--tiles: the tensor-core form takes 64-row tiles"),
     (["--positions", "0"], "argument --positions: expected an integer >= 1, got 0"),
     (["--model", "gpt5"], "invalid choice: 'gpt5'"),
-    (["--leave-out", "residual"], "argument --leave-out: invalid choice: 'residual'"),
+    (["--leave-out", "attention"], "argument --leave-out: invalid choice: 'attention'"),
     (["--layernorm", "fused"], "argument --layernorm: invalid choice: 'fused'"),
     (["--order", "cols"], "argument --order: invalid choice: 'cols'"),
     (["--gelu", "erf"], "argument --gelu: invalid choice: 'erf'"),
@@ -352,9 +283,7 @@ def random_step_inputs():
 @pytest.mark.parametrize("form", [pps.Form("staged", gelu="exact", mma="sync"), pps.Form(gelu="exact", mma="sync"),
                                   pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(mlp_stages=4, qkv_stages=2), pps.Form(sums="fixed"),
-                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32"),
-                                  pps.Form(attention="merged"), pps.Form(attention="merged", sums="fixed32"),
-                                  pps.Form(attention="merged", stats_by="extra")], ids=str)
+                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
@@ -376,8 +305,7 @@ def test_step_matches_torch(stages, few, form):
 
 
 @hopper
-@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed"), pps.Form(sums="fixed32"),
-                                  pps.Form(attention="merged", sums="fixed32")], ids=str)
+@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed"), pps.Form(sums="fixed32")], ids=str)
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
@@ -390,10 +318,9 @@ def test_step_matches_transformers(checkpoint, form):
 
 
 @hopper
-@pytest.mark.parametrize("attention", pps.ATTENTIONS)
 @pytest.mark.parametrize("sums", ["atomic", "fixed32"])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
-def test_screened_head_gives_the_torch_steps_argmax(few, sums, attention):
+def test_screened_head_gives_the_torch_steps_argmax(few, sums):
     """The engine's greedy head (kernels.screened_argmax) after the step's launches: the argmax of
     the same step in torch, every run (a vocabulary past the screen's 16384 columns, not a
     multiple of its blocks)."""
@@ -403,7 +330,7 @@ def test_screened_head_gives_the_torch_steps_argmax(few, sums, attention):
     params, offs, final = pps.step_params(cfg, "cuda")
     caches = pps.make_caches(cfg, 23, "cuda")
     built = pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, 3,
-                              pps.Form(sums=sums, head="screened", attention=attention))
+                              pps.Form(sums=sums, head="screened"))
     checked = 0
     for seed in range(12):
         x0 = torch.randn(cfg.n_embd, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
@@ -421,9 +348,8 @@ def test_screened_head_gives_the_torch_steps_argmax(few, sums, attention):
 
 
 @hopper
-@pytest.mark.parametrize("attention", pps.ATTENTIONS)
 @pytest.mark.parametrize("guard", sorted(pps.GUARDS))
-def test_int32_guard_raises_its_flag(guard, attention):
+def test_int32_guard_raises_its_flag(guard):
     """What int32 words cannot hold raises the flag: a residual value at or beyond 2**13 where a
     layernorm reads it (x0 scaled up: the reads' check, and the parts' too, as qkv's raw
     products W' x are then that large), a part or bias added at or beyond 2**11 (attn-out's
@@ -436,28 +362,7 @@ def test_int32_guard_raises_its_flag(guard, attention):
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
     for p, x, raised in ((params, x0, False), (params, x0 * 1e4, guard != "off"), (big_bias, x0, parts), (params, x0, False)):
         built = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
-                                  pps.Form(sums="fixed32", guard=guard, attention=attention))
+                                  pps.Form(sums="fixed32", guard=guard))
         built.x0.copy_(x)
         built.step()
         assert built.flagged() is raised
-
-
-@hopper
-def test_merged_attention_appends_the_same_keys_and_values():
-    """attn-out's first program of each head appends this step's key and value to the cache, as
-    the attention launch does (int32 words: the same sums; the statistics taken by other
-    programs, so within fp32 rounding)."""
-    programs = torch.cuda.get_device_properties(0).multi_processor_count
-    slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
-    rows = {}
-    for attention in pps.ATTENTIONS:
-        for k, v in caches:
-            k[-1].fill_(float("nan"))
-            v[-1].fill_(float("nan"))
-        built = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, 3,
-                                  pps.Form(sums="fixed32", attention=attention))
-        built.x0.copy_(x0)
-        built.step()
-        rows[attention] = torch.stack([torch.stack([k[-1], v[-1]]) for k, v in caches]).float()
-    assert not rows["merged"].isnan().any()
-    torch.testing.assert_close(rows["merged"], rows["launch"], rtol=2e-3, atol=2e-3)
