@@ -76,9 +76,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     g_off and c = W b + bias at p_ptr + bias_off, per output; the statistics are needed only at
     the outputs). BIAS: the bias (XFORM 3: c - rstd mean u) of the row blocks whose first K
     chunk is this program's, loaded before the wait as one vector (BROWS, a power of two) and
-    added by one atomic. ASYNC: 0 a wait for each wgmma, 1 a tile's four issued in a row with
-    one wait, 2 (lazy) the tiles of a row block chained with a wait only where the tile's ring
-    slot is refilled or the sum is taken out. FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
+    added by one atomic. ASYNC: a tile's four wgmma issued in a row with one wait (else a wait
+    each). FIXED (32, 64): x and y are fixed-point words of that width, the parts and biases added
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
     int32's guard raises the flag at flag_ptr at the program's end (pdl_ring_kernels' PART32,
     READ32: the parts noted as they are added, the residual stream's values counted where the
@@ -180,24 +179,17 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
             xr = ch - chunk0
         else:
             xr = _x_row(t, j, KT, XS)
-        refill = j + STAGES < n
-        flush = (ORDER == 1) | (ch == KT - 1) | (j == n - 1)
         if (MODE & NO_MATH) == 0:
             for s in gl.static_range(4):
                 acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
-                                    is_async=ASYNC > 0)
-            if ASYNC == 1:
+                                    is_async=ASYNC)
+            if ASYNC:
                 acc = warpgroup_mma_wait(0, deps=[acc])
-            if ASYNC == 2:  # waited for only where the slot is refilled or the sum leaves the registers
-                acc = warpgroup_mma_wait(32, deps=[acc])  # (a wait for none: 4 groups a tile, 8 tiles a share)
-                if refill | flush:
-                    acc = warpgroup_mma_wait(0, deps=[acc])
-        if (ASYNC != 2) | refill:
-            _barrier()
-            fence_async_shared()
-        if refill:
+        _barrier()
+        fence_async_shared()
+        if j + STAGES < n:
             _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN)
-        if flush:
+        if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):
             if (MODE & NO_MATH) == 0:
                 out = rb * BN + rows
                 y = gl.sum(gl.where(cols[None, :] == 0, acc, 0.0), axis=1)

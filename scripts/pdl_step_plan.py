@@ -18,7 +18,7 @@ PARTS = ("layernorm", "gelu", "bias")
 LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
-MMAS = ("sync", "async", "lazy")  # the kernel's ASYNC: 0, 1, 2
+MMAS = ("sync", "async")  # the kernel's ASYNC
 SUMS = ("atomic", "fixed", "fixed32")
 WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
 HEADS = ("full", "screened")
@@ -168,9 +168,10 @@ class Form:
     take fewer); gelu: "exact" (tanh by exp2) or "approx" (the tanh.approx instruction);
     mlp_stages, qkv_stages: fc's and mlp-out's ring depth, qkv's (None: as the others'); mma: a
     tile's four wgmma each waited for ("sync") or issued in a row with one wait ("async"; four
-    accumulators, or the wait a tile later, lost: session 107, calls 9-10), or a row block's
-    tiles chained with a wait only where a ring slot is refilled or the sum is taken out
-    ("lazy"); sums: the split-K
+    accumulators, or the wait a tile later, lost: session 107, calls 9-10; a row block's tiles
+    chained with a wait only where a ring slot is refilled or the sum taken out gained -7 to +4
+    us with fp32 atomics, -20 to +4 with int32 words: session 110, call 7, the code at 0a77ffa);
+    sums: the split-K
     parts and biases added by fp32 atomics ("atomic"), or as fixed-point words with every
     activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
     kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":

@@ -164,9 +164,7 @@ def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None
     with x staged as xform says (probe_pdl_step: 1 its layernorm, weight and bias at params +
     g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
     the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
-    async_mma: 0 each product waited for, 1 a tile's four issued in a row with one wait, 2 a row
-    block's tiles chained, waited for only where a ring slot is refilled or the sum taken out (the
-    kernel's ASYNC). fixed: 0, or the width of
+    async_mma: a tile's four products issued in a row with one wait. fixed: 0, or the width of
     the fixed-point words that x and y are (the kernel's FIXED); flag: int32 words' guard flag;
     guard: which of its checks run (the kernel's GUARD)."""
     kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
@@ -175,7 +173,7 @@ def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None
             x if flag is None else flag)
     meta = dict(MODE=mode, STAGES=stages, KT=kt, RB=rb, ORDER=order, XS=xs, XB=triton.next_power_of_2(4 * xs),
                 XFORM=xform, BIAS=bias_off >= 0, BROWS=max(128, triton.next_power_of_2(64 * firsts)),
-                KP=max(128, triton.next_power_of_2(K)), ASYNC=int(async_mma), FIXED=fixed, GUARD=guard, num_warps=4,
+                KP=max(128, triton.next_power_of_2(K)), ASYNC=async_mma, FIXED=fixed, GUARD=guard, num_warps=4,
                 launch_pdl=pdl)
     if compile_only:
         return ring_linear_mma_kernel.warmup(*args, **meta, **compile_only)

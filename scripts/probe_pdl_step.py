@@ -150,7 +150,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
             if row[0] == "attn":
                 launch_attention(arena, row, caches, cfg.n_head, 0, pdl, params, EPS, fixed, flag, guard)
             else:
-                launch_linear(descs, arena, params, row, programs, depth, pdl, order, MMAS.index(form.mma), fixed,
+                launch_linear(descs, arena, params, row, programs, depth, pdl, order, form.mma == "async", fixed,
                               flag, guard)
         if head:
             head(arena[:C])
@@ -219,9 +219,7 @@ def main():
     ap.add_argument("--qkv-stages", type=_int_at_least(1), nargs="+", default=[None],
                     help="qkv's ring depth (default: as --tiles says)")
     ap.add_argument("--mma", nargs="+", default=["async"], choices=MMAS,
-                    help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async), or a "
-                         "row block's tiles chained, waited for only where a ring slot is refilled or the sum taken "
-                         "out (lazy)")
+                    help="a tile's four wgmma each waited for (sync) or issued in a row with one wait (async)")
     ap.add_argument("--sums", nargs="+", default=["atomic"], choices=SUMS,
                     help="split-K parts and biases added by fp32 atomics (atomic) or as int64 fixed-point "
                          "words, every activation kept as such (fixed: the same bits every run), or int32 "
