@@ -23,6 +23,8 @@ in a row with one wait; Triton 3.9, 1,070 under 3.6). Session 108: the same bits
 int32 words, 120-160 us more with int64. Session 109, every form on the same copy of the weights
 (forms each on their own copy had run up to 30 us apart with identical code), Triton 3.6 with
 the screened head: fp32 atomics 1,071-1,099 us, int32 words 1,095-1,107, guarded 1,125-1,135.
+Session 110: the attention computed inside attn-out (one launch a layer fewer) and lazier wgmma
+waits did not pay (pdl_attention_kernels.py, pdl_step_plan.Form).
 --checkpoint runs a real GPT-2 checkpoint's weights and checks the logits against transformers'.
 
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
