@@ -6,10 +6,11 @@ depends on the launch before), the folded layernorm's terms of its q, k and v, q
 outputs, the softmax over the positions, and this step's key and value appended.
 
 Session 110 also computed the attention inside attn-out, where it stages x (a program a head,
-attn-out's tiles one box wide, LN1's statistics stored by qkv: one launch a layer fewer). It
-took 1,086-1,117 us a gpt2-xl step against 1,062-1,074 with this launch (fp32 atomics; int32
-words 1,142-1,151 against 1,112-1,117): attn-out's tiles by head cost about as much as the
-launch saved (bench/results/h200/session-110/). Removed; the code is at c69c61f."""
+attn-out's tiles one box wide, LN1's statistics stored by qkv: one launch a layer fewer). A
+gpt2-xl step took 1,086-1,142 us against 1,062-1,074 with this launch (fp32 atomics; int32
+words 1,142-1,180 against 1,112-1,127): attn-out's tiles one head wide cost 37-69 us on their
+own, more than the merge saved (bench/results/h200/session-110/). Removed; the code is at
+c69c61f."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

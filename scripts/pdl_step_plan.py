@@ -171,12 +171,12 @@ class Form:
     accumulators, or the wait a tile later, lost: session 107, calls 9-10; a row block's tiles
     chained with a wait only where a ring slot is refilled or the sum taken out gained -7 to +4
     us with fp32 atomics, -20 to +4 with int32 words: session 110, call 7, the code at 0a77ffa);
-    sums: the split-K
-    parts and biases added by fp32 atomics ("atomic"), or as fixed-point words with every
-    activation kept as such, so that the step's bits are the same every run: int64 ("fixed",
-    kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16 ("fixed32":
-    fp32's bytes, 9-26 us slower unguarded, 18-32 guarded, session 109; values must stay below
-    2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32). The last part's program finishing each output, as kernels/_fixed_merge does, took
+    sums: the split-K parts and biases added by fp32 atomics ("atomic"), or as fixed-point
+    words with every activation kept as such, so that the step's bits are the same every run:
+    int64 ("fixed", kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16
+    ("fixed32": fp32's bytes, 9-26 us slower unguarded, 18-32 guarded, session 109; values must
+    stay below 2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32).
+    The last part's program finishing each output, as kernels/_fixed_merge does, took
     1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
