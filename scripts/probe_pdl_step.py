@@ -83,8 +83,9 @@ def screened_head(slabs, params, row, C, device, fixed, shared):
     slab, start, V, _, _, _, _, u_off, _, c_off = row
     weight = slabs[slab][start:start + V].t()  # (C, V) out-major, as the engine's lm_head
     u, c = params[u_off:u_off + V], params[c_off:c_off + V]
-    screen = shared["screen"] if "screen" in shared else screen_head(weight, c, u)
-    shared["screen"] = screen
+    if "screen" not in shared:
+        shared["screen"] = screen_head(weight, c, u)
+    screen = shared["screen"]
     if screen is None:
         raise ValueError(f"--head screened: the screen takes a vocabulary of at least 16384 columns and "
                          f"a width up to 2048 divisible by 4, got {V} x {C}")

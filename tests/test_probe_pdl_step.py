@@ -121,11 +121,17 @@ def test_most_parts_counts_each_program_on_a_row_block():
         assert pps.most_parts(N, K, programs, 1) == kt + 1  # a part a tile, and the bias
 
 
-def test_int32_words_refuse_sums_their_guard_does_not_cover():
-    cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
+def cpu_step_inputs(cfg):
+    """cfg's random weights, parameters and 7 cached positions on the CPU, for a launcher that
+    is built (and refuses) but never launched."""
     slabs, shapes = pps.weights(cfg, "cpu")
     params, offs, final = pps.step_params(cfg, "cpu")
-    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(cfg, 7, "cpu")]
+    return slabs, shapes, params, offs, final, [tuple(c.cpu() for c in pair) for pair in pps.make_caches(cfg, 7, "cpu")]
+
+
+def test_int32_words_refuse_sums_their_guard_does_not_cover():
+    cfg = GPTConfig(n_layer=1, n_head=12, n_embd=768, n_positions=32, vocab_size=100)  # mlp-out: 12 K chunks
+    slabs, shapes, params, offs, final, caches = cpu_step_inputs(cfg)
     with pytest.raises(ValueError, match=r"--sums fixed32: mlp-out's sums take up to 13 parts, more than the guard "
                                          r"covers \(12\); take --order rows or --sums fixed"):
         pps.step_launcher(slabs, shapes, cfg, params, offs, final, caches, 132, 3, pps.Form(order="chunks",
@@ -140,9 +146,7 @@ def test_int32_words_refuse_sums_their_guard_does_not_cover():
                                 r"width up to 2048 divisible by 4, got 100 x 320"),
 ])
 def test_screened_head_refuses_what_it_cannot_run(form, expect):
-    slabs, shapes = pps.weights(CFG, "cpu")
-    params, offs, final = pps.step_params(CFG, "cpu")
-    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 7, "cpu")]
+    slabs, shapes, params, offs, final, caches = cpu_step_inputs(CFG)
     with pytest.raises(ValueError, match=expect):
         pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, 132, 3, form)
 
@@ -150,9 +154,7 @@ def test_screened_head_refuses_what_it_cannot_run(form, expect):
 def test_forms_share_their_weights_and_pad_their_activations(monkeypatch):
     """Launchers built with one `shared` dict fold the layernorms once (the forms compared then
     read the same weights' addresses); arena_pad moves the activations within their buffer."""
-    slabs, shapes = pps.weights(CFG, "cpu")
-    params, offs, final = pps.step_params(CFG, "cpu")
-    caches = [tuple(c.cpu() for c in pair) for pair in pps.make_caches(CFG, 7, "cpu")]
+    slabs, shapes, params, offs, final, caches = cpu_step_inputs(CFG)
     folds = []
     fold = pps.fold_layernorms
     monkeypatch.setattr(pps, "fold_layernorms", lambda *a: folds.append(1) or fold(*a))
@@ -360,7 +362,8 @@ def test_int32_guard_raises_its_flag(guard):
     slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
     big_bias = params.clone()
     big_bias[offs[1]["attn_out"] + 7] = 3000.0
-    for p, x, raised in ((params, x0, False), (params, x0 * 1e4, guard != "off"), (big_bias, x0, parts), (params, x0, False)):
+    cases = ((params, x0, False), (params, x0 * 1e4, guard != "off"), (big_bias, x0, parts), (params, x0, False))
+    for p, x, raised in cases:
         built = pps.step_launcher(slabs, shapes, CFG, p, offs, final, caches, programs, 3,
                                   pps.Form(sums="fixed32", guard=guard))
         built.x0.copy_(x)
