@@ -15,6 +15,9 @@ from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X
 from stream_step_kernels import _barrier, _tma_load
 
 BM = gl.constexpr(64)  # the rows one warpgroup's wgmma takes; rows past the batch are zeros
+# what a mode changes beside pdl_ring_kernels' bits (for pricing: the values are wrong): no
+# atomics out; x read as fp16, half the bytes (the first half of each fp32 row's bytes)
+NO_OUT, X_HALF = gl.constexpr(16), gl.constexpr(32)
 
 
 @gluon.jit
@@ -118,7 +121,10 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
             col = (chunk * BOXES + box % BOXES) * 64
             ptr = x_ptr + xr[None, :, None] * stride_xm + col[:, None, None] + xc[None, None, :]
             x_in = (ok[:, None, None] & (xr < R)[None, :, None]) & (col[:, None, None] + xc[None, None, :] < K)
-            v = gl.load(ptr, mask=x_in, other=0.0)
+            if (MODE & X_HALF) != 0:
+                v = gl.load(ptr.to(gl.pointer_type(gl.float16)), mask=x_in, other=0.0)
+            else:
+                v = gl.load(ptr, mask=x_in, other=0.0)
             xs3.slice(g, GROUP, dim=0).store(v.to(gl.float16))
     fence_async_shared()  # x's stores before the tensor cores read them
     _barrier()
@@ -143,7 +149,7 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
         if j + STAGES < n:
             _ask_rows_tile(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN, BOXES)
         if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):  # a run of one row block ends: its part out
-            if (MODE & NO_MATH) == 0:
+            if (MODE & (NO_MATH | NO_OUT)) == 0:
                 out = rb * BN + cols
                 y_in = (rows < R)[:, None] & (out < N)[None, :]
                 gl.atomic_add(y_ptr + rows[:, None] * N + out[None, :], acc, mask=y_in, sem="relaxed", scope="gpu")

@@ -36,7 +36,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next launch triggered late",
          4: "no arithmetic (no products, no atomics)", 8: "no x staged after the wait",
-         12: "the ring and the waits alone (no x, no arithmetic)"}
+         12: "the ring and the waits alone (no x, no arithmetic)", 16: "products, no atomics out",
+         32: "x read as fp16 (half the bytes)", 48: "x as fp16, no atomics out"}
 SMEM_PER_SM = 228 * 1024  # H100 / H200; a block also holds 1 KB for the system
 MAX_ROWS = 64  # one warpgroup's wgmma rows
 
