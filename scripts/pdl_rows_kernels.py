@@ -12,6 +12,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X
+from pdl_ring_mma_kernels import _tile_at  # (row block, K chunk) of a tile: ORDER 0 by row block, 1 by K chunk
 from stream_step_kernels import _barrier, _tma_load
 
 BM = gl.constexpr(64)  # the rows one warpgroup's wgmma takes; rows past the batch are zeros
@@ -21,23 +22,10 @@ NO_OUT, X_HALF = gl.constexpr(16), gl.constexpr(32)
 
 
 @gluon.jit
-def _rows_tile_at(t, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
-    """Tile t's (row block of outputs, K chunk): ORDER 0 by row block (a block's chunks in a row,
-    summed in registers, one atomic add a run), 1 by K chunk (a program's tiles share x's chunk)."""
-    if ORDER == 0:
-        rb = t // KT
-        chunk = t % KT
-    else:
-        rb = t % RB
-        chunk = t // RB
-    return rb, chunk
-
-
-@gluon.jit
 def _ask_rows_tile(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr,
                    BN: gl.constexpr, BOXES: gl.constexpr):
     """Ask for tile t's weights as BOXES (BN x 64) boxes into ring slot `slot`."""
-    rb, chunk = _rows_tile_at(t, KT, RB, ORDER)
+    rb, chunk = _tile_at(t, KT, RB, ORDER)
     bar = bars.index(slot)
     mbarrier.expect(bar, BOXES * desc.block_type.nbytes)
     for s in gl.static_range(BOXES):
@@ -47,7 +35,7 @@ def _ask_rows_tile(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.con
 @gluon.jit
 def _x_slot(t, j, chunk0, KT: gl.constexpr, RB: gl.constexpr, XS: gl.constexpr, ORDER: gl.constexpr):
     """The staged chunk of x that tile t (the share's j-th) reads."""
-    _, chunk = _rows_tile_at(t, KT, RB, ORDER)
+    _, chunk = _tile_at(t, KT, RB, ORDER)
     if ORDER == 1:
         r = chunk - chunk0
     elif XS == KT:
@@ -104,7 +92,7 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
     xb = gl.arange(0, GROUP, layout=gl.SliceLayout(1, gl.SliceLayout(2, xa)))
     xr = gl.arange(0, BM, layout=gl.SliceLayout(0, gl.SliceLayout(2, xa)))
     xc = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, xa)))
-    _, chunk0 = _rows_tile_at(t0, KT, RB, ORDER)
+    _, chunk0 = _tile_at(t0, KT, RB, ORDER)
     if (MODE & NO_X) == 0:
         for g in gl.static_range(0, NB, GROUP):
             box = g + xb  # the boxes' index in xs: chunk slot i = box // BOXES, its s-th box
@@ -135,7 +123,7 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
     acc = gl.zeros([BM, BN], gl.float32, mma)
     for j in range(n):
         t = t0 + j
-        rb, ch = _rows_tile_at(t, KT, RB, ORDER)
+        rb, ch = _tile_at(t, KT, RB, ORDER)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if (MODE & NO_MATH) == 0:

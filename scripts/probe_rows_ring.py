@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_rows_kernels import rows_linear_kernel  # noqa: E402
+from probe_pdl_ring import share  # noqa: E402 (a program's tiles, as the kernels split them)
 from probe_stream_step import gpu_setup, weights  # noqa: E402,F401 (weights: for the tests)
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
@@ -65,12 +66,6 @@ def prep_zero(rows, R):
     """(offset, length) of the arena the step zeroes before its first launch."""
     end = rows[1][6] + R * rows[1][2] if len(rows) > 1 else rows[0][6] + R * rows[0][2]
     return rows[0][6], end - rows[0][6]
-
-
-def share(n_tiles, programs, pid):
-    """Program pid's tiles, as the kernel splits them: (first tile, count)."""
-    t0 = n_tiles * pid // programs
-    return t0, n_tiles * (pid + 1) // programs - t0
 
 
 def tile_split(N, K, programs, bn, bk, order):
