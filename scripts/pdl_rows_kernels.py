@@ -86,8 +86,8 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
     zi = gl.arange(0, 4 * 32 * num_warps, layout=zl)
     for off in range(z0, z1, 4 * 32 * num_warps):
         gl.store(z_ptr + off + zi, gl.zeros([4 * 32 * num_warps], gl.float32, zl), mask=off + zi < z1)
-    # a store into xs is fenced from the next by a barrier, so its loads come in first: a store a
-    # box cost an L2 round trip a box, a store a group one a group
+    # Triton puts a barrier between two stores into xs, and each waits for its own loads: a
+    # store a box cost an L2 round trip a box (SASS, Triton 3.6), a store a group costs one a group
     xa: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 2, 16], [1, num_warps, 1], [2, 1, 0])
     xb = gl.arange(0, GROUP, layout=gl.SliceLayout(1, gl.SliceLayout(2, xa)))
     xr = gl.arange(0, BM, layout=gl.SliceLayout(0, gl.SliceLayout(2, xa)))

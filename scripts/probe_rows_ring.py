@@ -20,6 +20,7 @@ zeroes the output of the launch after next, so no memset runs inside the chain.
     python3 scripts/probe_rows_ring.py --compile-only                 # sm_90 compile on any machine
 """
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next 
          32: "x read as fp16 (half the bytes)", 48: "x as fp16, no atomics out"}
 SMEM_PER_SM = 228 * 1024  # H100 / H200; a block also holds 1 KB for the system
 MAX_ROWS = 64  # one warpgroup's wgmma rows
+# a run's largest error against torch's chain, relative to its largest value: fp32 sums in another
+# order over 48 linears, each input rounded to fp16, read 1.6e-3 to 2.6e-3 at gpt2's size (session 111)
+MAX_REL_ERR = 1e-2
 
 
 def phases(shapes, R, C, head=True):
@@ -206,35 +210,37 @@ def main():
     layer_bytes = sum(slabs[s][a:a + N].numel() * 2 for s, a, N, _ in shapes[:-1])
     rec.update(launches_per_layer=4, layer_linears_bytes=layer_bytes,
                linears_floor_us=round(layer_bytes / (rec["copy_gbps"] * 1e3), 2))
-    for R in args.rows:
-        x0 = torch.randn(R, C, device="cuda")
-        for head in (h == "on" for h in args.head):
-            want = reference_chain(slabs, shapes, x0, head)
-            nbytes = layer_bytes + (slabs[0][shapes[-1][1]:].numel() * 2 if head else 0)
-            floor_us = nbytes / (rec["copy_gbps"] * 1e3)
-            for tile in args.tiles:
-                for order in args.orders:
-                    for mode in args.modes:
-                        step, arena, last = launcher(slabs, shapes, R, C, programs, tile, mode, True, order, head)
-                        arena[:R * C] = x0.flatten()
-                        step()
-                        torch.cuda.synchronize()
-                        got = arena[last:last + want.numel()].view_as(want)
-                        err = ((got - want).abs().max() / want.abs().max()).item()
-                        us = ms_graph([step]) * 1e3
-                        xs = [tile_split(N, K, programs, tile[0], tile[1], order)[2] for _, _, N, K in shapes[:4]]
-                        run = dict(rows=R, head=head, tile=list(tile), order=order, mode=MODES[mode],
-                                   us=round(us, 2), floor_us=round(floor_us, 2), floor_fraction=round(floor_us / us, 3),
-                                   us_per_layer=round(us / cfg.n_layer, 2) if not head else None,
-                                   layer_smem_bytes=[smem_bytes(*tile, x) for x in xs],
-                                   rel_err=err if mode == 0 else None)
-                        rec["runs"].append(run)
-                        print(json.dumps(run), flush=True)
+    inputs, failed = {}, 0
+    for R, head, tile, order, mode in itertools.product(args.rows, [h == "on" for h in args.head], args.tiles,
+                                                        args.orders, args.modes):
+        if (R, head) not in inputs:
+            x0 = torch.randn(R, C, device="cuda")
+            inputs[R, head] = x0, reference_chain(slabs, shapes, x0, head)
+        x0, want = inputs[R, head]
+        nbytes = layer_bytes + (slabs[0][shapes[-1][1]:].numel() * 2 if head else 0)
+        floor_us = nbytes / (rec["copy_gbps"] * 1e3)
+        step, arena, last = launcher(slabs, shapes, R, C, programs, tile, mode, True, order, head)
+        arena[:R * C] = x0.flatten()
+        step()
+        torch.cuda.synchronize()
+        got = arena[last:last + want.numel()].view_as(want)
+        err = ((got - want).abs().max() / want.abs().max()).item() if mode == 0 else None
+        failed += err is not None and not err < MAX_REL_ERR
+        us = ms_graph([step]) * 1e3
+        xs = [tile_split(N, K, programs, tile[0], tile[1], order)[2] for _, _, N, K in shapes[:4]]
+        run = dict(rows=R, head=head, tile=list(tile), order=order, mode=MODES[mode], us=round(us, 2),
+                   floor_us=round(floor_us, 2), floor_fraction=round(floor_us / us, 3),
+                   us_per_layer=None if head else round(us / cfg.n_layer, 2),
+                   layer_smem_bytes=[smem_bytes(*tile, x) for x in xs], rel_err=err)
+        rec["runs"].append(run)
+        print(json.dumps(run), flush=True)
     print(f"{args.model}: the layers' linears {layer_bytes / 1e6:.1f} MB, floor {rec['linears_floor_us']} us at "
           f"{rec['copy_gbps']:.0f} GB/s")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rows-ring-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    if failed:
+        sys.exit(f"probe_rows_ring.py: {failed} run(s) off torch's chain by a relative error of {MAX_REL_ERR} or more")
 
 
 if __name__ == "__main__":
