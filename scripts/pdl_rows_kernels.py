@@ -11,7 +11,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X
+from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _x_row
 from pdl_ring_mma_kernels import _tile_at  # (row block, K chunk) of a tile: ORDER 0 by row block, 1 by K chunk
 from stream_step_kernels import _barrier, _tma_load
 
@@ -35,13 +35,10 @@ def _ask_rows_tile(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.con
 @gluon.jit
 def _x_slot(t, j, chunk0, KT: gl.constexpr, RB: gl.constexpr, XS: gl.constexpr, ORDER: gl.constexpr):
     """The staged chunk of x that tile t (the share's j-th) reads."""
-    _, chunk = _tile_at(t, KT, RB, ORDER)
     if ORDER == 1:
-        r = chunk - chunk0
-    elif XS == KT:
-        r = chunk
+        r = t // RB - chunk0
     else:
-        r = j
+        r = _x_row(t, j, KT, XS)
     return r
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_rows_kernels import rows_linear_kernel  # noqa: E402
-from probe_pdl_ring import share  # noqa: E402 (a program's tiles, as the kernels split them)
+from probe_pdl_ring import share, x_rows  # noqa: E402 (a program's tiles; x's chunks by row block)
 from probe_stream_step import gpu_setup, weights  # noqa: E402,F401 (weights: for the tests)
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
@@ -77,7 +77,7 @@ def tile_split(N, K, programs, bn, bk, order):
     touches; order 0 every chunk where a share is as long, else one a tile."""
     kt, rb = -(-K // bk), -(-N // bn)
     if order == 0:
-        return kt, rb, min(kt, -(-(rb * kt) // programs))
+        return kt, rb, x_rows(rb * kt, kt, programs)
     xs = 1
     for pid in range(programs):
         t0, n = share(rb * kt, programs, pid)
@@ -210,6 +210,7 @@ def main():
     layer_bytes = sum(slabs[s][a:a + N].numel() * 2 for s, a, N, _ in shapes[:-1])
     rec.update(launches_per_layer=4, layer_linears_bytes=layer_bytes,
                linears_floor_us=round(layer_bytes / (rec["copy_gbps"] * 1e3), 2))
+    head_bytes = slabs[0][shapes[-1][1]:].numel() * 2
     inputs, failed = {}, 0
     for R, head, tile, order, mode in itertools.product(args.rows, [h == "on" for h in args.head], args.tiles,
                                                         args.orders, args.modes):
@@ -217,8 +218,7 @@ def main():
             x0 = torch.randn(R, C, device="cuda")
             inputs[R, head] = x0, reference_chain(slabs, shapes, x0, head)
         x0, want = inputs[R, head]
-        nbytes = layer_bytes + (slabs[0][shapes[-1][1]:].numel() * 2 if head else 0)
-        floor_us = nbytes / (rec["copy_gbps"] * 1e3)
+        floor_us = (layer_bytes + head_bytes * head) / (rec["copy_gbps"] * 1e3)
         step, arena, last = launcher(slabs, shapes, R, C, programs, tile, mode, True, order, head)
         arena[:R * C] = x0.flatten()
         step()
