@@ -81,7 +81,8 @@ def ring_attention_kernel(kc_ptr, vc_ptr, qkv_ptr, y_ptr, P, C, scale, x_ptr, p_
     the statistics of x (the residual stream) and finish q, k, v = rstd (W' x - mean u) + c, u
     and c at p_ptr + u_off / c_off, so qkv's many do not. FIXED (32, 64): the activations (qkv's
     output, x, y) are fixed-point words of that width (int32's guard: y's values and the
-    residual stream's checked, the flag at flag_ptr raised at the end; GUARD: which checks)."""
+    residual stream's checked, the flag at flag_ptr raised at the end; GUARD: which checks), or
+    (GRID32) fp32 with y truncated onto int32's grid as its words would be."""
     h = gl.program_id(0)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     d = gl.arange(0, D, layout=gl.SliceLayout(0, blk))

@@ -169,6 +169,12 @@ READ32 = gl.constexpr(float(1 << 13))
 MAX_PARTS32 = int((2 ** 15 - READ32.value) // PART32.value)  # 12
 # the kernels' GUARD bits (timing only: each check priced alone), both by default
 GUARD_PARTS, GUARD_READS = gl.constexpr(1), gl.constexpr(2)
+# FIXED's code for fp32 activations kept on the int32 words' grid (multiples of UNIT32): each part
+# and bias truncated onto it before its fp32 atomic, as _to_word truncates an int32 word. A sum
+# below 2**8 (2**24 units, fp32's significand) is then exact, so its bits do not depend on the
+# order its parts arrive in, with no conversion at the readers; past that it rounds as the fp32
+# atomics do (its last bits may vary), but nothing wraps, so it needs no guard
+GRID32 = gl.constexpr(1)
 
 
 @gluon.jit
@@ -181,7 +187,7 @@ def _raise_flag(flag_ptr, bad):
 
 @gluon.jit
 def _act_load(ptr, mask, FIXED: gl.constexpr):
-    """Activations as fp32, from fp32 (FIXED 0) or from FIXED-bit fixed-point words (_to_word's):
+    """Activations as fp32, from fp32 (FIXED 0, GRID32) or from FIXED-bit fixed-point words (_to_word's):
     a word's conversion rounds once, the scaling by a power of two is exact."""
     if FIXED == 64:
         v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
@@ -206,20 +212,24 @@ def _over_part(v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
 @gluon.jit
 def _to_word(v, FIXED: gl.constexpr):
     """v (fp32) as a FIXED-bit fixed-point word, truncated toward zero (the conversion saturates;
-    NaN becomes 0). The int64 words' range (2**39) is left unguarded."""
+    NaN becomes 0), or (GRID32) as fp32 truncated onto the int32 words' grid (the same value
+    where a word holds it; nothing saturates). The int64 words' range (2**39) is left unguarded."""
     if FIXED == 64:
         w = (v * FIXED_SCALE).to(gl.int64)
-    else:
+    elif FIXED == 32:
         w = (v * SCALE32).to(gl.int32)
+    else:
+        units = v * SCALE32  # both scalings by a power of two: exact
+        w = gl.where(units < 0.0, gl.ceil(units), gl.floor(units)) * UNIT32
     return w
 
 
 @gluon.jit
 def _act_add(ptr, v, mask, FIXED: gl.constexpr, GUARD: gl.constexpr):
     """Adds a split-K part (or a bias) into activations by an atomic that nobody waits for: fp32
-    (FIXED 0: the sum's last bits then depend on the parts' order) or as an integer word
-    (_to_word), whose sums do not depend on the order. Returns where it broke int32's PART32
-    (_over_part), for the caller to keep until its end."""
+    (FIXED 0: the sum's last bits then depend on the parts' order), or as an integer word or fp32
+    on the int32 words' grid (_to_word: the sums' bits do not depend on the order). Returns where
+    it broke int32's PART32 (_over_part), for the caller to keep until its end."""
     if FIXED != 0:
         gl.atomic_add(ptr, _to_word(v, FIXED), mask=mask, sem="relaxed", scope="gpu")
     else:

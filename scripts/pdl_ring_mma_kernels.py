@@ -81,7 +81,8 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     as integers (_act_add), so y's bits do not depend on the order in which the parts arrive;
     int32's guard raises the flag at flag_ptr at the program's end (pdl_ring_kernels' PART32,
     READ32: the parts noted as they are added, the residual stream's values counted where the
-    layernorms' statistics take them; GUARD: which checks)."""
+    layernorms' statistics take them; GUARD: which checks). GRID32: fp32 on int32's grid, the
+    parts and biases truncated onto it before their fp32 atomics (_to_word)."""
     BN: gl.constexpr = 64
     pid = gl.program_id(0)
     t0 = n_tiles * pid // programs

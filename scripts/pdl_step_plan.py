@@ -9,7 +9,7 @@ import torch
 
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
 from kernels import fold_layernorm
-from pdl_ring_kernels import SCALE32, UNIT32
+from pdl_ring_kernels import GRID32, SCALE32, UNIT32
 from probe_pdl_ring import BK, attend, share
 
 EPS = 1e-5
@@ -19,8 +19,8 @@ LAYERNORMS = ("staged", "folded")
 ORDERS = ("rows", "chunks", "mixed")  # the kernel's ORDER: 0, 1, and 1 but the head's 0
 GELUS = ("exact", "approx")
 MMAS = ("sync", "async")  # the kernel's ASYNC
-SUMS = ("atomic", "fixed", "fixed32")
-WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32}  # the kernels' FIXED
+SUMS = ("atomic", "fixed", "fixed32", "grid")
+WORD_BITS = {"atomic": 0, "fixed": 64, "fixed32": 32, "grid": GRID32.value}  # the kernels' FIXED
 HEADS = ("full", "screened")
 GUARDS = {"on": 3, "parts": 1, "reads": 2, "off": 0}  # int32's checks: the kernels' GUARD bits
 
@@ -101,15 +101,20 @@ def most_parts(N, K, programs, order):
 
 def to_words(x, bits=64):
     """fp32 activations as a fixed-point form's words: int64 in units of FIXED_UNIT, int32 in
-    2**-16 (pdl_ring_kernels' _to_word), truncated toward zero as the kernels convert them."""
+    2**-16 (pdl_ring_kernels' _to_word), truncated toward zero as the kernels convert them; or
+    (GRID32) fp32 truncated onto the int32 words' grid."""
     if bits == 64:
         return (x.float() * FIXED_SCALE.value).to(torch.int64)
+    if bits == GRID32.value:
+        return torch.trunc(x.float() * SCALE32.value) * UNIT32.value
     # saturating as the GPU's conversion does, so that the readers' guard sees what does not fit
     return (x.float() * SCALE32.value).clamp(-2.0 ** 31, 2.0 ** 31 - 128).to(torch.int32)
 
 
 def from_words(words):
-    """The words as fp32, rounded once as the kernels read them."""
+    """The words as fp32, rounded once as the kernels read them (fp32 on the grid: a copy)."""
+    if words.dtype == torch.float32:
+        return words.clone()
     return words.to(torch.float32) * (FIXED_UNIT if words.dtype == torch.int64 else UNIT32).value
 
 
@@ -175,12 +180,14 @@ class Form:
     words with every activation kept as such, so that the step's bits are the same every run:
     int64 ("fixed", kernels/_fixed_merge's units: 120-160 us slower) or int32 in units of 2**-16
     ("fixed32": fp32's bytes, 9-26 us slower unguarded, 18-32 guarded, session 109; values must
-    stay below 2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32).
+    stay below 2**15: a flag rises where they might not, pdl_ring_kernels' PART32 and READ32),
+    or fp32 kept on int32's grid ("grid": each part truncated onto multiples of 2**-16 before its
+    fp32 atomic, so that sums below 2**8 are exact; past that they round, with no wrap to guard).
     The last part's program finishing each output, as kernels/_fixed_merge does, took
     1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
-    layernorms folded, fp32 or int32 sums); guard: int32's checks, "on" (both), or to price each,
+    layernorms folded, fp32 (atomic, grid) or int32 sums); guard: int32's checks, "on" (both), or to price each,
     "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
     layernorm: str = "folded"
     order: str = "rows"

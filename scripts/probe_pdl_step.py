@@ -13,7 +13,9 @@ then). attn-out and mlp-out add their outputs into the residual stream by their 
 program adds the biases of the row blocks whose first K chunk it holds, by one atomic. With
 --sums fixed (fixed32) every activation is an int64 (int32) fixed-point word and the atomics add
 integers, whose sums do not depend on the order the parts arrive in: the step's bits are the
-same every run. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
+same every run. --sums grid keeps fp32 activations on int32's grid, each part truncated onto it
+before its fp32 atomic: the same bits while the sums stay below 2**8, with no conversions and no
+guard. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
 real and checked against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
@@ -30,6 +32,7 @@ waits did not pay (pdl_attention_kernels.py, pdl_step_plan.Form).
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
     python3 scripts/probe_pdl_step.py --mma sync async --leave-out layernorm  # A/B in one process
     python3 scripts/probe_pdl_step.py --sums atomic fixed32 --head screened   # the price of the same bits
+    python3 scripts/probe_pdl_step.py --sums atomic grid fixed32 --head screened
     python3 scripts/probe_pdl_step.py --head screened --copies 4              # the weights' placement
 """
 import argparse
@@ -106,8 +109,8 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     shared = {} if shared is None else shared
     C = cfg.n_embd
     if form.head == "screened" and (form.layernorm != "folded" or form.sums == "fixed"):
-        raise ValueError("--head screened: takes --layernorm folded and --sums atomic or fixed32 (it reads the "
-                         "folded head and the residual stream in fp32 or int32 words)")
+        raise ValueError("--head screened: takes --layernorm folded and --sums atomic, grid or fixed32 (it reads "
+                         "the folded head and the residual stream in fp32 or int32 words)")
     rows, size = plan_step(shapes, C, cfg.n_head, offs, final)
     if form.layernorm == "folded":
         if "folded" not in shared:
@@ -121,7 +124,7 @@ def step_launcher(slabs, shapes, cfg, params, offs, final, caches, programs, sta
     # the activations, then the int32 words' guard flag (zeroed with them)
     if arena_pad % 32:
         raise ValueError(f"--arena-pad: expected a multiple of 32 words, got {arena_pad}")
-    words = torch.zeros(arena_pad + size + 1, dtype={0: torch.float32, 32: torch.int32, 64: torch.int64}[fixed],
+    words = torch.zeros(arena_pad + size + 1, dtype={32: torch.int32, 64: torch.int64}.get(fixed, torch.float32),
                         device=device)
     arena = words[arena_pad:]
     flag = arena[size:] if fixed == 32 else None
@@ -227,10 +230,11 @@ def main():
                     help="split-K parts and biases added by fp32 atomics (atomic) or as int64 fixed-point "
                          "words, every activation kept as such (fixed: the same bits every run), or int32 "
                          "words (fixed32: values below 2**15, guarded: the run reports `flagged` where a value "
-                         "read reached 2**13 or a part added 2**11)")
+                         "read reached 2**13 or a part added 2**11), or fp32 on int32's grid (grid: the same "
+                         "bits while sums stay below 2**8, no guard)")
     ap.add_argument("--head", nargs="+", default=["full"], choices=HEADS,
                     help="the probe's lm_head, every logit (full), or the engine's greedy head from an int8 copy "
-                         "(screened: the argmax alone; --sums atomic or fixed32)")
+                         "(screened: the argmax alone; --sums atomic, grid or fixed32)")
     ap.add_argument("--guard", nargs="+", default=["on"], choices=sorted(GUARDS),
                     help="fixed32's checks: on (both), or to price each alone, parts (a part or bias added), "
                          "reads (the residual stream where a layernorm reads it), off (timing only)")

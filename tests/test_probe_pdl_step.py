@@ -109,6 +109,35 @@ def test_fixed_point_words_add_in_any_order_to_the_same_bits():
     assert pps.to_words(torch.tensor([1e6, -1e6]), 32).tolist() == [2 ** 31 - 128, -2 ** 31]
 
 
+def test_grid_sums_are_exact_in_any_order_below_their_range():
+    """--sums grid in torch: parts truncated onto int32's grid (multiples of 2**-16) and added in
+    fp32 in any order give the same bits while the sums stay below 2**8, and the same values as
+    int32 words; past that the fp32 sums round (their bits may vary) but stay near the exact sum,
+    where int32 words wrap."""
+    g = torch.Generator().manual_seed(11)
+    parts = torch.randn(13, 4096, generator=g) * 9  # 13 split-K parts; sums up to about 130
+    grid = pps.to_words(parts, pps.WORD_BITS["grid"])
+    assert grid.dtype == torch.float32 and torch.equal(grid, torch.trunc(grid * 2 ** 16) / 2 ** 16)
+    assert torch.equal(grid, pps.from_words(pps.to_words(parts, 32)))  # the int32 words' values
+    assert (grid - parts).abs().max() < 2.0 ** -16 and ((grid - parts) * parts <= 0).all()  # toward zero
+    order_sums = []
+    for _ in range(4):
+        acc = torch.zeros(4096)
+        for i in torch.randperm(13, generator=g):  # one fp32 add a part, as the atomics add them
+            acc = acc + grid[i]
+        order_sums.append(acc)
+    assert order_sums[0].abs().max() < 2 ** 8
+    assert all(torch.equal(order_sums[0], o) for o in order_sums[1:])
+    assert torch.equal(order_sums[0], pps.from_words(pps.to_words(parts, 32).sum(0, dtype=torch.int32)))
+    big = pps.to_words(parts * 300, pps.WORD_BITS["grid"])  # sums up to about 4e4: past 2**8
+    acc = torch.zeros(4096)
+    for i in torch.randperm(13, generator=g):
+        acc = acc + big[i]
+    exact = big.double().sum(0)
+    assert (acc.double() - exact).abs().max() <= 13 * exact.abs().max() * 2 ** -24  # rounded, not wrapped
+    assert pps.from_words(grid) is not grid and torch.equal(pps.from_words(grid), grid)
+
+
 def test_most_parts_counts_each_program_on_a_row_block():
     for N, K, programs in ((1600, 6400, 132), (320, 1280, 5), (50257, 1600, 132), (128, 512, 132), (4800, 1600, 7)):
         kt, rb = -(-K // pps.BK), -(-N // 64)
@@ -139,9 +168,10 @@ def test_int32_words_refuse_sums_their_guard_does_not_cover():
 
 
 @pytest.mark.parametrize("form, expect", [
-    (pps.Form(sums="fixed", head="screened"), "--head screened: takes --layernorm folded and --sums atomic or "
-                                              "fixed32"),
-    (pps.Form("staged", head="screened"), "--head screened: takes --layernorm folded and --sums atomic or fixed32"),
+    (pps.Form(sums="fixed", head="screened"), "--head screened: takes --layernorm folded and --sums atomic, grid "
+                                              "or fixed32"),
+    (pps.Form("staged", head="screened"), "--head screened: takes --layernorm folded and --sums atomic, grid or "
+                                          "fixed32"),
     (pps.Form(head="screened"), r"--head screened: the screen takes a vocabulary of at least 16384 columns and a "
                                 r"width up to 2048 divisible by 4, got 100 x 320"),
 ])
@@ -285,7 +315,8 @@ def random_step_inputs():
 @pytest.mark.parametrize("form", [pps.Form("staged", gelu="exact", mma="sync"), pps.Form(gelu="exact", mma="sync"),
                                   pps.Form(), pps.Form(order="chunks"), pps.Form(order="mixed"),
                                   pps.Form(mlp_stages=4, qkv_stages=2), pps.Form(sums="fixed"),
-                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32")], ids=str)
+                                  pps.Form("staged", "chunks", sums="fixed"), pps.Form(sums="fixed32"),
+                                  pps.Form(sums="grid"), pps.Form(order="chunks", sums="grid")], ids=str)
 def test_step_matches_torch(stages, few, form):
     # 5 programs: each holds many row blocks, so flushes several partial sums (and K chunks)
     programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
@@ -307,7 +338,8 @@ def test_step_matches_torch(stages, few, form):
 
 
 @hopper
-@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed"), pps.Form(sums="fixed32")], ids=str)
+@pytest.mark.parametrize("form", [pps.Form(), pps.Form(sums="fixed"), pps.Form(sums="fixed32"), pps.Form(sums="grid")],
+                         ids=str)
 def test_step_matches_transformers(checkpoint, form):
     cfg, slabs, shapes, params, offs, final, caches, x0, want = psc.checkpoint_step(checkpoint, 23, "cuda")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
@@ -320,7 +352,7 @@ def test_step_matches_transformers(checkpoint, form):
 
 
 @hopper
-@pytest.mark.parametrize("sums", ["atomic", "fixed32"])
+@pytest.mark.parametrize("sums", ["atomic", "fixed32", "grid"])
 @pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
 def test_screened_head_gives_the_torch_steps_argmax(few, sums):
     """The engine's greedy head (kernels.screened_argmax) after the step's launches: the argmax of
@@ -347,6 +379,24 @@ def test_screened_head_gives_the_torch_steps_argmax(few, sums):
             assert built.logits() is None and built.token() == int(want.argmax())
             assert built.flagged() is (False if sums == "fixed32" else None)
     assert checked >= 6
+
+
+@hopper
+@pytest.mark.parametrize("few", [False, True], ids=["sms", "5-programs"])
+def test_grid_sums_give_the_int32_words_bits(few):
+    """fp32 on int32's grid (--sums grid) holds what the unguarded int32 words hold wherever the
+    values stay below 2**8: the same logits bit for bit, whatever order either's parts came in."""
+    programs = 5 if few else torch.cuda.get_device_properties(0).multi_processor_count
+    slabs, shapes, params, offs, final, caches, x0 = random_step_inputs()
+    got, shared = {}, {}
+    for sums in ("grid", "fixed32"):
+        built = pps.step_launcher(slabs, shapes, CFG, params, offs, final, caches, programs, 3,
+                                  pps.Form(sums=sums, guard="off"), shared=shared)
+        built.x0.copy_(x0)
+        built.step()
+        got[sums] = built.logits()
+        assert pps.from_words(built.arena[:CFG.n_embd]).abs().max() < 2 ** 8  # the residual stream: in range
+    assert torch.equal(got["grid"], got["fixed32"])
 
 
 @hopper
