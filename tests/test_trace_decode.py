@@ -1,7 +1,8 @@
-"""scripts/trace_decode.py without a GPU: its text patches still apply to the kernel files
-(each anchor once) and the traced copies import; its per-launch bookkeeping on made-up records."""
+"""scripts/trace_decode.py without a GPU: its text patches (scripts/trace_patches.py) still apply
+to the kernel files (each anchor once) and the traced copies import; its per-launch bookkeeping on made-up records."""
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("trace_decode", ROOT / "scripts" / "trace_decode.py")
 trace_decode = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(trace_decode)
+trace_patches = sys.modules["trace_patches"]  # imported by the script, from scripts/
 
 
 KERNELS = {"gemv": "_gemv_kernel", "gemv_slab": "_gemv_slab_kernel", "gemv_fma": "_gemv_fma_kernel",
@@ -24,9 +26,9 @@ def _calls_in(tree, function):
     return [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
 
 
-@pytest.mark.parametrize("name", sorted(trace_decode.PATCHES))
+@pytest.mark.parametrize("name", sorted(trace_patches.PATCHES))
 def test_patches_apply_and_import(name, tmp_path):
-    src = trace_decode.patched_source(name)
+    src = trace_patches.patched_source(name)
     assert src.count("\n    _record(trace_ptr") == 1 and src.count("t0 = _now()") == 1
     # inside the kernel, not in a function after it (gemv's record once landed in
     # weight_descriptor, after its return: no program wrote a record)
@@ -45,9 +47,9 @@ def test_launch_shape_by_name(tmp_path):
 
 
 def test_a_moved_anchor_is_named(monkeypatch):
-    monkeypatch.setitem(trace_decode.PATCHES, "gemv", [("no such line\n", "")])
+    monkeypatch.setitem(trace_patches.PATCHES, "gemv", [("no such line\n", "")])
     with pytest.raises(RuntimeError, match="kernels/gemv.py has 0 copies of the anchor 'no such line'"):
-        trace_decode.patched_source("gemv")
+        trace_patches.patched_source("gemv")
 
 
 def _launch(kind, N, K, programs):
@@ -98,13 +100,13 @@ def test_summarize_drops_rows_no_program_wrote():
     assert row.split()[1:3] == ["1", "0.50"]  # timed from qkv's last written end
 
 
-@pytest.mark.parametrize("stamp", sorted(trace_decode.STAMPS))
+@pytest.mark.parametrize("stamp", sorted(trace_patches.STAMPS))
 def test_stamps_move_the_second_stamp(stamp, tmp_path):
     """--stamp proj-q / attend / merge: the fused launch's second stamp replaces the weights' one
     (still one of each stamp), and the copy imports."""
-    src = trace_decode.patched_source("decode_attention_proj", stamp)
+    src = trace_patches.patched_source("decode_attention_proj", stamp)
     assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1
-    assert trace_decode.SUM_W not in src
+    assert trace_patches.SUM_W not in src
     mod = trace_decode.load_traced("decode_attention_proj", tmp_path, stamp)
     assert "trace_ptr" in mod._decode_attention_proj_kernel.arg_names
 
@@ -113,24 +115,24 @@ def test_products_stamp_moves_the_slabs_second_stamp(tmp_path):
     """--stamp products: the whole-slab GEMV's second stamp moves from its wait to its products'
     end, before a group program's merge (one of each stamp still), and the copy imports; the
     other kernels keep their stamps."""
-    src = trace_decode.patched_source("gemv_slab", "products")
+    src = trace_patches.patched_source("gemv_slab", "products")
     assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1 and "t1 = t2" not in src
     assert src.index("t1 = _now_after(tl.sum(tl.sum(acc") < src.index("    finish = True\n")
-    assert trace_decode.patched_source("gemv", "products") == trace_decode.patched_source("gemv")
+    assert trace_patches.patched_source("gemv", "products") == trace_patches.patched_source("gemv")
     mod = trace_decode.load_traced("gemv_slab", tmp_path, "products")
     assert "trace_ptr" in mod._gemv_slab_kernel.arg_names
 
 
-@pytest.mark.parametrize("stamp", sorted(trace_decode.ATTN_STAMPS))
+@pytest.mark.parametrize("stamp", sorted(trace_patches.ATTN_STAMPS))
 def test_attention_stamps_move_its_second_stamp(stamp, tmp_path):
     """--stamp attn-q / attn-first / attn-loop: the separate decode attention's second stamp moves
     from its wait to the phase named (one of each stamp still, in order after the wait and before
     the output's store), and the copy imports; the fused launch keeps its own."""
-    src = trace_decode.patched_source("decode_attention", stamp)
+    src = trace_patches.patched_source("decode_attention", stamp)
     assert src.count("t1 = _now_after(") == 1 and src.count("t2 = _now()") == 1 and "t1 = t2" not in src
     assert src.index("t2 = _now()") < src.index("t1 = _now_after(") < src.index("    o_ptrs = o_ptr + b")
-    assert trace_decode.patched_source("decode_attention_proj", stamp) == \
-        trace_decode.patched_source("decode_attention_proj")
+    assert trace_patches.patched_source("decode_attention_proj", stamp) == \
+        trace_patches.patched_source("decode_attention_proj")
     mod = trace_decode.load_traced("decode_attention", tmp_path, stamp)
     assert "trace_ptr" in mod._decode_attention_kernel.arg_names
 
