@@ -17,6 +17,11 @@ def randn(*shape, dtype=torch.float32, device="cpu", scale=1.0):
     return (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
 
 
+def gemv_cfg(block_n=32, block_k=32, chunks=1, split=True):
+    """A decode GEMV layout (kernels/gemv.py's config) for `_config=`."""
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": chunks, "SPLIT": split}
+
+
 def poisoned(shape, dtype, device):
     """An output buffer full of NaN: any element the kernel fails to write fails the test."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)

@@ -1,12 +1,16 @@
 """Argmax keys (kernels/argmax_key.py): the Triton packing equals the torch one, keys order as
-(value, then lower index), and decoding them gives torch.argmax, awkward values included."""
+(value, then lower index), and decoding them gives torch.argmax, awkward values included; the
+keys from `linear`'s fused argmax (decode GEMV and prefill rows), keys only, and NaN rows."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from kernels import argmax_key
+import kernels
+from kernels import argmax_key, gemv
 from kernels.argmax_key import EMPTY, _argmax_key, _key_index, argmax_index, row_keys
+from tests.conftest import ON_GPU
+from tests.kernels.helpers import gemv_cfg, poisoned, randn
 
 AWKWARD = [0.0, -0.0, 1.0, -1.0, 65504.0, -65504.0, 6e-8, -6e-8, float("inf"), float("-inf"), 3.5, -3.5]
 
@@ -77,3 +81,80 @@ def test_keys_combine_by_max(device):
         k = (k >> 32 << 32) | (argmax_key.INDEX_BITS - (argmax_index(k) + c))  # the block's index made global
         combined = torch.maximum(combined, k)
     assert torch.equal(combined, row_keys(y)) and (argmax_index(combined) == 10).all()
+
+
+@pytest.mark.parametrize("M,N,cfg", [
+    (1, 300, None), (5, 300, gemv_cfg(chunks=2)),
+    (20, 1100, gemv_cfg(block_n=16)),  # 69 column blocks, each max-ing its keys in
+    (70, 300, None),  # prefill rows: torch's argmax after the tile kernel
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_fused_argmax(M, N, cfg, dtype, device):
+    """argmax_keys holds torch.argmax of the stored logits, ties included (lowest index), and
+    combines with keys already there (a second launch on the same keys changes nothing)."""
+    if N > 1000 and dtype == torch.float16 and not ON_GPU:
+        pytest.skip("interpreter time: the wide case runs in fp32 only")
+    K = 16 if N > 1000 else 40  # (the interpreter runs every program)
+    x = randn(M, K, dtype=dtype, device=device)
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    bias = randn(N, dtype=dtype, device=device)
+    tied = [3, 4, N // 2, N - 7]  # across column blocks and reduction chunks
+    # x and the tied column on a grid of 1/8, so their products add up exactly in any order: the
+    # interpreter's fp32 products are numpy's, whose summation order follows a column's position
+    x = (x * 8).round() / 8
+    w[:, 3] = (w[:, 3] * 8).round() / 8
+    w[:, tied] = w[:, 3:4]
+    bias[tied] = 100.0  # row maxima, equal after rounding: the lowest index must win
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    tok = argmax_key.argmax_index(keys)
+    assert torch.equal(tok, y.argmax(dim=-1))
+    assert (y[0] == y[0].max()).sum() >= 2 and tok[0] == 3
+    first = keys.clone()
+    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    assert torch.equal(keys, first)
+    # keys_only: the same keys from the same rounded logits, and nothing returned
+    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    assert kernels.linear(x, w, bias, argmax_keys=alone, keys_only=True, _config=cfg) is None
+    assert torch.equal(alone, first)
+
+
+@pytest.mark.parametrize("M,cfg", [(5, gemv_cfg(chunks=2)), (20, gemv_cfg(block_n=16, split=False))])
+def test_gemv_keys_only_writes_no_output(M, cfg, device):
+    """store=False (linear's keys_only) leaves the output untouched, split or looping, and gives
+    the keys of the stored launch; keys_only without argmax_keys, or with out, is refused."""
+    K, N = 40, 300
+    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
+    bias = randn(N, device=device)
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    out = poisoned((M, N), torch.float32, device)
+    before = out.clone()
+    gemv.gemv(x, w, bias, None, out, None, 1e-5, None, 0.01, argmax_keys=alone, config=cfg, store=False)
+    assert torch.equal(out.view(torch.int32), before.view(torch.int32))
+    assert torch.equal(alone, keys) and torch.equal(argmax_key.argmax_index(alone), y.argmax(dim=-1))
+    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
+        kernels.linear(x, w, keys_only=True)
+    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
+        kernels.linear(x, w, argmax_keys=alone, keys_only=True, out=out)
+
+
+@pytest.mark.parametrize("M,cfg", [(5, gemv_cfg(chunks=2)), (20, gemv_cfg(block_n=16)), (70, None)])
+def test_linear_fused_argmax_nan_rows_name_no_token(M, cfg, device):
+    """A row with a NaN gets index N, no token, in the fused argmax as in the prefill rows'
+    torch argmax: row 1 all NaN (through x), then every row with one NaN column (through the
+    bias) beside a clear maximum, which a maximum that skips NaN would pick."""
+    K, N = 16, 300
+    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
+    x[1, 3] = float("nan")
+    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
+    y = kernels.linear(x, w, argmax_keys=keys, _config=cfg)
+    expect = y.argmax(dim=-1)
+    expect[1] = N
+    assert torch.isnan(y[1]).all() and torch.equal(argmax_key.argmax_index(keys), expect)
+    bias = randn(N, device=device)
+    bias[40], bias[250] = 50.0, float("nan")
+    keys.fill_(argmax_key.EMPTY)
+    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
+    assert (argmax_key.argmax_index(keys) == N).all()

@@ -1,25 +1,22 @@
 """The decode path of `linear` (kernels/gemv.py): the chunked reduction (split programs or one
-looping program), row blocks, the folded layernorm, row statistics, the fused argmax, batch
-invariance. `linear` itself routes M <= 64 here."""
+looping program), row blocks, the folded layernorm, batch invariance, every layout the sweep
+tries. `linear` itself routes M <= 64 here (its row statistics: test_linear.py; its fused
+argmax: test_argmax_key.py)."""
 import pytest
 import torch
 
 import kernels
 from kernels import reference as ref
-from kernels import argmax_key, gemv, gemv_config
+from kernels import gemv_config
 from kernels._tuning import sm_count, use_pdl
 from kernels.gemv_config import CANDIDATES, SMALL_M
 from tests.conftest import ON_GPU
-from tests.kernels.helpers import assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
+from tests.kernels.helpers import assert_rel_close, gemv_cfg, ln_linear, ln_linear_ref, poisoned, randn
 
 
 def _ref(x, w, **kw):
     kw = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     return ref.linear(x.double(), w.double(), **kw)
-
-
-def _cfg(block_n=32, block_k=32, chunks=1, split=True):
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": chunks, "SPLIT": split}
 
 
 # with K = 230: chunks of one and of several BLOCK_Ks, chunk counts that leave the last one
@@ -31,7 +28,7 @@ def test_gemv_chunked_reduction(block_k, chunks, split, M, device):
     """Every chunk count and rows over several 16-row blocks, with repeated launches (the
     arrival counters must be back at zero after each)."""
     K, N = 230, 75
-    cfg = _cfg(block_k=block_k, chunks=chunks, split=split)
+    cfg = gemv_cfg(block_k=block_k, chunks=chunks, split=split)
     for _ in range(2):
         x, w = randn(M, K, device=device), randn(K, N, device=device)
         res = randn(M, N, device=device)
@@ -51,7 +48,7 @@ def test_gemv_layernorm_across_chunks(chunks, dtype, device):
     x = randn(M, K, dtype=dtype, device=device) + 8.0
     w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
     g, b = randn(K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
-    y = ln_linear(x, w, None, g, b, _config=_cfg(block_k=64, chunks=chunks))
+    y = ln_linear(x, w, None, g, b, _config=gemv_cfg(block_k=64, chunks=chunks))
     assert_rel_close(y, ln_linear_ref(x, w, None, g, b), dtype, f"ln chunks {chunks}")
 
 
@@ -70,14 +67,14 @@ def test_gemv_same_rows_at_any_batch(K, N, dtype, monkeypatch, device):
     monkeypatch.setattr(gemv_config, "GEMV_FIXED", "0")
     w, bias = randn(K, N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
     x = randn(SMALL_M, K, dtype=dtype, device=device)
-    for cfg in (None, _cfg(chunks=3)):
+    for cfg in (None, gemv_cfg(chunks=3)):
         full = kernels.linear(x, w, bias, activation="gelu_tanh", _config=cfg)
         for m in (1, 7, 12, 17, 32, SMALL_M):  # 7 and 12 rows stage their first tile (stage_first)
             assert torch.equal(kernels.linear(x[:m], w, bias, activation="gelu_tanh", _config=cfg), full[:m])
-    split = kernels.linear(x, w, bias, _config=_cfg(block_n=64, chunks=3, split=True))
-    looped = kernels.linear(x, w, bias, _config=_cfg(block_n=128, chunks=3, split=False))
-    rows32 = kernels.linear(x, w, bias, _config={**_cfg(block_n=64, chunks=3, split=False), "BLOCK_M": 32})
-    tall = kernels.linear(x, w, bias, _config={**_cfg(block_n=128, chunks=3, split=False), "BLOCK_M": 64})
+    split = kernels.linear(x, w, bias, _config=gemv_cfg(block_n=64, chunks=3, split=True))
+    looped = kernels.linear(x, w, bias, _config=gemv_cfg(block_n=128, chunks=3, split=False))
+    rows32 = kernels.linear(x, w, bias, _config={**gemv_cfg(block_n=64, chunks=3, split=False), "BLOCK_M": 32})
+    tall = kernels.linear(x, w, bias, _config={**gemv_cfg(block_n=128, chunks=3, split=False), "BLOCK_M": 64})
     for other, what in ((looped, "looping program"), (rows32, "32-row tiles"), (tall, "64-row tiles")):
         if ON_GPU:
             assert torch.equal(other, split), what
@@ -105,7 +102,7 @@ def test_gemv_fixed_merge_one_row(M, force, chunks, dtype, monkeypatch, device):
         return launch(kernel, grid, *args, **kw)
     monkeypatch.setattr(gemv, "launch", spy)
     K, N = 230, 75
-    cfg = _cfg(block_k=32, chunks=chunks)
+    cfg = gemv_cfg(block_k=32, chunks=chunks)
     assert gemv_config.fixed_split(chunks, False, M) and not gemv_config.fixed_split(chunks, True, M)
     for shift in (0.5, 8.0):  # 8: the row mean large against its spread (the fold's cancellation)
         x = randn(M, K, dtype=dtype, device=device, scale=2.0) + shift
@@ -139,7 +136,7 @@ def test_gemv_chunk_groups(chunks, groups, M, device):
     group programs (one per group) agree with the reference, twice over (the arrival counters
     are back at zero), and with each other bit for bit on the GPU."""
     K, N = 230, 75
-    cfg = {**_cfg(block_k=32, chunks=chunks), "CHUNK_GROUPS": groups}
+    cfg = {**gemv_cfg(block_k=32, chunks=chunks), "CHUNK_GROUPS": groups}
     group_cfg = {**cfg, "SPLIT": False, "GROUP_SPLIT": True, "BLOCK_N": 64}
     for _ in range(2):
         x, w, res = randn(M, K, device=device), randn(K, N, device=device), randn(M, N, device=device)
@@ -188,7 +185,7 @@ def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, d
     wf, bf, colsum = kernels.fold_layernorm(w, bias, g, be)
     wf = wf.t().contiguous().t() if out_major else wf.contiguous()
     assert gemv.weight_descriptor(wf, 32, 32)[1] == mode
-    for cfg in (_cfg(block_k=32, chunks=8), _cfg(block_k=32, chunks=3), _cfg(block_k=64, chunks=2, split=False), None):
+    for cfg in (gemv_cfg(block_k=32, chunks=8), gemv_cfg(block_k=32, chunks=3), gemv_cfg(block_k=64, chunks=2, split=False), None):
         rows = M if cfg is not None and not cfg["SPLIT"] else 5
         ys = {}
         for tma in ("0", "1"):
@@ -245,116 +242,6 @@ def test_gemv_layernorm_same_rows_at_any_batch(K, N, with_stats, dtype, monkeypa
             assert_rel_close(part, full[:m], dtype, f"M = {m}")
 
 
-@pytest.mark.parametrize("M", [1, 20, 70])  # 70: the prefill tile path writes statistics too
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_linear_row_stats_out_and_in(M, dtype, device):
-    """stats_out holds the partial sums of the stored (rounded) output; a layernorm fed those
-    through ln_stats matches the one computed from the rows."""
-    K, N = 72, 100  # N off the 16-column groups
-    x = randn(M, K, dtype=dtype, device=device)
-    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
-    res = randn(M, N, dtype=dtype, device=device, scale=2.0) + 1.0
-    stats = torch.full((M, 2, 7), float("nan"), device=device)
-    h = kernels.linear(x, w, residual=res, stats_out=stats)
-    torch.testing.assert_close(stats.cpu(), ref.row_stats(h).cpu(), rtol=1e-5, atol=1e-4)
-    w2 = randn(N, 40, dtype=dtype, device=device, scale=N ** -0.5)
-    g, b = randn(N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
-    y = ln_linear(h, w2, None, g, b, ln_stats=stats)
-    assert_rel_close(y, ln_linear_ref(h, w2, None, g, b), dtype, f"ln from stats M={M}")
-
-
-def test_linear_row_stats_errors(device):
-    x, w = randn(2, 8, device=device), randn(8, 20, device=device)
-    colsum = randn(20, device=device)
-    with pytest.raises(ValueError, match=r"stats_out: expected shape \(2, 2, 2\)"):
-        kernels.linear(x, w, stats_out=torch.zeros(2, 2, 1, device=device))
-    with pytest.raises(ValueError, match="ln_stats: expected dtype"):
-        kernels.linear(x, w, ln_fold=colsum, ln_stats=torch.zeros(2, 2, 1, dtype=torch.float16, device=device))
-    with pytest.raises(ValueError, match=r"ln_fold: expected shape \(20,\)"):
-        kernels.linear(x, w, ln_fold=colsum[:8])
-    with pytest.raises(ValueError, match="ln_fold: expected dtype"):
-        kernels.linear(x, w, ln_fold=colsum.double())
-    with pytest.raises(ValueError, match="ln_stats: given without ln_fold"):
-        kernels.linear(x, w, ln_stats=torch.zeros(2, 2, 1, device=device))
-
-
-@pytest.mark.parametrize("M,N,cfg", [
-    (1, 300, None), (5, 300, _cfg(chunks=2)),
-    (20, 1100, _cfg(block_n=16)),  # 69 column blocks, each max-ing its keys in
-    (70, 300, None),  # prefill rows: torch's argmax after the tile kernel
-])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_linear_fused_argmax(M, N, cfg, dtype, device):
-    """argmax_keys holds torch.argmax of the stored logits, ties included (lowest index), and
-    combines with keys already there (a second launch on the same keys changes nothing)."""
-    if N > 1000 and dtype == torch.float16 and not ON_GPU:
-        pytest.skip("interpreter time: the wide case runs in fp32 only")
-    K = 16 if N > 1000 else 40  # (the interpreter runs every program)
-    x = randn(M, K, dtype=dtype, device=device)
-    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
-    bias = randn(N, dtype=dtype, device=device)
-    tied = [3, 4, N // 2, N - 7]  # across column blocks and reduction chunks
-    # x and the tied column on a grid of 1/8, so their products add up exactly in any order: the
-    # interpreter's fp32 products are numpy's, whose summation order follows a column's position
-    x = (x * 8).round() / 8
-    w[:, 3] = (w[:, 3] * 8).round() / 8
-    w[:, tied] = w[:, 3:4]
-    bias[tied] = 100.0  # row maxima, equal after rounding: the lowest index must win
-    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
-    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
-    tok = argmax_key.argmax_index(keys)
-    assert torch.equal(tok, y.argmax(dim=-1))
-    assert (y[0] == y[0].max()).sum() >= 2 and tok[0] == 3
-    first = keys.clone()
-    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
-    assert torch.equal(keys, first)
-    # keys_only: the same keys from the same rounded logits, and nothing returned
-    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
-    assert kernels.linear(x, w, bias, argmax_keys=alone, keys_only=True, _config=cfg) is None
-    assert torch.equal(alone, first)
-
-
-@pytest.mark.parametrize("M,cfg", [(5, _cfg(chunks=2)), (20, _cfg(block_n=16, split=False))])
-def test_gemv_keys_only_writes_no_output(M, cfg, device):
-    """store=False (linear's keys_only) leaves the output untouched, split or looping, and gives
-    the keys of the stored launch; keys_only without argmax_keys, or with out, is refused."""
-    K, N = 40, 300
-    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
-    bias = randn(N, device=device)
-    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
-    y = kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
-    alone = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
-    out = poisoned((M, N), torch.float32, device)
-    before = out.clone()
-    gemv.gemv(x, w, bias, None, out, None, 1e-5, None, 0.01, argmax_keys=alone, config=cfg, store=False)
-    assert torch.equal(out.view(torch.int32), before.view(torch.int32))
-    assert torch.equal(alone, keys) and torch.equal(argmax_key.argmax_index(alone), y.argmax(dim=-1))
-    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
-        kernels.linear(x, w, keys_only=True)
-    with pytest.raises(ValueError, match="keys_only: expected argmax_keys and no out"):
-        kernels.linear(x, w, argmax_keys=alone, keys_only=True, out=out)
-
-
-@pytest.mark.parametrize("M,cfg", [(5, _cfg(chunks=2)), (20, _cfg(block_n=16)), (70, None)])
-def test_linear_fused_argmax_nan_rows_name_no_token(M, cfg, device):
-    """A row with a NaN gets index N, no token, in the fused argmax as in the prefill rows'
-    torch argmax: row 1 all NaN (through x), then every row with one NaN column (through the
-    bias) beside a clear maximum, which a maximum that skips NaN would pick."""
-    K, N = 16, 300
-    x, w = randn(M, K, device=device), randn(K, N, device=device, scale=K ** -0.5)
-    x[1, 3] = float("nan")
-    keys = torch.full((M,), argmax_key.EMPTY, dtype=torch.int64, device=device)
-    y = kernels.linear(x, w, argmax_keys=keys, _config=cfg)
-    expect = y.argmax(dim=-1)
-    expect[1] = N
-    assert torch.isnan(y[1]).all() and torch.equal(argmax_key.argmax_index(keys), expect)
-    bias = randn(N, device=device)
-    bias[40], bias[250] = 50.0, float("nan")
-    keys.fill_(argmax_key.EMPTY)
-    kernels.linear(x, w, bias, argmax_keys=keys, _config=cfg)
-    assert (argmax_key.argmax_index(keys) == N).all()
-
-
 @pytest.mark.parametrize("split", [True, False])
 def test_gemv_prefetched_residual_in_place(split, device):
     """prefetch_residual reads the residual up front; in place (out=residual) the finishing
@@ -364,7 +251,7 @@ def test_gemv_prefetched_residual_in_place(split, device):
     bias, h = randn(N, device=device), randn(M, N, device=device)
     expect = _ref(x, w, bias=bias, activation="gelu_tanh", residual=h)
     kernels.linear(x, w, bias, activation="gelu_tanh", residual=h, out=h, prefetch_residual=True,
-                   _config=_cfg(chunks=3, split=split))
+                   _config=gemv_cfg(chunks=3, split=split))
     assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")
 
 

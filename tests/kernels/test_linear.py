@@ -257,3 +257,36 @@ def test_tma_config_takes_128_row_tiles_for_large_layers():
     assert rows(2048, 3072, 768) == (128, 8, 3) and rows(1024, 5120, 1280) == (128, 8, 3)
     assert rows(1024, 768, 768) == (64, 4, 4) and rows(2048, 768, 3072) == (64, 4, 4)  # gpt2 attn-out, mlp-out
     assert rows(1024, 1600, 6400) == (128, 4, 4)  # gpt2-xl mlp-out
+
+
+@pytest.mark.parametrize("M", [1, 20, 70])  # 70: the prefill tile path writes statistics too
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_row_stats_out_and_in(M, dtype, device):
+    """stats_out holds the partial sums of the stored (rounded) output; a layernorm fed those
+    through ln_stats matches the one computed from the rows."""
+    K, N = 72, 100  # N off the 16-column groups
+    x = randn(M, K, dtype=dtype, device=device)
+    w = randn(K, N, dtype=dtype, device=device, scale=K ** -0.5)
+    res = randn(M, N, dtype=dtype, device=device, scale=2.0) + 1.0
+    stats = torch.full((M, 2, 7), float("nan"), device=device)
+    h = kernels.linear(x, w, residual=res, stats_out=stats)
+    torch.testing.assert_close(stats.cpu(), ref.row_stats(h).cpu(), rtol=1e-5, atol=1e-4)
+    w2 = randn(N, 40, dtype=dtype, device=device, scale=N ** -0.5)
+    g, b = randn(N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
+    y = ln_linear(h, w2, None, g, b, ln_stats=stats)
+    assert_rel_close(y, ln_linear_ref(h, w2, None, g, b), dtype, f"ln from stats M={M}")
+
+
+def test_linear_row_stats_errors(device):
+    x, w = randn(2, 8, device=device), randn(8, 20, device=device)
+    colsum = randn(20, device=device)
+    with pytest.raises(ValueError, match=r"stats_out: expected shape \(2, 2, 2\)"):
+        kernels.linear(x, w, stats_out=torch.zeros(2, 2, 1, device=device))
+    with pytest.raises(ValueError, match="ln_stats: expected dtype"):
+        kernels.linear(x, w, ln_fold=colsum, ln_stats=torch.zeros(2, 2, 1, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match=r"ln_fold: expected shape \(20,\)"):
+        kernels.linear(x, w, ln_fold=colsum[:8])
+    with pytest.raises(ValueError, match="ln_fold: expected dtype"):
+        kernels.linear(x, w, ln_fold=colsum.double())
+    with pytest.raises(ValueError, match="ln_stats: given without ln_fold"):
+        kernels.linear(x, w, ln_stats=torch.zeros(2, 2, 1, device=device))
