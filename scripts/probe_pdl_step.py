@@ -19,14 +19,10 @@ guard. The weights are random (scripts/probe_stream_step.weights), the arithmeti
 real and checked against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
-step. Session 107 (bench/results/h200/session-107/): 1,263 us at first, 1,051-1,081 with the
-defaults (layernorms folded, tiles by row block, GELU by tanh.approx, a tile's products issued
-in a row with one wait; Triton 3.9, 1,070 under 3.6). Session 108: the same bits every run with
-int32 words, 120-160 us more with int64. Session 109, every form on the same copy of the weights
-(forms each on their own copy had run up to 30 us apart with identical code), Triton 3.6 with
-the screened head: fp32 atomics 1,071-1,099 us, int32 words 1,095-1,107, guarded 1,125-1,135.
-Session 110: the attention computed inside attn-out (one launch a layer fewer) and lazier wgmma
-waits did not pay (pdl_attention_kernels.py, pdl_step_plan.Form).
+step. Where it stands (Triton 3.6, screened head; each session's steps: docs/performance.md,
+sessions 107-112): fp32 atomics 1,062-1,099 us, their last bits varying from run to run; the
+same bits every run with fp32 on int32's grid 1,093-1,098, guarded int32 words 1,112-1,144,
+int64 words 120-160 us more; the engine's own step 1,177-1,199.
 --checkpoint runs a real GPT-2 checkpoint's weights and checks the logits against transformers'.
 
     python3 scripts/probe_pdl_step.py --model gpt2-xl --out DIR               # H100 / H200
