@@ -187,8 +187,8 @@ def _raise_flag(flag_ptr, bad):
 
 @gluon.jit
 def _act_load(ptr, mask, FIXED: gl.constexpr):
-    """Activations as fp32, from fp32 (FIXED 0, GRID32) or from FIXED-bit fixed-point words (_to_word's):
-    a word's conversion rounds once, the scaling by a power of two is exact."""
+    """Activations as fp32, from fp32 (FIXED 0, GRID32) or from FIXED-bit fixed-point words
+    (_to_word's): a word's conversion rounds once, the scaling by a power of two is exact."""
     if FIXED == 64:
         v = gl.load(ptr, mask=mask, other=0).to(gl.float32) * FIXED_UNIT
     elif FIXED == 32:

@@ -189,8 +189,9 @@ class Form:
     1,235-1,285 us against 1,089-1,095 (session 108, call 1). head: the probe's own lm_head,
     every logit ("full"), or the engine's greedy head after the step's launches ("screened":
     kernels.screened_argmax, the argmax key from an int8 copy of the head, about half its bytes;
-    layernorms folded, fp32 (atomic, grid) or int32 sums); guard: int32's checks, "on" (both), or to price each,
-    "parts" (a part or bias added), "reads" (the residual stream where a layernorm reads it), "off"."""
+    layernorms folded, fp32 (atomic, grid) or int32 sums); guard: int32's checks, "on" (both), or
+    to price each, "parts" (a part or bias added), "reads" (the residual stream where a layernorm
+    reads it), "off"."""
     layernorm: str = "folded"
     order: str = "rows"
     gelu: str = "approx"

@@ -165,8 +165,8 @@ def launch_mma(desc, x, y, start, N, K, programs, stages, mode, pdl, params=None
     g_off, + K; 2 its GELU; 3 a layernorm folded in, u at params + g_off) and, where bias_off >= 0,
     the bias at params + bias_off added once; the tiles by row block (order 0) or K chunk (1);
     async_mma: a tile's four products issued in a row with one wait. fixed: 0, or the width of
-    the fixed-point words that x and y are, or GRID32 (the kernel's FIXED); flag: int32 words' guard flag;
-    guard: which of its checks run (the kernel's GUARD)."""
+    the fixed-point words that x and y are, or GRID32 (the kernel's FIXED); flag: int32 words'
+    guard flag; guard: which of its checks run (the kernel's GUARD)."""
     kt, rb, chunks, firsts = mma_shares(N, K, programs, order)
     xs = x_rows(rb * kt, kt, programs) if order == 0 else chunks
     args = (desc, x, y, start, N, K, rb * kt, programs, x if params is None else params, g_off, max(bias_off, 0), eps,
@@ -201,8 +201,8 @@ def launch_attention(arena, ph, caches, heads, mode, pdl, params=None, eps=1e-5,
     """ph: ("attn", layer, qkv's offset, the output's[, u's offset, c's offset in params]): with
     the last two, qkv's output is W' x with the layernorm folded in (probe_pdl_step), finished
     here; the residual stream is the arena's first C. fixed: 0, or the width of the fixed-point
-    words the arena holds, or GRID32 (the kernel's FIXED); flag: int32 words' guard flag; guard: which of its
-    checks run (the kernel's GUARD)."""
+    words the arena holds, or GRID32 (the kernel's FIXED); flag: int32 words' guard flag; guard:
+    which of its checks run (the kernel's GUARD)."""
     layer, in_off, out_off = ph[1:4]
     u_off, c_off = ph[4:6] if len(ph) > 4 else (0, 0)
     k_cache, v_cache = caches[layer]

@@ -185,7 +185,8 @@ def test_gemv_tma_weights_same_bits(K, N, out_major, mode, dtype, monkeypatch, d
     wf, bf, colsum = kernels.fold_layernorm(w, bias, g, be)
     wf = wf.t().contiguous().t() if out_major else wf.contiguous()
     assert gemv.weight_descriptor(wf, 32, 32)[1] == mode
-    for cfg in (gemv_cfg(block_k=32, chunks=8), gemv_cfg(block_k=32, chunks=3), gemv_cfg(block_k=64, chunks=2, split=False), None):
+    for cfg in (gemv_cfg(block_k=32, chunks=8), gemv_cfg(block_k=32, chunks=3),
+                gemv_cfg(block_k=64, chunks=2, split=False), None):
         rows = M if cfg is not None and not cfg["SPLIT"] else 5
         ys = {}
         for tma in ("0", "1"):
