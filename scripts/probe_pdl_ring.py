@@ -48,7 +48,7 @@ from minillm.config import PRESETS  # noqa: E402
 from pdl_attention_kernels import ring_attention_kernel  # noqa: E402
 from pdl_ring_kernels import ring_linear_kernel  # noqa: E402
 from pdl_ring_mma_kernels import ring_linear_mma_kernel  # noqa: E402
-from probe_stream_step import BK, descriptors, gpu_setup, tiles_arg, weights  # noqa: E402
+from probe_stream_step import BK, descriptors, gpu_setup, rel_err, tiles_arg, weights, write_record  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -312,7 +312,7 @@ def main():
         step()
         torch.cuda.synchronize()
         got = arena[last:last + cfg.vocab_size]
-        err = ((got - want).abs().max() / want.abs().max()).item()
+        err = rel_err(got, want)
         us = ms_graph([step]) * 1e3
         xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
         floor = cache_floor if att else floor_us
@@ -323,9 +323,7 @@ def main():
         print(json.dumps(run), flush=True)
     print(f"{args.model}: {nbytes / 1e9:.3f} GB of weights in {len(shapes)} launches, floor {floor_us:.1f} us "
           f"at {bw:.0f} GB/s")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"pdl-ring-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    write_record(args.out, f"pdl-ring-{args.model}.json", rec)
 
 
 if __name__ == "__main__":

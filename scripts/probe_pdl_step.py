@@ -53,7 +53,8 @@ from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
                            most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
-from probe_stream_step import gpu_record, gpu_setup, tiles_arg, weights  # noqa: E402,F401 (weights: for the tests)
+from probe_stream_step import (gpu_record, gpu_setup, rel_err, tiles_arg, weights,  # noqa: E402,F401 (weights: tests)
+                               write_record)
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
@@ -195,7 +196,7 @@ def time_form(slabs, shapes, cfg, params, offs, final, caches, programs, stages,
     if not parts:
         got = runs[0]
         run["prep_us"] = round(ms_graph([built.prep]) * 1e3, 2)  # the step's own first launches, priced alone
-        run.update(rel_err=None if got is None else ((got - want).abs().max() / want.abs().max()).item(),
+        run.update(rel_err=None if got is None else rel_err(got, want),
                    same_argmax=tokens[0] == int(want.argmax()), same_bits=None if got is None else
                    all(torch.equal(got, other) for other in runs[1:]), same_tokens=len(set(tokens)) == 1,
                    flagged=built.flagged())
@@ -304,10 +305,7 @@ def main():
                 rec["runs"].append(run)
                 print(json.dumps(run), flush=True)
     print(f"{rec['model']}: a whole step's floor {floor_us:.1f} us (weights and {args.positions} cached positions)")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        name = "checkpoint" if args.checkpoint else args.model
-        (args.out / f"pdl-step-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    write_record(args.out, f"pdl-step-{'checkpoint' if args.checkpoint else args.model}.json", rec)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_rows_kernels import rows_linear_kernel  # noqa: E402
 from probe_pdl_ring import share, x_rows  # noqa: E402 (a program's tiles; x's chunks by row block)
-from probe_stream_step import gpu_setup, weights  # noqa: E402,F401 (weights: for the tests)
+from probe_stream_step import gpu_setup, rel_err, weights, write_record  # noqa: E402,F401 (weights: the tests')
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -224,7 +224,7 @@ def main():
         step()
         torch.cuda.synchronize()
         got = arena[last:last + want.numel()].view_as(want)
-        err = ((got - want).abs().max() / want.abs().max()).item() if mode == 0 else None
+        err = rel_err(got, want) if mode == 0 else None
         failed += err is not None and not err < MAX_REL_ERR
         us = ms_graph([step]) * 1e3
         xs = [tile_split(N, K, programs, tile[0], tile[1], order)[2] for _, _, N, K in shapes[:4]]
@@ -236,9 +236,7 @@ def main():
         print(json.dumps(run), flush=True)
     print(f"{args.model}: the layers' linears {layer_bytes / 1e6:.1f} MB, floor {rec['linears_floor_us']} us at "
           f"{rec['copy_gbps']:.0f} GB/s")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"rows-ring-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    write_record(args.out, f"rows-ring-{args.model}.json", rec)
     if failed:
         sys.exit(f"probe_rows_ring.py: {failed} run(s) off torch's chain by a relative error of {MAX_REL_ERR} or more")
 

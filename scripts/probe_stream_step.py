@@ -232,6 +232,18 @@ def gpu_record(model, slabs):
                 runs=[])
 
 
+def rel_err(got, want):
+    """got's largest error against want's largest magnitude (a Python float)."""
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def write_record(out, name, rec):
+    """rec as JSON at out/name (out made where missing); nothing where out is None."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps(rec, indent=1) + "\n")
+
+
 def tiles_arg(text):
     """'64x6': 64-row tiles, a ring of 6."""
     try:
@@ -306,7 +318,7 @@ def main():
             torch.cuda.synchronize()
             got = arena[pl["outs"][-1]:pl["outs"][-1] + cfg.vocab_size]
             got = decode(got) if counted else got
-            err = ((got - want).abs().max() / want.abs().max()).item()
+            err = rel_err(got, want)
             us = ms_graph([step]) * 1e3
             run = dict(form=form, layout=layout, tile=[bn, BK], stages=stages,
                        protocol="counted" if counted else "counters",
@@ -318,9 +330,7 @@ def main():
     rec["zero_fill_us"] = round(ms_graph([clear]) * 1e3, 2)  # what the step's two zero fills cost alone
     print(f"{args.model}: {nbytes / 1e9:.3f} GB of weights, floor {floor_us:.1f} us at {bw:.0f} GB/s; "
           f"zero fills {rec['zero_fill_us']:.2f} us")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"stream-step-{args.model}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    write_record(args.out, f"stream-step-{args.model}.json", rec)
 
 
 if __name__ == "__main__":
