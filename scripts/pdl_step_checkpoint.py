@@ -15,9 +15,9 @@ from minillm.loader import read_config
 
 def checkpoint_step(model_dir, positions, device, seed=0):
     """(cfg, slabs, shapes, params, offs, final, caches, x0, logits) for `model_dir`'s model: the
-    weights as probe_stream_step.weights lays them out (fp16; slab 0 every K = C linear and the
+    weights as probe_common.weights lays them out (fp16; slab 0 every K = C linear and the
     head, slab 1 mlp-out), the layernorms and biases as probe_pdl_step.step_params does (fp32),
-    the caches as probe_pdl_ring.make_caches (fp16, one spare row), transformers' fp32 logits."""
+    the caches as probe_common.make_caches (fp16, one spare row), transformers' fp32 logits."""
     from transformers import GPT2LMHeadModel
 
     cfg: GPTConfig = read_config(model_dir)

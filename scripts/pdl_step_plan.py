@@ -10,7 +10,8 @@ import torch
 from kernels._fixed_merge import FIXED_SCALE, FIXED_UNIT
 from kernels import fold_layernorm
 from pdl_ring_kernels import GRID32, SCALE32, UNIT32
-from probe_pdl_ring import BK, attend, share
+from probe_common import attend
+from probe_pdl_ring import BK, share
 
 EPS = 1e-5
 PLAIN, LAYERNORM, GELU, FOLDED, GELU_APPROX = 0, 1, 2, 3, 4  # how a linear stages x (the kernel's XFORM)

@@ -48,7 +48,9 @@ from minillm.config import PRESETS  # noqa: E402
 from pdl_attention_kernels import ring_attention_kernel  # noqa: E402
 from pdl_ring_kernels import ring_linear_kernel  # noqa: E402
 from pdl_ring_mma_kernels import ring_linear_mma_kernel  # noqa: E402
-from probe_stream_step import BK, descriptors, gpu_setup, rel_err, tiles_arg, weights, write_record  # noqa: E402
+from probe_common import (attend, floor_with_cache, gpu_setup, make_caches, rel_err, weights,  # noqa: E402
+                          write_record)
+from probe_stream_step import BK, descriptors, tiles_arg  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
@@ -115,29 +117,10 @@ def reference_chain(slabs, shapes, x0, fp16_x=False, caches=None, heads=0):
     return x
 
 
-def attend(qkv, k_cache, v_cache, heads):
-    """One step's attention over the cache's first P rows and this step's k and v (fp32)."""
-    C = qkv.numel() // 3
-    D = C // heads
-    q, k, v = qkv.view(3, heads, D)
-    keys = torch.cat([k_cache[:-1].float().view(-1, heads, D), k[None]]).transpose(0, 1)  # (H, P + 1, D)
-    vals = torch.cat([v_cache[:-1].float().view(-1, heads, D), v[None]]).transpose(0, 1)
-    w = torch.softmax((keys @ q[:, :, None]).squeeze(-1) / D ** 0.5, dim=-1)  # (H, P + 1)
-    return (w[:, None, :] @ vals).reshape(C)
 
 
-def floor_with_cache(rec, cfg, positions):
-    """The cache's bytes (every layer's K and V over `positions`) and the floor (us) with them read
-    once beside the weights, at the run's copy rate."""
-    cache_bytes = 2 * positions * cfg.n_embd * 2 * cfg.n_layer
-    return cache_bytes, rec["floor_us"] * (1 + cache_bytes / rec["weight_bytes"])
 
 
-def make_caches(cfg, positions, device, seed=1):
-    """Each layer's K and V cache: positions random rows (fp16) and one more for this step's."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    return [tuple(torch.randn(positions + 1, cfg.n_embd, dtype=torch.float16, device=device, generator=g)
-                  for _ in range(2)) for _ in range(cfg.n_layer)]
 
 
 def mma_shares(N, K, programs, order):

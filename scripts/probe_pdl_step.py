@@ -15,7 +15,7 @@ program adds the biases of the row blocks whose first K chunk it holds, by one a
 integers, whose sums do not depend on the order the parts arrive in: the step's bits are the
 same every run. --sums grid keeps fp32 activations on int32's grid, each part truncated onto it
 before its fp32 atomic: the same bits while the sums stay below 2**8, with no conversions and no
-guard. The weights are random (scripts/probe_stream_step.weights), the arithmetic is
+guard. The weights are random (scripts/probe_common.weights), the arithmetic is
 real and checked against the same step in torch.
 
 The question it answers: how far the 0.7 goal's 1,057 us at gpt2-xl is from this form's whole
@@ -45,16 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.cli import _int_at_least  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from kernels.argmax_key import EMPTY, argmax_index  # noqa: E402
-from probe_pdl_ring import (BK, floor_with_cache, launch_attention, launch_mma, make_caches,  # noqa: E402
-                            mma_descriptors)
+from probe_pdl_ring import BK, launch_attention, launch_mma, mma_descriptors  # noqa: E402
 from pdl_ring_kernels import MAX_PARTS32, UNIT32  # noqa: E402
 from pdl_step_checkpoint import checkpoint_step  # noqa: E402
 # the plan's names, for the tests too (F401)
 from pdl_step_plan import (EPS, FOLDED, GELU, GELU_APPROX, GELUS, GUARDS, HEADS, LAYERNORM, LAYERNORMS, MMAS,  # noqa: E402,F401
                            ORDERS, PARTS, PLAIN, SUMS, Form, fold_layernorms, from_words, leave_out_parts,
                            most_parts, reference_step, WORD_BITS, plan_step, step_params, to_words)
-from probe_stream_step import (gpu_record, gpu_setup, rel_err, tiles_arg, weights,  # noqa: E402,F401 (weights: tests)
-                               write_record)
+from probe_common import (floor_with_cache, gpu_record, gpu_setup, make_caches, rel_err, weights,  # noqa: E402,F401
+                          write_record)  # (weights: the tests')
+from probe_stream_step import tiles_arg  # noqa: E402
 
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_rows_kernels import rows_linear_kernel  # noqa: E402
 from probe_pdl_ring import share, x_rows  # noqa: E402 (a program's tiles; x's chunks by row block)
-from probe_stream_step import gpu_setup, rel_err, weights, write_record  # noqa: E402,F401 (weights: the tests')
+from probe_common import gpu_setup, rel_err, weights, write_record  # noqa: E402,F401 (weights: the tests')
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 

@@ -49,27 +49,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
+from probe_common import gpu_setup, rel_err, weights, write_record  # noqa: E402
 import stream_step_kernels as ssk  # noqa: E402
 from stream_step_kernels import FIRST, PHASE_END, SEG_END, stream_step_kernel, stream_step_ws_kernel  # noqa: E402
 
 BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF.value, ssk.FIX_SCALE.value  # the kernels' constants, as numbers
 
 
-def weights(cfg, device, seed=0):
-    """The chain's weights as two slabs by K, and each phase's (slab, first row, N, K)."""
-    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    shapes, rows = [], [0, 0]
-    for _ in range(L):
-        for N, K in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C)):
-            slab = int(K == 4 * C)
-            shapes.append((slab, rows[slab], N, K))
-            rows[slab] += N
-    shapes.append((0, rows[0], V, C))
-    rows[0] += V
-    g = torch.Generator(device=device).manual_seed(seed)
-    slabs = [torch.randn(r, K, dtype=torch.float16, device=device, generator=g).div_(K ** 0.5)
-             for r, K in zip(rows, (C, 4 * C))]
-    return slabs, shapes
 
 
 def tile_major(slabs, shapes, bn):
@@ -209,39 +195,12 @@ def compile_only(args):
                   f"shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
 
 
-def gpu_setup(model, script):
-    """On the GPU: the preset, its chain's weights and shapes, a random input, and the run's
-    record (SMs, weight bytes, the copy rate and the floor it gives, the environment)."""
-    from minillm.benchutil import require_cuda
-
-    require_cuda(script)
-    cfg = PRESETS[model]
-    slabs, shapes = weights(cfg, "cuda")
-    return cfg, slabs, shapes, torch.randn(cfg.n_embd, device="cuda"), gpu_record(model, slabs)
 
 
-def gpu_record(model, slabs):
-    """A run's record for weights `slabs` (fp16, on the GPU): SMs, weight bytes, the copy rate
-    and the floor it gives, the environment."""
-    from minillm.benchutil import copy_bandwidth, environment
-
-    nbytes = sum(w.numel() * 2 for w in slabs)
-    bw = copy_bandwidth()
-    return dict(model=model, programs=torch.cuda.get_device_properties(0).multi_processor_count, weight_bytes=nbytes,
-                copy_gbps=round(bw, 1), floor_us=round(nbytes / (bw * 1e9) * 1e6, 2), environment=environment(),
-                runs=[])
 
 
-def rel_err(got, want):
-    """got's largest error against want's largest magnitude (a Python float)."""
-    return ((got - want).abs().max() / want.abs().max()).item()
 
 
-def write_record(out, name, rec):
-    """rec as JSON at out/name (out made where missing); nothing where out is None."""
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(json.dumps(rec, indent=1) + "\n")
 
 
 def tiles_arg(text):
