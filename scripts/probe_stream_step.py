@@ -217,14 +217,14 @@ def tiles_arg(text):
 def form_arg(text):
     """'one', 'wsN' or 'wsNlM'."""
     maxf, sep, ahead = text[2:].partition("l")
-    if sep and not ssk.HAS_INLINE_ASM:
+    if not (text == "one" or (text.startswith("ws") and maxf.isdigit() and int(maxf) > 0
+                              and (not sep or (ahead.isdigit() and 0 < int(ahead) <= 32)))):
+        raise argparse.ArgumentTypeError(f"expected one, wsN or wsNlM (N tiles in flight at most, N > 0; L2 asked for "
+                                         f"the tile M later, 0 < M <= 32), got {text!r}")
+    if sep and not ssk.HAS_INLINE_ASM:  # checked after the form, so a malformed one reads the same under any Triton
         raise argparse.ArgumentTypeError(f"form {text}: L2 requests ahead need Gluon's inline_asm, which this Triton "
                                          f"({triton.__version__}) lacks (3.9 has it)")
-    if text == "one" or (text.startswith("ws") and maxf.isdigit() and int(maxf) > 0
-                         and (not sep or (ahead.isdigit() and 0 < int(ahead) <= 32))):
-        return text
-    raise argparse.ArgumentTypeError(f"expected one, wsN or wsNlM (N tiles in flight at most, N > 0; L2 asked for "
-                                     f"the tile M later, 0 < M <= 32), got {text!r}")
+    return text
 
 
 MODES = {0: "the step", 1: "no waits", 3: "no waits, no outputs", 7: "the ring alone", 8: "no input staged",
