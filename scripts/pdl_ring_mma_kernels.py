@@ -31,13 +31,41 @@ def _tile_at(t, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr):
 
 @gluon.jit
 def _ask_tile_mma(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr,
-                  BN: gl.constexpr):
-    """Ask for tile t as four (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)."""
+                  BN: gl.constexpr, BOXES: gl.constexpr):
+    """Ask for tile t as BOXES (BN x 64) boxes (128-byte swizzle, as the tensor cores read them)
+    into ring slot `slot`."""
     rb, chunk = _tile_at(t, KT, RB, ORDER)
     bar = bars.index(slot)
-    mbarrier.expect(bar, 4 * desc.block_type.nbytes)
-    for s in gl.static_range(4):
-        _tma_load(desc, [row0 + rb * BN, chunk * BK + s * 64], bar, ring.index(slot * 4 + s))
+    mbarrier.expect(bar, BOXES * desc.block_type.nbytes)
+    for s in gl.static_range(BOXES):
+        _tma_load(desc, [row0 + rb * BN, (chunk * BOXES + s) * 64], bar, ring.index(slot * BOXES + s))
+
+
+@gluon.jit
+def _x_chunks(i, t0, n, chunk0, KT: gl.constexpr, RB: gl.constexpr, XS: gl.constexpr, ORDER: gl.constexpr):
+    """For staged slots i of x (a program's tiles t0 .. t0 + n - 1): the K chunk each holds, and
+    whether it holds one. ORDER 1: the chunks of the tiles, in a row; ORDER 0: the whole row
+    (XS == KT), or a slot a tile."""
+    if ORDER == 1:
+        chunk = chunk0 + i
+        ok = (i < XS) & (chunk <= (t0 + n - 1) // RB)
+    elif XS == KT:
+        chunk = i
+        ok = (i < XS) & (n > 0)
+    else:
+        chunk = (t0 + i) % KT
+        ok = (i < XS) & (i < n)
+    return chunk, ok
+
+
+@gluon.jit
+def _x_slot(t, j, chunk0, KT: gl.constexpr, RB: gl.constexpr, XS: gl.constexpr, ORDER: gl.constexpr):
+    """The staged slot of x that tile t (the share's j-th) reads (_x_chunks' i)."""
+    if ORDER == 1:
+        r = t // RB - chunk0
+    else:
+        r = _x_row(t, j, KT, XS)
+    return r
 
 
 @gluon.jit
@@ -96,7 +124,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if s < n:
-            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN)
+            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN, 4)
     # x's boxes (XB, a power of two >= 4 XS) zeroed before the wait; after it one load and one
     # store write every box's row 0, which the 128-byte swizzle leaves in place: the buffer seen
     # unswizzled as (XB, 512), a box a row, its first 64 columns
@@ -108,16 +136,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
     _, chunk0 = _tile_at(t0, KT, RB, ORDER)
     bx = gl.arange(0, XB, layout=gl.SliceLayout(1, xa))
     c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, xa))
-    i = bx // 4
-    if ORDER == 1:  # the chunks of this program's tiles, in a row
-        chunk = chunk0 + i
-        ok = (i < XS) & (chunk <= (t0 + n - 1) // RB)
-    elif XS == KT:
-        chunk = i
-        ok = i < XS
-    else:  # a box row a tile
-        chunk = (t0 + i) % KT
-        ok = (i < XS) & (i < n)
+    chunk, ok = _x_chunks(bx // 4, t0, n, chunk0, KT, RB, XS, ORDER)
     col = (chunk * BK + (bx % 4) * 64)[:, None] + c64[None, :]
     m = ok[:, None] & (col < K)
     if XFORM == 1:
@@ -176,10 +195,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         rb, ch = _tile_at(t, KT, RB, ORDER)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        if ORDER == 1:
-            xr = ch - chunk0
-        else:
-            xr = _x_row(t, j, KT, XS)
+        xr = _x_slot(t, j, chunk0, KT, RB, XS, ORDER)
         if (MODE & NO_MATH) == 0:
             for s in gl.static_range(4):
                 acc = warpgroup_mma(ring.index(slot * 4 + s), xs.index(xr * 4 + s).permute((1, 0)), acc,
@@ -189,7 +205,7 @@ def ring_linear_mma_kernel(desc, x_ptr, y_ptr, row0, N, K, n_tiles, programs, p_
         _barrier()
         fence_async_shared()
         if j + STAGES < n:
-            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN)
+            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN, 4)
         if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):
             if (MODE & NO_MATH) == 0:
                 out = rb * BN + rows

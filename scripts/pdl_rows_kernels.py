@@ -11,35 +11,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X, _x_row
-from pdl_ring_mma_kernels import _tile_at  # (row block, K chunk) of a tile: ORDER 0 by row block, 1 by K chunk
-from stream_step_kernels import _barrier, _tma_load
+from pdl_ring_kernels import LATE_TRIGGER, NO_MATH, NO_WAIT, NO_X
+# a tile's (row block, K chunk), its weights asked for, the chunk of x it reads: as at one row
+from pdl_ring_mma_kernels import _ask_tile_mma, _tile_at, _x_chunks, _x_slot
+from stream_step_kernels import _barrier
 
 BM = gl.constexpr(64)  # the rows one warpgroup's wgmma takes; rows past the batch are zeros
 # what a mode changes beside pdl_ring_kernels' bits (for pricing: the values are wrong): no
 # atomics out; x read as fp16, half the bytes (the first half of each fp32 row's bytes)
 NO_OUT, X_HALF = gl.constexpr(16), gl.constexpr(32)
-
-
-@gluon.jit
-def _ask_rows_tile(desc, ring, bars, row0, t, slot, KT: gl.constexpr, RB: gl.constexpr, ORDER: gl.constexpr,
-                   BN: gl.constexpr, BOXES: gl.constexpr):
-    """Ask for tile t's weights as BOXES (BN x 64) boxes into ring slot `slot`."""
-    rb, chunk = _tile_at(t, KT, RB, ORDER)
-    bar = bars.index(slot)
-    mbarrier.expect(bar, BOXES * desc.block_type.nbytes)
-    for s in gl.static_range(BOXES):
-        _tma_load(desc, [row0 + rb * BN, (chunk * BOXES + s) * 64], bar, ring.index(slot * BOXES + s))
-
-
-@gluon.jit
-def _x_slot(t, j, chunk0, KT: gl.constexpr, RB: gl.constexpr, XS: gl.constexpr, ORDER: gl.constexpr):
-    """The staged chunk of x that tile t (the share's j-th) reads."""
-    if ORDER == 1:
-        r = t // RB - chunk0
-    else:
-        r = _x_row(t, j, KT, XS)
-    return r
 
 
 @gluon.jit
@@ -70,7 +50,7 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
         mbarrier.init(bars.index(s), count=1)
     for s in gl.static_range(STAGES):  # weights never depend on the launch before: ask first
         if s < n:
-            _ask_rows_tile(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN, BOXES)
+            _ask_tile_mma(desc, ring, bars, row0, t0 + s, s, KT, RB, ORDER, BN, BOXES)
     if (MODE & LATE_TRIGGER) == 0:
         gdc_launch_dependents()
     if (MODE & NO_WAIT) == 0:
@@ -92,17 +72,8 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
     _, chunk0 = _tile_at(t0, KT, RB, ORDER)
     if (MODE & NO_X) == 0:
         for g in gl.static_range(0, NB, GROUP):
-            box = g + xb  # the boxes' index in xs: chunk slot i = box // BOXES, its s-th box
-            i = box // BOXES
-            if ORDER == 1:
-                chunk = chunk0 + i
-                ok = (box < NB) & (chunk <= (t0 + n - 1) // RB)
-            elif XS == KT:
-                chunk = i
-                ok = (box < NB) & (n > 0)
-            else:
-                chunk = (t0 + i) % KT
-                ok = (box < NB) & (i < n)
+            box = g + xb  # the boxes' index in xs: chunk slot box // BOXES, its (box % BOXES)-th box
+            chunk, ok = _x_chunks(box // BOXES, t0, n, chunk0, KT, RB, XS, ORDER)
             col = (chunk * BOXES + box % BOXES) * 64
             ptr = x_ptr + xr[None, :, None] * stride_xm + col[:, None, None] + xc[None, None, :]
             x_in = (ok[:, None, None] & (xr < R)[None, :, None]) & (col[:, None, None] + xc[None, None, :] < K)
@@ -132,7 +103,7 @@ def rows_linear_kernel(desc, x_ptr, y_ptr, z_ptr, row0, R, N, K, stride_xm, n_ti
         _barrier()  # every warp's products read the slot before it is refilled
         fence_async_shared()
         if j + STAGES < n:
-            _ask_rows_tile(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN, BOXES)
+            _ask_tile_mma(desc, ring, bars, row0, t + STAGES, slot, KT, RB, ORDER, BN, BOXES)
         if (ORDER == 1) | (ch == KT - 1) | (j == n - 1):  # a run of one row block ends: its part out
             if (MODE & (NO_MATH | NO_OUT)) == 0:
                 out = rb * BN + cols

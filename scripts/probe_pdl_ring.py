@@ -98,10 +98,11 @@ def smem_bytes(bn, stages, xs, form="cuda"):
     return stages * bn * BK * 2 + xs * BK * 4 + stages * 8
 
 
-def mma_descriptors(slabs):
-    """TMA descriptors of the two weight slabs in (64 x 64) boxes, 128-byte swizzle (wgmma's A)."""
+def mma_descriptors(slabs, bn=64):
+    """TMA descriptors of the two weight slabs in (bn x 64) boxes, 128-byte swizzle, as wgmma reads
+    them (here its A; scripts/probe_rows_ring.py's B, read transposed)."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return [TensorDescriptor(w, list(w.shape), list(w.stride()), [64, 64], layout) for w in slabs]
+    return [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, 64], layout) for w in slabs]
 
 
 def reference_chain(slabs, shapes, x0, fp16_x=False, caches=None, heads=0):
@@ -300,7 +301,8 @@ def main():
         xs = [x_rows(ph[6], ph[7], programs) for ph in phases(shapes, C, bn)[0][:4]]
         floor = cache_floor if att else floor_us
         run = dict(form=form, tile=[bn, BK], stages=stages, reg_tiles=reg, attention=att, pdl=pdl, mode=MODES[mode],
-                   us=round(us, 2), floor_fraction=round(floor / us, 3), layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
+                   us=round(us, 2), floor_fraction=round(floor / us, 3),
+                   layer_smem_bytes=[smem_bytes(bn, stages, x, form) for x in xs],
                    rel_err=err if mode == 0 else None)
         rec["runs"].append(run)
         print(json.dumps(run), flush=True)

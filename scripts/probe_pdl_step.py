@@ -59,6 +59,7 @@ from probe_stream_step import tiles_arg  # noqa: E402
 
 def launch_linear(descs, arena, params, row, programs, stages, pdl, order=0, async_mma=False, fixed=0,
                   flag=None, guard=3, **compile_only):
+    """launch_mma of a plan's row (plan_step's) on the activations `arena`."""
     slab, start, N, K, in_off, out_off, xform, g_off, b_off, bias_off = row
     assert xform != LAYERNORM or b_off == g_off + K, "the kernel takes a layernorm's bias right after its weight"
     return launch_mma(descs[slab], arena[in_off:], arena[out_off:], start, N, K, programs, stages, 0, pdl, params,

@@ -31,10 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minillm.config import PRESETS  # noqa: E402
 from pdl_rows_kernels import rows_linear_kernel  # noqa: E402
-from probe_pdl_ring import share, x_rows  # noqa: E402 (a program's tiles; x's chunks by row block)
+# the weights' boxes, a program's tiles, x's chunks by row block
+from probe_pdl_ring import mma_descriptors, share, x_rows  # noqa: E402
 from probe_common import gpu_setup, rel_err, weights, write_record  # noqa: E402,F401 (weights: the tests')
-from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 MODES = {0: "the chain", 1: "no waits (the stream with the work)", 2: "the next launch triggered late",
          4: "no arithmetic (no products, no atomics)", 8: "no x staged after the wait",
@@ -93,13 +92,6 @@ def smem_bytes(bn, bk, stages, xs):
     return stages * bn * bk * 2 + boxes * MAX_ROWS * 64 * 2 + stages * 8
 
 
-def descriptors(slabs, bn):
-    """TMA descriptors of the weight slabs in (bn x 64) boxes, 128-byte swizzle (wgmma's B, read
-    transposed)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    return [TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, 64], layout) for w in slabs]
-
-
 def reference_chain(slabs, shapes, x0, head=True):
     """The chain in torch: x0 (R, C) through every launch, each input rounded to fp16 (fp32
     products over the fp16 weights)."""
@@ -126,7 +118,7 @@ def launch_rows(descs, arena, ph, zero, R, programs, tile, mode, pdl, order, **c
 def launcher(slabs, shapes, R, C, programs, tile, mode, pdl, order, head=True):
     """A callable that runs the chain once (the first two outputs zeroed, then every launch), the
     arena (x0 goes in its first R x C) and the last launch's output offset."""
-    descs = descriptors(slabs, tile[0])
+    descs = mma_descriptors(slabs, tile[0])
     rows, size = phases(shapes, R, C, head)
     zeros = zero_ahead(rows, R)
     z_off, z_len = prep_zero(rows, R)
@@ -186,7 +178,7 @@ def compile_only(args):
     slabs, shapes = weights(cfg, "cpu")
     tool = find_cuobjdump()
     for tile in args.tiles:
-        descs = descriptors(slabs, tile[0])
+        descs = mma_descriptors(slabs, tile[0])
         rows, size = phases(shapes, MAX_ROWS, cfg.n_embd)
         arena = torch.zeros(size)
         for order in args.orders:

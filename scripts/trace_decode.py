@@ -8,11 +8,11 @@ How: the seven decode kernel files (the CUDA-core vocabulary head's and the scre
 are copied with four `%globaltimer` reads and a record store added (text patches at fixed
 anchors in scripts/trace_patches.py, checked by tests/test_trace_decode.py), loaded as
 `kernels._traced_*`, and the engine's launchers are pointed at them. The weights' arrival is
-forced by a sum after the wait, so the trigger stays where the engine has it. The screened lm_head's "weights" stamp is its stream's
-end instead (its best lower end known): from there to its end are its atomic and its exact
-columns. The clock ticks in 0.256 us steps on an H100, and instrumentation
-slows a step (gpt2-xl 2,084 against 1,736 us): read the timeline for its shape, and time the
-step with --untraced.
+forced by a sum after the wait, so the trigger stays where the engine has it. The screened
+lm_head's "weights" stamp is its stream's end instead (its best lower end known): from there to
+its end are its atomic and its exact columns. The clock ticks in 0.256 us steps on an H100, and
+instrumentation slows a step (gpt2-xl 2,084 against 1,736 us): read the timeline for its shape,
+and time the step with --untraced.
 
     python3 scripts/trace_decode.py --model gpt2-xl --out bench/results/h100
     python3 scripts/trace_decode.py --model gpt2-xl --untraced --out /tmp/t   # step time only
