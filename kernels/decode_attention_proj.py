@@ -43,7 +43,7 @@ from ._pdl import _gdc_wait_after, _in_f32
 from ._tuning import launch, sm_count, use_pdl
 from ._workspace import arrival_counters, fixed_point_sums
 from .decode_attention import LOG2E, _attend_rows, check_inputs, decode_attention
-from .decode_attention_proj_config import early_f32, fixed_merge, fixed_stats_fit, fused_layout, tensor_cores
+from .decode_attention_proj_config import early_f32, fixed_merge, fixed_stats_fit, fused_layout
 from .linear import linear
 
 # decode_attention_proj's prefetch -> the kernel's PREFETCH: what it reads before its wait
@@ -57,28 +57,6 @@ def _cache_tiles(k_base, v_base, offs_l, offs_d, rows, d_mask, stride_kl, stride
     k = tl.load(k_base + offs_l[:, None] * stride_kl + offs_d[None, :], mask=mask, other=0.0)
     v = tl.load(v_base + offs_l[:, None] * stride_vl + offs_d[None, :], mask=mask, other=0.0)
     return k, v
-
-
-@triton.jit
-def _attend_rows_mma(q16, k, v, rows, qk_scale, m_i, l_i, acc, p_new):
-    """_attend_rows on the tensor cores: q16 holds 16 copies of the query (the MMA's least
-    height), so every row of the state is the same one; the products take the tiles in x's
-    dtype as loaded, with no conversions, and P goes into p . V in that dtype (as flash
-    attention does)."""
-    s = tl.dot(q16, tl.trans(k)) * qk_scale  # (16, BLOCK_L), log2 domain
-    s = tl.where(rows[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc, p_new * alpha
-
-
-@triton.jit
-def _first_row(tile):
-    """Row 0 of a (16, N) tile, as an (N,) vector (NaN kept)."""
-    return tl.sum(tl.where((tl.arange(0, 16) == 0)[:, None], tile, 0.0), axis=0)
 
 
 @triton.jit
@@ -101,7 +79,6 @@ def _decode_attention_proj_kernel(
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY_LAUNCH: tl.constexpr, FIXED: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_AHEAD: tl.constexpr, L2_SLOTS: tl.constexpr, L2_PIECE: tl.constexpr, EARLY_F32: tl.constexpr,
-    MMA: tl.constexpr,
 ):
     if USE_PDL and EARLY_LAUNCH:  # the next kernel may launch now: its prefetch overlaps all of this one
         tl.extra.cuda.gdc_launch_dependents()
@@ -156,8 +133,8 @@ def _decode_attention_proj_kernel(
         k, v = _cache_tiles(k_base, v_base, offs_l, offs_d, offs_l < seq_len - 1, d_mask, stride_kl, stride_vl)
 
     pos = seq_len - 1
-    q_raw = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0)
-    q = q_raw.to(tl.float32) * qk_scale  # log2 domain
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    q = q * qk_scale  # log2 domain
     k_new = tl.load(knew_ptr + b * stride_knb + h * stride_knh + offs_d, mask=d_mask, other=0.0)
     v_new = tl.load(vnew_ptr + b * stride_vnb + h * stride_vnh + offs_d, mask=d_mask, other=0.0)
     if pid_n == 0:  # one program per (row, head) appends the new key and value
@@ -166,37 +143,17 @@ def _decode_attention_proj_kernel(
     # the new row starts the softmax (its score, weight 1; v_new is added at the end with the
     # weight it has then), so the tiles hold older rows only: nothing to select into K and V
     older_rows = offs_l < pos
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=0)
-    if MMA % 2 == 1:  # the attention on the tensor cores, over 16 copies of the query
-        q16 = tl.broadcast_to(q_raw[None, :], (16, BLOCK_D))
-        m_i, l_i, acc, p_new = _attend_rows_mma(q16, k, v, older_rows, qk_scale, tl.full((16,), s_new, tl.float32),
-                                                tl.full((16,), 1.0, tl.float32),
-                                                tl.zeros((16, BLOCK_D), dtype=tl.float32),
-                                                tl.full((16,), 1.0, tl.float32))
-        for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
-            offs = start + offs_l
-            older_rows = offs < pos
-            k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-            m_i, l_i, acc, p_new = _attend_rows_mma(q16, k_t, v_t, older_rows, qk_scale, m_i, l_i, acc, p_new)
-        acc += p_new[:, None] * v_new.to(tl.float32)[None, :]
-        o16 = (acc / l_i[:, None]).to(y_ptr.dtype.element_ty)  # (16, BLOCK_D): as decode_attention stores it
-        o = _first_row(o16.to(tl.float32))
-    else:
-        m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, s_new, 1.0, tl.zeros((BLOCK_D,), dtype=tl.float32),
-                                             1.0)
-        for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
-            offs = start + offs_l
-            older_rows = offs < pos
-            k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
-            m_i, l_i, acc, p_new = _attend_rows(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
-        acc += p_new * v_new.to(tl.float32)
-        o16 = tl.broadcast_to((acc / l_i).to(y_ptr.dtype.element_ty)[None, :], (16, BLOCK_D))
-        o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
+    m_i, l_i, acc, p_new = _attend_rows(q, k, v, older_rows, tl.sum(q * k_new.to(tl.float32), axis=0), 1.0,
+                                         tl.zeros((BLOCK_D,), dtype=tl.float32), 1.0)
+    for start in range(BLOCK_L, pos, BLOCK_L):  # a cache longer than one tile: the rest after the wait
+        offs = start + offs_l
+        older_rows = offs < pos
+        k_t, v_t = _cache_tiles(k_base, v_base, offs, offs_d, older_rows, d_mask, stride_kl, stride_vl)
+        m_i, l_i, acc, p_new = _attend_rows(q, k_t, v_t, older_rows, m_i, l_i, acc, p_new)
+    acc += p_new * v_new.to(tl.float32)
+    o = (acc / l_i).to(y_ptr.dtype.element_ty).to(tl.float32)  # (BLOCK_D,): as decode_attention stores it
 
-    if MMA // 2 == 1:  # this head's share on the tensor cores: 16 copies of o, each a row of the product
-        part = _first_row(tl.dot(o16.to(w.dtype), w))  # (BLOCK_N,)
-    else:
-        part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
+    part = tl.sum(o[:, None] * w.to(tl.float32), axis=0)  # (BLOCK_N,): this head's share
     finish = True
     if FIXED:  # (H > 1) finish the columns where this program came last
         part, done = _add_fixed(part, words_ptr + b * N + rn, n_mask, H)
@@ -225,7 +182,7 @@ def _decode_attention_proj_kernel(
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None, _early_f32=None, _mma=None):
+                          l2_ahead=(), _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -247,8 +204,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
-    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 and _mma in place
-    of early_f32's and tensor_cores' (tests, benchmarks)."""
+    _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
+    early_f32's (tests, benchmarks)."""
     if k_new is None or v_new is None:
         raise ValueError("k_new/v_new: expected the new token's keys and values, got None")
     if not isinstance(prefetch, (bool, str)) or prefetch not in PREFETCH_MODES:
@@ -296,11 +253,6 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         words = part
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pdl = use_pdl(q.device)
-    # tensor-core products take fp16 tiles of one dtype: tf32 would round fp32's, and the CPU
-    # interpreter's bf16 tl.dot is wrong (Triton 3.9), so CI could not check bf16's
-    mma = (tensor_cores(B, N) if _mma is None else _mma) if weight.dtype == k_cache.dtype == q.dtype == torch.float16 else 0
-    early = early_f32(B, N) if _early_f32 is None else _early_f32
-    early &= ~((3 if mma & 1 else 0) | (4 if mma & 2 else 0))  # the tensor cores take those tiles in fp16
     l2_args, l2_meta = l2_launch_args(ahead, y, q.device, warps)
     launch(
         _decode_attention_proj_kernel, (B * triton.cdiv(N, block_n), H),
@@ -316,7 +268,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
         H=H, H_POW2=triton.next_power_of_2(H), HAS_BIAS=bias is not None, STATS_OUT=stats_out is not None,
         USE_PDL=pdl, PREFETCH=PREFETCH_MODES[prefetch], EARLY_LAUNCH=bool(early_launch), FIXED=fixed,
         BLOCK_L=block_l, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n,
-        EARLY_F32=early, MMA=mma,
+        EARLY_F32=early_f32(B, N) if _early_f32 is None else _early_f32,
         num_warps=warps, launch_pdl=pdl,
     )
     return y

@@ -57,28 +57,6 @@ def forced_early_f32(text):
 FORCED_EARLY_F32 = forced_early_f32(os.environ.get("MINILLM_ATTN_EARLY_F32"))
 
 
-def forced_tensor_cores(text):
-    """MINILLM_ATTN_MMA's mask (0-3: 1 the attention, 2 the projection), or None where unset: which
-    products of every fused launch in half precision run on the tensor cores (A/B timing). One
-    ValueError for anything else."""
-    if not text:
-        return None
-    if text not in ("0", "1", "2", "3"):
-        raise ValueError(f"MINILLM_ATTN_MMA: expected 0 to 3 (1 the attention + 2 the projection), got {text!r}")
-    return int(text)
-
-
-FORCED_TENSOR_CORES = forced_tensor_cores(os.environ.get("MINILLM_ATTN_MMA"))
-
-
-def tensor_cores(rows, n):
-    """Which of the fused launch's products run on the tensor cores in half precision (a mask:
-    1 the attention, over 16 copies of the query, 2 the projection, over 16 copies of the
-    head's output): the products take the prefetched tiles as loaded, where the CUDA cores
-    convert every element to fp32 after the wait first."""
-    return FORCED_TENSOR_CORES if FORCED_TENSOR_CORES is not None else 0
-
-
 def early_f32(rows, n):
     """Which prefetched tiles the fused launch converts to fp32 before its wait (a mask: 1 keys,
     2 values, 4 W). ptxas otherwise puts every conversion after the wait, among the products,

@@ -1,8 +1,7 @@
 import pytest
 
-from kernels.decode_attention_proj_config import (FORCED_EARLY_F32, FORCED_LAYOUT, FORCED_TENSOR_CORES, FUSED,
-                                                  early_f32, forced_early_f32, forced_layout, forced_tensor_cores,
-                                                  fused_layout, tensor_cores)
+from kernels.decode_attention_proj_config import (FORCED_EARLY_F32, FORCED_LAYOUT, FUSED, early_f32, forced_early_f32,
+                                                  forced_layout, fused_layout)
 
 
 @pytest.mark.skipif(FORCED_LAYOUT is not None or not FUSED,
@@ -49,23 +48,6 @@ def test_forced_early_f32(text, expect):
 def test_forced_early_f32_bad(text):
     with pytest.raises(ValueError, match="MINILLM_ATTN_EARLY_F32: expected 0 to 7"):
         forced_early_f32(text)
-
-
-@pytest.mark.skipif(FORCED_TENSOR_CORES is not None, reason="MINILLM_ATTN_MMA is set")
-def test_tensor_cores_rule():
-    """CUDA-core products everywhere (the tensor-core form is an A/B switch until timed)."""
-    assert [tensor_cores(rows, n) for rows, n in [(1, 768), (2, 768), (1, 1600)]] == [0, 0, 0]
-
-
-@pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("0", 0), ("3", 3)])
-def test_forced_tensor_cores(text, expect):
-    assert forced_tensor_cores(text) == expect
-
-
-@pytest.mark.parametrize("text", ["4", "7", "-1", "mma"])
-def test_forced_tensor_cores_bad(text):
-    with pytest.raises(ValueError, match="MINILLM_ATTN_MMA: expected 0 to 3"):
-        forced_tensor_cores(text)
 
 
 @pytest.mark.parametrize("text,expect", [(None, None), ("", None), ("512x256x8", (512, 256, 8))])
