@@ -37,6 +37,10 @@ EARLY_F32_AT_TWO_ROWS = {768: 3}
 # 512 columns (60 programs) over the whole tile in 8 warps, where 256 columns over it lost 0.6%;
 # the same 512 columns lost at gpt2-medium (-7.2%) and gpt2-xl (-0.6%; 128 positions up front -4.8%)
 WIDE_BLOCK_N = {1280: 512}
+# one row of these widths in 8 warps where 128 positions are read up front (fused_layout). H200,
+# alternated twice in one call, the same ids (bench/results/h200/session-114/call2-ab-xl.log):
+# gpt2-xl 847 / 847 -> 855 / 855 tok/s (+0.9%); session 94 had +0.3% in one round
+WIDE_WARPS_AT_ONE_ROW = {1600: 8}
 
 
 def forced_layout(text):
@@ -95,7 +99,8 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     Re-timed at gpt2-xl's one row with its layers on CUDA cores (H200, ninety-fourth session, one
     round, bench/results/h200/session-94/call3-*), against 256 x 128 x 4: 512 x 128 x 4 -1.1%,
     256 x 256 x 8 -5.4%, 512 x 256 x 8 -0.9%, 256 x 128 x 8 +0.3% (inside the spread); the two
-    kernels -2.5%."""
+    kernels -2.5%. Alternated twice in the hundred-and-fourteenth, 256 x 128 x 8 gained 0.9%
+    (WIDE_WARPS_AT_ONE_ROW)."""
     if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
             or head_dim > 128):
         return None
@@ -107,7 +112,7 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     if 4 * rows * heads * blocks <= 3 * sms:
         elements = whole * head_dim
         return block_n, whole, 8 if elements > 128 * 64 or (elements == 128 * 64 and blocks <= 3) else 4
-    return block_n, min(whole, 128), 4
+    return block_n, min(whole, 128), WIDE_WARPS_AT_ONE_ROW.get(n, 4) if rows == 1 else 4
 
 
 def fixed_merge(heads):

@@ -8,7 +8,7 @@ from kernels.decode_attention_proj_config import (FORCED_EARLY_F32, FORCED_LAYOU
                     reason="MINILLM_FUSED_LAYOUT is set or MINILLM_FUSED_ATTN=0")
 def test_layout_policy():
     """On an H100's 132 SMs: gpt2 at one row reads its whole cache up front in 8 warps,
-    gpt2-xl (175 programs) 128 positions in 4; short caches take a shorter tile (128 positions
+    gpt2-xl (175 programs) 128 positions in 8; short caches take a shorter tile (128 positions
     in 8 warps at gpt2's width, 4 at gpt2-medium's); 4 rows, 512-position caches and two rows
     of more than 16 heads (gpt2-large, gpt2-xl) run two kernels; gpt2-large's one row over a
     256-position tile takes 512-column blocks."""
@@ -16,8 +16,8 @@ def test_layout_policy():
     assert fused_layout(2, 768, 128, 64, 12, sms=132) == (256, 128, 8)
     assert fused_layout(1, 768, 128, 64, 12, sms=132) == (256, 128, 8)
     assert fused_layout(1, 1024, 128, 64, 16, sms=132) == (256, 128, 4)
-    assert fused_layout(1, 1600, 256, 64, 25, sms=132) == (256, 128, 4)
-    assert fused_layout(1, 1600, 100, 64, 25, sms=132) == (256, 128, 4)
+    assert fused_layout(1, 1600, 256, 64, 25, sms=132) == (256, 128, 8)  # gpt2-xl: WIDE_WARPS_AT_ONE_ROW
+    assert fused_layout(1, 1600, 100, 64, 25, sms=132) == (256, 128, 8)
     assert fused_layout(1, 768, 40, 64, 12, sms=132) == (256, 64, 4)
     assert fused_layout(4, 768, 256, 64, 12, sms=132) is None
     assert fused_layout(1, 768, 512, 64, 12, sms=132) is None
