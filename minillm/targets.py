@@ -65,8 +65,9 @@ def ratios(rows):
         for peer in peers:
             other = _find(rows, peer, *_key(r))
             cells.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
-        lines.append(f"| {r['model']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | {r.get('dtype')} | "
-                     f"{r['tok_s']:,.0f} | " + " | ".join(cells) + f" | {r['floor_fraction']:.2f} |")
+        cells = [r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype"), f"{r['tok_s']:,.0f}",
+                 *cells, f"{r['floor_fraction']:.2f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -36,6 +36,14 @@ def test_ratios_pair_rows_of_the_same_setting_only():
     assert ratios([_row("hf-eager", 150.0)]) == ""
 
 
+def test_ratios_of_minillm_alone_keep_their_columns():
+    """`--engines minillm`: no peer columns, and each row has as many cells as the header."""
+    lines = ratios([_row("minillm", 850.0, model="gpt2-xl", floor=0.636)]).splitlines()
+    assert len(lines) == 3
+    assert [line.count("|") for line in lines] == [8, 8, 8]
+    assert lines[2] == "| gpt2-xl | 1 | 32 | 128 | float16 | 850 | 0.64 |"
+
+
 def test_check_met_missed_and_not_run():
     rows = [_row("minillm", 6000.0, floor=0.51), _row("hf-eager", 150.0), _row("torch-compile", 2000.0),
             _row("minillm", 150000.0, batch=64), _row("hf-sdpa", 12000.0, batch=64),
