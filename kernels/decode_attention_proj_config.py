@@ -37,9 +37,11 @@ EARLY_F32_AT_TWO_ROWS = {768: 3}
 # 512 columns (60 programs) over the whole tile in 8 warps, where 256 columns over it lost 0.6%;
 # the same 512 columns lost at gpt2-medium (-7.2%) and gpt2-xl (-0.6%; 128 positions up front -4.8%)
 WIDE_BLOCK_N = {1280: 512}
-# one row of these widths in 8 warps where 128 positions are read up front (fused_layout). H200,
-# alternated twice in one call, the same ids (bench/results/h200/session-114/call2-ab-xl.log):
-# gpt2-xl 847 / 847 -> 855 / 855 tok/s (+0.9%); session 94 had +0.3% in one round
+# one row of these widths in 8 warps where the programs outnumber 3/4 of the SMs (fused_layout's
+# last case: up to 128 positions up front). H200, alternated twice in one call, the same ids, at
+# the benchmark's 256-position cache (bench/results/h200/session-114/call2-ab-xl.log, call3-):
+# gpt2-xl 847 / 847 -> 855 / 855 tok/s (+0.9%), on another host 850 / 850 -> 857 / 857 (+0.8%);
+# session 94 had +0.3% in one round. Shorter caches' tiles were not timed
 WIDE_WARPS_AT_ONE_ROW = {1600: 8}
 
 

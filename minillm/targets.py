@@ -61,12 +61,12 @@ def ratios(rows):
     for r in rows:
         if r["engine"] != "minillm" or "error" in r or not r.get("tok_s"):
             continue
-        cells = []
+        over_peers = []
         for peer in peers:
             other = _find(rows, peer, *_key(r))
-            cells.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
+            over_peers.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
         cells = [r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype"), f"{r['tok_s']:,.0f}",
-                 *cells, f"{r['floor_fraction']:.2f}"]
+                 *over_peers, f"{r['floor_fraction']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 

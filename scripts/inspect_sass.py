@@ -1,7 +1,8 @@
 """What ptxas made of a model's decode kernels, for Hopper (sm_90a), on any machine: each
-kernel's TTGIR, PTX and SASS written out, and a summary of its SASS around the dependent-launch wait
-(ACQBULK), where a decode kernel's critical path starts: instructions before and after it,
-barriers, and the fp16 -> fp32 conversions (HADD2.F32) that ptxas may sink past it.
+kernel's TTGIR (Triton's layouts), PTX and SASS written out, and a summary of its SASS around
+the dependent-launch wait (ACQBULK), where a decode kernel's critical path starts: instructions
+before and after it, barriers, and the fp16 -> fp32 conversions (HADD2.F32) that ptxas may sink
+past it.
 
 It drives the model's decode step as scripts/check_compile.py does (compile only, nothing runs),
 so a layout switch (MINILLM_FUSED_LAYOUT=..., MINILLM_ATTN_EARLY_F32=...) set in the environment
@@ -87,7 +88,7 @@ def main():
         sass = run_cuobjdump(cuobjdump, kernel.asm["cubin"], "-sass", check=True)
         stem = f"{name.strip('_')}-{digest[:8]}"
         (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
-        (out / f"{stem}.ttgir").write_text(kernel.asm["ttgir"])  # the layouts Triton chose
+        (out / f"{stem}.ttgir").write_text(kernel.asm["ttgir"])
         (out / f"{stem}.sass").write_text(sass)
         regs, local = cubin_usage(kernel, cuobjdump)
         rows.append(summary_row(name, blocks, kernel, regs, local, *around_wait(opcodes(sass))))
