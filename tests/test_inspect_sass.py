@@ -52,6 +52,8 @@ def test_fused_attention_launch_at_one_row(triton_cache, tmp_path):
     assert hadd_before == 0 and hadd_after >= 3 * 64, cells  # keys, values and W, 64 elements a thread each
     assert len(list(out.glob("decode_attention_proj_kernel-*.sass"))) == 1
     assert len(list(out.glob("decode_attention_proj_kernel-*.ptx"))) == 1
+    ttgir = list(out.glob("decode_attention_proj_kernel-*.ttgir"))
+    assert len(ttgir) == 1 and "#ttg.blocked" in ttgir[0].read_text()  # Triton's layouts
 
 
 @pytest.mark.skipif(not _nvidia_toolchain(), reason="this Triton has no NVIDIA backend or no bundled ptxas")
