@@ -49,6 +49,7 @@ from minillm.benchutil import copy_bandwidth, device_slug, environment, ms_graph
 from minillm.config import PRESETS  # noqa: E402
 from persistent_kernels import persistent_step_kernel  # noqa: E402
 from persistent_plan import act_offsets, phases, plan, reference, weight_count, weight_views  # noqa: E402
+from probe_common import rel_err  # noqa: E402
 
 CACHE_POSITIONS = 96  # the generation benchmark's mean context, as scripts/bench_floor.py
 # (TN, TK, warps, programs an SM, register cap or None): more programs an SM keep more tiles in flight
@@ -111,7 +112,7 @@ class Step:
         c = self.cfg
         logits = self.values((c.n_layer, "logits"))[0]
         _, want = reference(c, self.weights, self.w_offs, self.cache, self.values((0, "x"))[0], self.positions)
-        return ((logits - want).abs().max() / want.abs().max()).item()
+        return rel_err(logits, want)
 
     @property
     def weight_bytes(self):

@@ -1,6 +1,7 @@
 """What the Gluon probes share (scripts/probe_stream_step.py, probe_pdl_ring.py, probe_pdl_step.py,
-probe_rows_ring.py): the chain's random weights laid out as two slabs by K, the GPU run's record
-(copy rate, floor, environment), and how a run's error and JSON record are written."""
+probe_rows_ring.py; bench_persistent.py takes rel_err): the chain's random weights laid out as
+two slabs by K, the GPU run's record (copy rate, floor, environment), and how a run's error and
+JSON record are written."""
 import json
 
 import torch

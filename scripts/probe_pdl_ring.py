@@ -118,12 +118,6 @@ def reference_chain(slabs, shapes, x0, fp16_x=False, caches=None, heads=0):
     return x
 
 
-
-
-
-
-
-
 def mma_shares(N, K, programs, order):
     """For ring_linear_mma_kernel's tiles in order (0 by row block, 1 by K chunk): (K chunks, row
     blocks, the most chunks a program's tiles touch (order 1), the most row blocks whose first

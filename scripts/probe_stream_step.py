@@ -56,8 +56,6 @@ from stream_step_kernels import FIRST, PHASE_END, SEG_END, stream_step_kernel, s
 BK, NF, FIX_SCALE = ssk.BK.value, ssk.NF.value, ssk.FIX_SCALE.value  # the kernels' constants, as numbers
 
 
-
-
 def tile_major(slabs, shapes, bn):
     """The weights stored tile by tile: each phase's (bn x BK) tiles in (row block, K chunk)
     order, each one contiguous block (K and N padded with zeros to whole tiles), in two slabs of
@@ -193,14 +191,6 @@ def compile_only(args):
             regs, local = cubin_usage(k, find_cuobjdump())
             print(f"{form}, {bn}x{BK} tiles, {stages} stages, counted {counted}, mode {mode}: "
                   f"shared {k.metadata.shared} B, {regs} registers, {local} B local a thread")
-
-
-
-
-
-
-
-
 
 
 def tiles_arg(text):

@@ -295,7 +295,7 @@ def test_gemv_candidate_layouts(candidate, device):
     """Every layout scripts/bench_gemv.py sweeps computes the right thing (layernorm, bias, GELU,
     residual), at one and at several row blocks."""
     block_n, block_k, chunks, split, warps = candidate
-    cfg = {"BLOCK_N": block_n, "BLOCK_K": block_k, "CHUNKS": chunks, "SPLIT": split, "num_warps": warps}
+    cfg = {**gemv_cfg(block_n, block_k, chunks, split), "num_warps": warps}
     dtype = torch.float16 if ON_GPU else torch.float32
     K, N = (1600, 900) if ON_GPU else (300, 100)
     for M in (1, 40):
