@@ -49,10 +49,11 @@ def target_only(arch):
     driver.set_active(TargetOnly())
 
 
-def install_compile_only(arch, sms, every_config, log, where, failures):
+def install_compile_only(arch, sms, every_config, log, where, failures, only=""):
     """Route every launch to compilation for sm_`arch` on CPU tensors, logging each compiled
     kernel: (name, hash) -> [CompiledKernel, launches, fixed layout?, blocks, first launched
-    by (where[0], set by the caller)]; a kernel that does not compile is one line in failures."""
+    by (where[0], set by the caller)]; a kernel that does not compile is one line in failures.
+    Kernels whose name does not contain `only` are skipped, not compiled."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
@@ -61,6 +62,8 @@ def install_compile_only(arch, sms, every_config, log, where, failures):
     in_autotuner = []
 
     def run(self, *args, grid, warmup, **kwargs):
+        if only not in self.__name__:
+            return None
         try:
             kernel = compile_run(self, *args, grid=grid, warmup=True, **kwargs)  # compile, never launch
         except Exception as e:  # noqa: BLE001 - every kernel that fails is reported, the rest go on
