@@ -80,7 +80,8 @@ def early_roles(rows, cuda_core, width):
     attn-out too -8.7%; gpt2-xl without attn-out -0.8%, with qkv too -2.9%, qkv in its place -3.3%.
     gpt2-xl's one row on the CUDA-core GEMV (ninety-fourth session, one round,
     bench/results/h200/session-94/): without qkv -1.5%, without fc -2.0%, without mlp-out -2.8%,
-    attn-out too -0.1%."""
+    attn-out too -0.1%; with the attention launch in 8 warps attn-out too -0.6% (alternated twice,
+    session-115/call3-ab-xl.log)."""
     if EARLY_ROLES_ENV is not None:
         return EARLY_ROLES_ENV
     if cuda_core:
