@@ -41,8 +41,9 @@ WIDE_BLOCK_N = {1280: 512}
 # last case: up to 128 positions up front). H200, alternated twice in one call, the same ids, at
 # the benchmark's 256-position cache (bench/results/h200/session-114/call2-ab-xl.log, call3-):
 # gpt2-xl 847 / 847 -> 855 / 855 tok/s (+0.9%), on another host 850 / 850 -> 857 / 857 (+0.8%);
-# session 94 had +0.3% in one round. Shorter caches' tiles were not timed. Against it (session-115/):
-# 512 columns in 8 warps -1.1%, 16 warps -12.0% (256 columns) and -6.1% (512)
+# session 94 had +0.3% in one round. Shorter caches' tiles were not timed. Against it, alternated
+# twice (session-115/call3-, call4-): 512 columns in 8 warps -1.1%, 16 warps -12.0% (256 columns:
+# an SM holds one program, 175 run in two waves) and -6.1% (512)
 WIDE_WARPS_AT_ONE_ROW = {1600: 8}
 
 
@@ -103,8 +104,7 @@ def fused_layout(rows, n, cache_len, head_dim, heads, *, sms):
     round, bench/results/h200/session-94/call3-*), against 256 x 128 x 4: 512 x 128 x 4 -1.1%,
     256 x 256 x 8 -5.4%, 512 x 256 x 8 -0.9%, 256 x 128 x 8 +0.3% (inside the spread); the two
     kernels -2.5%. Alternated twice in the hundred-and-fourteenth, 256 x 128 x 8 gained 0.9%
-    (WIDE_WARPS_AT_ONE_ROW); against it in the hundred-and-fifteenth 512 x 128 x 8 -1.1%,
-    256 x 128 x 16 -12.0%, 512 x 128 x 16 -6.1%."""
+    (WIDE_WARPS_AT_ONE_ROW, beside it the layouts that lost against it since)."""
     if (not FUSED or rows > MAX_ROWS or (rows == 2 and heads > MAX_HEADS_AT_TWO_ROWS) or cache_len > MAX_CACHE
             or head_dim > 128):
         return None
