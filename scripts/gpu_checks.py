@@ -1,12 +1,17 @@
 """GPU parity record and engine checks (run on the GPU machine, results to --out).
 
-1. Parity with transformers on a GPT-2 124M-sized checkpoint (random init, saved by
-   transformers) in fp32 and fp16, 256 new tokens: per-step max logit difference (teacher
-   forced over transformers' fp32 greedy sequence), top-1 agreement, greedy steps that match.
+For each model named (a GPT-2 preset's architecture, every layer, random init saved by
+transformers, peaked logits):
+1. Parity with transformers in fp32 and fp16 (--new-tokens, 256 by default): per-step max logit difference
+   (teacher forced over transformers' fp32 greedy sequence), top-1 agreement, greedy steps that
+   match.
 2. Engine checks: tokens identical with CUDA graphs on and off (greedy and sampled), a prompt
    alone and inside a batch of 64 (batch invariance), sampled ids against transformers.
+Writes gpu-checks-MODEL.json, .log and .md (a summary table) per model; exits 1 if CUDA graphs
+on and off gave other ids anywhere.
 
     python3 scripts/gpu_checks.py --out /tmp/out
+    python3 scripts/gpu_checks.py --models gpt2 gpt2-xl --new-tokens 128 --out /tmp/out
 """
 import argparse
 import json
@@ -22,24 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.benchutil import environment, require_cuda  # noqa: E402
-from tests.models import build_checkpoint, hf_generate  # noqa: E402
+from minillm.config import PRESETS  # noqa: E402
+from tests.models import build_checkpoint, hf_generate, teacher_forced  # noqa: E402
 
-
-def teacher_forced(llm, ids, prompt_len):
-    """minillm's logits for every position >= prompt_len - 1: prefill, then one decode per token."""
-    m, dev = llm.model, llm.device
-    cache = m.new_cache(1)
-    p = ids[:prompt_len]
-    out = [m.prefill(torch.tensor([p], device=dev), torch.tensor([len(p)], dtype=torch.int32, device=dev), cache)[0]]
-    for t in range(prompt_len, len(ids) - 1):
-        out.append(m.decode(torch.tensor([ids[t]], dtype=torch.int32, device=dev),
-                            torch.tensor([t], dtype=torch.int32, device=dev), cache)[0])
-    return torch.stack(out).float()
+PROMPT_LEN = 16  # parity's random prompt; every preset's context is 1,024 positions
 
 
 def parity(path, hf32, new, log):
     torch.manual_seed(0)
-    prompt = torch.randint(0, 50256, (16,)).tolist()
+    prompt = torch.randint(0, 50256, (PROMPT_LEN,)).tolist()
     ref_ids = prompt + hf_generate(hf32, prompt, max_new_tokens=new, do_sample=False)
     with torch.no_grad():
         ref32 = hf32(torch.tensor([ref_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
@@ -52,7 +48,7 @@ def parity(path, hf32, new, log):
         hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
         with torch.no_grad():
             ref = hf(torch.tensor([ref_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
-        mine = teacher_forced(llm, ref_ids, len(prompt))
+        mine = teacher_forced(llm.model, ref_ids, len(prompt))
         diff = (mine - ref).abs().amax(-1)  # per step
         scale = ref.abs().amax().item()
         got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True))[0].token_ids
@@ -107,30 +103,76 @@ def engine_checks(path, hf32, log):
     return res
 
 
-def main():
+def summary(name, report):
+    """A markdown table of one model's record: the parity figures and the engine checks by dtype."""
+    p, e = report["parity"], report["engine"]
+    rows = [f"{name}, {p['new_tokens']} new tokens after {p['prompt_len']} (transformers fp32's top-1/top-2 "
+            f"margin: min {p['hf_fp32_top2_margin']['min']:.3g}, median {p['hf_fp32_top2_margin']['median']:.3g})",
+            "",
+            "| dtype | max logit diff / scale | top-1 vs transformers same dtype | vs fp32 (transformers same "
+            "dtype) | greedy steps identical | graphs on = off | alone = row 20 of 64 | sampled ids = transformers' |",
+            "|---|---|---|---|---|---|---|---|"]
+    for dtype in ("float32", "float16"):
+        r, c = p[dtype], e[dtype]
+        same = c["graphs_on_equals_off_greedy"] and c["graphs_on_equals_off_sampled"]
+        rows.append(f"| {dtype} | {r['max_logit_diff']:.2e} / {r['logit_scale']:.0f} ({r['max_diff_over_scale']:.1e}) "
+                    f"| {r['teacher_forced_top1_agreement_vs_hf_same_dtype']:.2%} "
+                    f"| {r['teacher_forced_top1_agreement_vs_hf_fp32']:.2%} "
+                    f"({r['hf_same_dtype_top1_agreement_vs_hf_fp32']:.2%}) "
+                    f"| {r['greedy_steps_matching_hf_same_dtype']} / {p['new_tokens']} | {'yes' if same else '**no**'} "
+                    f"| {'yes' if c['batch_invariance_alone_vs_in_64'] else 'no'} "
+                    f"| {c['sampled_equals_hf_same_seed_first_diff']} / 64 |")
+    return "\n".join(rows) + "\n"
+
+
+def graphs_agree(report):
+    return all(c[f"graphs_on_equals_off_{k}"] for c in report["engine"].values() for k in ("greedy", "sampled"))
+
+
+def new_tokens(text):
+    n = int(text)
+    if not 1 <= n <= 1024 - PROMPT_LEN:
+        raise argparse.ArgumentTypeError(f"expected 1 to {1024 - PROMPT_LEN} tokens (after a {PROMPT_LEN}-token "
+                                         f"prompt, in 1,024 positions), got {text}")
+    return n
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    args = ap.parse_args()
+    ap.add_argument("--out", required=True, help="folder for gpu-checks-MODEL.json, .log and .md")
+    ap.add_argument("--models", nargs="+", default=["gpt2"], choices=sorted(PRESETS), metavar="MODEL",
+                    help=f"presets whose architecture is checked, each at full depth: {', '.join(PRESETS)} (default: gpt2)")
+    ap.add_argument("--new-tokens", type=new_tokens, default=256, help="greedy tokens compared (default: 256)")
+    args = ap.parse_args(argv)
     require_cuda("gpu_checks")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = []
-
-    def log(s):
-        print(s, flush=True)
-        lines.append(s)
-
     torch.backends.cuda.matmul.allow_tf32 = False
-    with tempfile.TemporaryDirectory() as d:
-        t0 = time.time()
-        hf32 = build_checkpoint(d, n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024,
-                                seed=0, peak=10.0).cuda().eval()
-        log(f"built a GPT-2 124M-sized checkpoint in {time.time() - t0:.1f} s")
-        report = {"env": environment(), "parity": parity(d, hf32, args.new_tokens, log),
-                  "engine": engine_checks(d, hf32, log)}
-    (out / "gpu-checks.json").write_text(json.dumps(report, indent=1))
-    (out / "gpu-checks.log").write_text("\n".join(lines) + "\n")
+    failed = []
+    for name in args.models:
+        lines, t0 = [], time.time()
+
+        def log(s):
+            s = f"{time.time() - t0:6.1f} s  {s}"
+            print(f"[{name}] {s}", flush=True)
+            lines.append(s)
+
+        c = PRESETS[name]
+        with tempfile.TemporaryDirectory() as d:
+            hf32 = build_checkpoint(d, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+                                    n_positions=c.n_positions, seed=0, peak=10.0).cuda().eval()
+            log(f"built a random {name}-sized checkpoint ({c.n_params / 1e6:.0f}M parameters)")
+            report = {"model": name, "env": environment(), "parity": parity(d, hf32, args.new_tokens, log),
+                      "engine": engine_checks(d, hf32, log)}
+            del hf32
+        (out / f"gpu-checks-{name}.json").write_text(json.dumps(report, indent=1))
+        (out / f"gpu-checks-{name}.log").write_text("\n".join(lines) + "\n")
+        (out / f"gpu-checks-{name}.md").write_text(summary(name, report))
+        print(summary(name, report), flush=True)
+        if not graphs_agree(report):
+            failed.append(name)
+    if failed:
+        sys.exit(f"gpu_checks: CUDA graphs on and off gave other ids for {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,20 @@ def build_checkpoint(path, *, n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_
     return model
 
 
+def teacher_forced(model, ids, prompt_len):
+    """minillm's logits (len(ids) - prompt_len, V) for ids[prompt_len:], each from the tokens
+    before it: the prompt's prefill, then one decode step (no CUDA graph) per later token."""
+    dev, cache = model.device, model.new_cache(1)
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32, device=dev)
+
+    out = [model.prefill(torch.tensor([ids[:prompt_len]], device=dev), i32([prompt_len]), cache)[0]]
+    for t in range(prompt_len, len(ids) - 1):
+        out.append(model.decode(i32([ids[t]]), i32([t]), cache)[0])
+    return torch.stack(out).float()
+
+
 def hf_generate(model, ids, ignore_eos=True, **kw):
     """transformers' generate on a prompt list, returning only the new ids. With ignore_eos it
     runs past the end-of-sequence token (no stop criterion, no logits masking)."""

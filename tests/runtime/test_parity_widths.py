@@ -1,0 +1,91 @@
+"""minillm against transformers at the GPT-2 family's own widths (GPU only).
+
+test_parity.py's models are 32-64 wide, where the engine takes other kernels than at gpt2's
+768 to gpt2-xl's 1600: the CUDA-core GEMV over K = 1024-6400, the fused attention launch's
+wide layouts (8 warps at 25 heads), the screened head over K > 1024, the tensor-core slabs at 64
+rows. Here each preset's widths (two layers, the full 50,257-token vocabulary) run through the
+engine in fp32 and fp16, each against transformers in fp32 (the truth), the way the benchmark
+runs them: teacher-forced logits, and greedy ids alone, in a batch of 8 and in a batch of 64.
+"""
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.config import PRESETS
+from tests.conftest import ON_GPU
+from tests.models import build_checkpoint, hf_generate, teacher_forced
+
+pytestmark = pytest.mark.skipif(not ON_GPU, reason="GPT-2's widths over a 50,257-token vocabulary: hours under "
+                                                  "the interpreter, so GPU only")
+
+PROMPT, NEW = 12, 32
+# one worker a width: its checkpoint and engines are built once, the widths side by side
+WIDTHS = [pytest.param(name, marks=pytest.mark.xdist_group(f"widths-{name}"))
+          for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")]
+
+
+@pytest.fixture(scope="module", params=WIDTHS)
+def width(request, tmp_path_factory):
+    """A two-layer checkpoint at a preset's widths, transformers' fp32 greedy ids from a random
+    prompt, its teacher-forced logits over them, and transformers fp16's distance from them."""
+    name = request.param
+    c = PRESETS[name]
+    path = tmp_path_factory.mktemp(name)
+    hf32 = build_checkpoint(path, n_layer=2, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+                            n_positions=256, seed=7).cuda()
+    g = torch.Generator().manual_seed(13)
+    prompt = torch.randint(0, c.vocab_size - 1, (PROMPT,), generator=g).tolist()
+    expect = hf_generate(hf32, prompt, max_new_tokens=NEW, do_sample=False)
+    ids = torch.tensor([prompt + expect], device="cuda")
+    with torch.no_grad():
+        ref = hf32(ids).logits[0, PROMPT - 1:-1].float()  # (NEW, V): the logits behind each new id
+        hf16 = type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
+        hf16_diff = (hf16(ids).logits[0, PROMPT - 1:-1].float() - ref).abs().max().item()
+    top2 = ref.topk(2, dim=-1).values
+    fillers = [torch.randint(0, c.vocab_size - 1, (n,), generator=g).tolist()
+               for n in torch.randint(1, 40, (63,), generator=g).tolist()]
+    return dict(name=name, path=path, prompt=prompt, expect=expect, ref=ref, margins=top2[:, 0] - top2[:, 1],
+                hf16_diff=hf16_diff, fillers=fillers, engines={})
+
+
+@pytest.fixture(params=["float32", "float16"])
+def engine(request, width):
+    """The engine in this dtype (CUDA graphs on, as the benchmark runs it) and its teacher-forced
+    distance from transformers fp32 at each step, built once a width and dtype."""
+    dtype = request.param
+    if dtype not in width["engines"]:
+        llm = LLM(str(width["path"]), device="cuda", dtype=dtype)
+        mine = teacher_forced(llm.model, width["prompt"] + width["expect"], PROMPT)
+        width["engines"][dtype] = llm, (mine - width["ref"]).abs().amax(-1)  # (NEW,)
+    return width["engines"][dtype]
+
+
+def test_logits_within_reach_of_the_dtype(width, engine):
+    """Every step's logits against transformers fp32: fp32 within 1e-4 of the logits' scale;
+    fp16 within 3x transformers fp16's own largest distance from fp32 over the same steps."""
+    llm, diff = engine
+    scale = width["ref"].abs().max().item()
+    if llm.dtype == torch.float32:
+        assert diff.max() <= 1e-4 * scale, f"{width['name']}: logits differ by {diff.max():.3e} (scale {scale:.1f})"
+    else:
+        assert diff.max() <= 3 * width["hf16_diff"], (
+            f"{width['name']} fp16: logits {diff.max():.3e} from fp32, transformers fp16 {width['hf16_diff']:.3e}")
+
+
+def test_greedy_ids_alone_and_in_batches(width, engine):
+    """Greedy ids alone, as row 3 of 8 and as row 20 of 64 (other kernels: split tensor-core
+    tiles, slabs): transformers fp32's up to the first close call, a step whose top-1/top-2 margin
+    is within twice the engine's largest logit distance, which must come after half the steps
+    (else the model is too flat to tell anything)."""
+    llm, diff = engine
+    prompt, expect, fillers = width["prompt"], width["expect"], width["fillers"]
+    close = (width["margins"] <= 2 * diff.max()).nonzero()
+    decisive = close[0].item() if len(close) else NEW
+    assert decisive >= NEW // 2, (f"{width['name']}: a close call at step {decisive} (margin "
+                                  f"{width['margins'][decisive]:.3e}, logit distance {diff.max():.3e})")
+    greedy = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
+    runs = {"alone": llm.generate([prompt], greedy)[0],
+            "row 3 of 8": llm.generate(fillers[:3] + [prompt] + fillers[3:7], greedy)[3],
+            "row 20 of 64": llm.generate(fillers[:20] + [prompt] + fillers[20:], greedy)[20]}
+    for where, got in runs.items():
+        assert got.token_ids[:decisive] == expect[:decisive], f"{width['name']} {llm.dtype} {where}"
