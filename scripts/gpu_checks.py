@@ -33,6 +33,18 @@ from tests.models import build_checkpoint, hf_generate, teacher_forced  # noqa: 
 PROMPT_LEN = 16  # parity's random prompt; every preset's context is 1,024 positions
 
 
+def first_diff(a, b):
+    """The first step where two id lists part (the shorter's length where one starts the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def top2_margin(hf, ids):
+    """transformers' top-1/top-2 logit margin for the token after ids."""
+    with torch.no_grad():
+        top2 = hf(torch.tensor([ids], device="cuda")).logits[0, -1].float().topk(2).values
+    return (top2[0] - top2[1]).item()
+
+
 def parity(path, hf32, new, log):
     torch.manual_seed(0)
     prompt = torch.randint(0, 50256, (PROMPT_LEN,)).tolist()
@@ -53,10 +65,13 @@ def parity(path, hf32, new, log):
         scale = ref.abs().amax().item()
         got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True))[0].token_ids
         hf_same = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False)
-        match = next((i for i, (a, b) in enumerate(zip(got, hf_same)) if a != b), len(got))
+        match = first_diff(got, hf_same)
         report[dtype] = {
             "logit_scale": scale, "max_logit_diff": diff.max().item(), "median_step_max_diff": diff.median().item(),
             "max_diff_over_scale": diff.max().item() / scale,
+            # against the fp32 truth, and transformers in this dtype against it as the yardstick
+            "max_logit_diff_vs_hf_fp32": (mine - ref32).abs().max().item(),
+            "hf_same_dtype_max_logit_diff_vs_hf_fp32": (ref - ref32).abs().max().item(),
             "per_step_max_diff": [round(v, 6) for v in diff.tolist()],
             "teacher_forced_top1_agreement_vs_hf_same_dtype": (mine.argmax(-1) == ref.argmax(-1)).float().mean().item(),
             "teacher_forced_top1_agreement_vs_hf_fp32": (mine.argmax(-1) == ref32.argmax(-1)).float().mean().item(),
@@ -90,13 +105,21 @@ def engine_checks(path, hf32, log):
         filler = [torch.randint(0, 50256, (torch.randint(1, 60, ()).item(),)).tolist() for _ in range(63)]
         in_batch = on.generate(filler[:20] + [prompts[1]] + filler[20:], greedy)[20].token_ids
         r["batch_invariance_alone_vs_in_64"] = alone == in_batch
+        if alone != in_batch:  # where they part, and how close transformers fp32 found that step
+            k = first_diff(alone, in_batch)
+            r["batch_first_diff"] = k
+            r["batch_hf_fp32_margin_at_first_diff"] = top2_margin(hf32, prompts[1] + alone[:k])
         hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
-        torch.manual_seed(123)
-        hf_s = hf_generate(hf, prompts[0], max_new_tokens=64, do_sample=True, temperature=0.9, top_k=40, top_p=0.95,
-                           repetition_penalty=1.2)
+        samples = {}
+        for engine, model in (("hf", hf), ("hf_fp32", hf32)):
+            torch.manual_seed(123)
+            samples[engine] = hf_generate(model, prompts[0], max_new_tokens=64, do_sample=True, temperature=0.9,
+                                          top_k=40, top_p=0.95, repetition_penalty=1.2)
         mine_s = off.generate([prompts[0]], sampled)[0].token_ids
-        r["sampled_equals_hf_same_seed_first_diff"] = next(
-            (i for i, (x, y) in enumerate(zip(mine_s, hf_s)) if x != y), len(hf_s))
+        r["sampled_equals_hf_same_seed_first_diff"] = first_diff(mine_s, samples["hf"])
+        if dtype != "float32":  # the yardstick: transformers in this dtype against itself in fp32
+            r["sampled_vs_hf_fp32_first_diff"] = first_diff(mine_s, samples["hf_fp32"])
+            r["hf_same_dtype_sampled_vs_hf_fp32_first_diff"] = first_diff(samples["hf"], samples["hf_fp32"])
         res[dtype] = r
         log(f"engine checks {dtype}: {r}")
         del on, off
@@ -109,20 +132,36 @@ def summary(name, report):
     rows = [f"{name}, {p['new_tokens']} new tokens after {p['prompt_len']} (transformers fp32's top-1/top-2 "
             f"margin: min {p['hf_fp32_top2_margin']['min']:.3g}, median {p['hf_fp32_top2_margin']['median']:.3g})",
             "",
-            "| dtype | max logit diff / scale | top-1 vs transformers same dtype | vs fp32 (transformers same "
-            "dtype) | greedy steps identical | graphs on = off | alone = row 20 of 64 | sampled ids = transformers' |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| dtype | max logit diff / scale | from fp32 (transformers same dtype) | top-1 vs transformers same "
+            "dtype | vs fp32 (transformers same dtype) | greedy steps identical | graphs on = off "
+            "| alone = row 20 of 64 | sampled ids = transformers' (steps identical) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for dtype in ("float32", "float16"):
         r, c = p[dtype], e[dtype]
         same = c["graphs_on_equals_off_greedy"] and c["graphs_on_equals_off_sampled"]
         rows.append(f"| {dtype} | {r['max_logit_diff']:.2e} / {r['logit_scale']:.0f} ({r['max_diff_over_scale']:.1e}) "
+                    f"| {r['max_logit_diff_vs_hf_fp32']:.2e} ({r['hf_same_dtype_max_logit_diff_vs_hf_fp32']:.2e}) "
                     f"| {r['teacher_forced_top1_agreement_vs_hf_same_dtype']:.2%} "
                     f"| {r['teacher_forced_top1_agreement_vs_hf_fp32']:.2%} "
                     f"({r['hf_same_dtype_top1_agreement_vs_hf_fp32']:.2%}) "
                     f"| {r['greedy_steps_matching_hf_same_dtype']} / {p['new_tokens']} | {'yes' if same else '**no**'} "
-                    f"| {'yes' if c['batch_invariance_alone_vs_in_64'] else 'no'} "
-                    f"| {c['sampled_equals_hf_same_seed_first_diff']} / 64 |")
+                    f"| {alone_in_64(c)} | {sampled_cell(c)} |")
     return "\n".join(rows) + "\n"
+
+
+def alone_in_64(checks):
+    if checks["batch_invariance_alone_vs_in_64"]:
+        return "yes"
+    return (f"from step {checks['batch_first_diff']} (transformers fp32's margin there "
+            f"{checks['batch_hf_fp32_margin_at_first_diff']:.3g})")
+
+
+def sampled_cell(checks):
+    cell = f"{checks['sampled_equals_hf_same_seed_first_diff']} / 64"
+    if "hf_same_dtype_sampled_vs_hf_fp32_first_diff" in checks:
+        cell += (f" (against transformers fp32: {checks['sampled_vs_hf_fp32_first_diff']}; transformers itself "
+                 f"{checks['hf_same_dtype_sampled_vs_hf_fp32_first_diff']})")
+    return cell
 
 
 def graphs_agree(report):
@@ -141,7 +180,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for gpu-checks-MODEL.json, .log and .md")
     ap.add_argument("--models", nargs="+", default=["gpt2"], choices=sorted(PRESETS), metavar="MODEL",
-                    help=f"presets whose architecture is checked, each at full depth: {', '.join(PRESETS)} (default: gpt2)")
+                    help=f"presets whose architecture is checked, each at full depth: {', '.join(PRESETS)} "
+                    "(default: gpt2)")
     ap.add_argument("--new-tokens", type=new_tokens, default=256, help="greedy tokens compared (default: 256)")
     args = ap.parse_args(argv)
     require_cuda("gpu_checks")
