@@ -6,7 +6,9 @@ transformers, peaked logits):
    (teacher forced over transformers' fp32 greedy sequence), top-1 agreement, greedy steps that
    match.
 2. Engine checks: tokens identical with CUDA graphs on and off (greedy and sampled), a prompt
-   alone and inside a batch of 64 (batch invariance), sampled ids against transformers.
+   alone and inside a batch of 64 (batch invariance; where they part, transformers fp32's top-2
+   margin there), and 16 seeded sampled runs against transformers (where each parts from
+   transformers in the same dtype and in fp32, and transformers' own dtype from its fp32).
 Writes gpu-checks-MODEL.json, .log and .md (a summary table) per model; exits 1 if CUDA graphs
 on and off gave other ids anywhere.
 
@@ -16,6 +18,7 @@ on and off gave other ids anywhere.
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -86,43 +89,63 @@ def parity(path, hf32, new, log):
     return report
 
 
+SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.2)
+SAMPLED_RUNS, SAMPLED_TOKENS = 16, 64
+
+
+def sampled_partings(llm, hf, hf32, prompts):
+    """Seeded runs of SAMPLED_TOKENS sampled ids, one a prompt: the step where the engine's ids part
+    from transformers' in the same dtype and in fp32, and where transformers' own part from its fp32
+    ids (the yardstick: a draw whose two best p / q lie within the dtype's rounding can flip)."""
+    partings = {"vs_hf_same_dtype": [], "vs_hf_fp32": [], "hf_same_dtype_vs_hf_fp32": []}
+    for seed, prompt in enumerate(prompts, 123):
+        mine = llm.generate([prompt], SamplingParams(max_new_tokens=SAMPLED_TOKENS, seed=seed, ignore_eos=True,
+                                                     **SAMPLED))[0].token_ids
+        theirs = {}
+        for name, model in (("same", hf), ("fp32", hf32)):
+            torch.manual_seed(seed)
+            theirs[name] = theirs["same"] if model is hf and name == "fp32" else hf_generate(
+                model, prompt, max_new_tokens=SAMPLED_TOKENS, do_sample=True, **SAMPLED)
+        partings["vs_hf_same_dtype"].append(first_diff(mine, theirs["same"]))
+        partings["vs_hf_fp32"].append(first_diff(mine, theirs["fp32"]))
+        partings["hf_same_dtype_vs_hf_fp32"].append(first_diff(theirs["same"], theirs["fp32"]))
+    return partings
+
+
 def engine_checks(path, hf32, log):
+    """Per dtype: ids with CUDA graphs on and off (greedy and sampled), a prompt alone and as row
+    20 of 64, and sampled_partings. One engine alive at a time (a 64-row fp32 cache of gpt2-xl
+    is 37.5 GiB)."""
     res = {}
     torch.manual_seed(1)
     prompts = [torch.randint(0, 50256, (n,)).tolist() for n in (5, 17, 40)]
+    filler = [torch.randint(0, 50256, (torch.randint(1, 60, ()).item(),)).tolist() for _ in range(63)]
+    seeded = [torch.randint(0, 50256, (n,)).tolist() for n in torch.randint(2, 40, (SAMPLED_RUNS,)).tolist()]
     greedy = SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
-    sampled = SamplingParams(max_new_tokens=64, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.2,
-                             seed=123, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=64, seed=123, ignore_eos=True, **SAMPLED)
     for dtype in ("float16", "float32"):
-        on = LLM(str(path), device="cuda", dtype=dtype)
-        off = LLM(str(path), device="cuda", dtype=dtype, cuda_graphs=False)
-        r = {}
-        for name, params in (("greedy", greedy), ("sampled", sampled)):
-            a = [x.token_ids for x in on.generate(prompts, params)]
-            b = [x.token_ids for x in off.generate(prompts, params)]
-            r[f"graphs_on_equals_off_{name}"] = a == b
-        alone = on.generate([prompts[1]], greedy)[0].token_ids
-        filler = [torch.randint(0, 50256, (torch.randint(1, 60, ()).item(),)).tolist() for _ in range(63)]
-        in_batch = on.generate(filler[:20] + [prompts[1]] + filler[20:], greedy)[20].token_ids
+        r, ids = {}, {}
+        for graphs in (True, False):
+            llm = LLM(str(path), device="cuda", dtype=dtype, cuda_graphs=graphs)
+            ids[graphs] = [[x.token_ids for x in llm.generate(prompts, params)] for params in (greedy, sampled)]
+            if graphs:
+                alone = llm.generate([prompts[1]], greedy)[0].token_ids
+                in_batch = llm.generate(filler[:20] + [prompts[1]] + filler[20:], greedy)[20].token_ids
+                hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(
+                    str(path), dtype=torch.float16).cuda().eval()
+                r["sampled_partings"] = sampled_partings(llm, hf, hf32, seeded)
+                del hf
+            del llm
+            torch.cuda.empty_cache()
+        r["graphs_on_equals_off_greedy"] = ids[True][0] == ids[False][0]
+        r["graphs_on_equals_off_sampled"] = ids[True][1] == ids[False][1]
         r["batch_invariance_alone_vs_in_64"] = alone == in_batch
         if alone != in_batch:  # where they part, and how close transformers fp32 found that step
             k = first_diff(alone, in_batch)
             r["batch_first_diff"] = k
             r["batch_hf_fp32_margin_at_first_diff"] = top2_margin(hf32, prompts[1] + alone[:k])
-        hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
-        samples = {}
-        for engine, model in (("hf", hf), ("hf_fp32", hf32)):
-            torch.manual_seed(123)
-            samples[engine] = hf_generate(model, prompts[0], max_new_tokens=64, do_sample=True, temperature=0.9,
-                                          top_k=40, top_p=0.95, repetition_penalty=1.2)
-        mine_s = off.generate([prompts[0]], sampled)[0].token_ids
-        r["sampled_equals_hf_same_seed_first_diff"] = first_diff(mine_s, samples["hf"])
-        if dtype != "float32":  # the yardstick: transformers in this dtype against itself in fp32
-            r["sampled_vs_hf_fp32_first_diff"] = first_diff(mine_s, samples["hf_fp32"])
-            r["hf_same_dtype_sampled_vs_hf_fp32_first_diff"] = first_diff(samples["hf"], samples["hf_fp32"])
         res[dtype] = r
         log(f"engine checks {dtype}: {r}")
-        del on, off
     return res
 
 
@@ -134,7 +157,7 @@ def summary(name, report):
             "",
             "| dtype | max logit diff / scale | from fp32 (transformers same dtype) | top-1 vs transformers same "
             "dtype | vs fp32 (transformers same dtype) | greedy steps identical | graphs on = off "
-            "| alone = row 20 of 64 | sampled ids = transformers' (steps identical) |",
+            f"| alone = row 20 of 64 | sampled runs identical to transformers' for {SAMPLED_TOKENS} steps |",
             "|---|---|---|---|---|---|---|---|---|"]
     for dtype in ("float32", "float16"):
         r, c = p[dtype], e[dtype]
@@ -145,7 +168,7 @@ def summary(name, report):
                     f"| {r['teacher_forced_top1_agreement_vs_hf_fp32']:.2%} "
                     f"({r['hf_same_dtype_top1_agreement_vs_hf_fp32']:.2%}) "
                     f"| {r['greedy_steps_matching_hf_same_dtype']} / {p['new_tokens']} | {'yes' if same else '**no**'} "
-                    f"| {alone_in_64(c)} | {sampled_cell(c)} |")
+                    f"| {alone_in_64(c)} | {sampled_cell(c, dtype)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -156,12 +179,17 @@ def alone_in_64(checks):
             f"{checks['batch_hf_fp32_margin_at_first_diff']:.3g})")
 
 
-def sampled_cell(checks):
-    cell = f"{checks['sampled_equals_hf_same_seed_first_diff']} / 64"
-    if "hf_same_dtype_sampled_vs_hf_fp32_first_diff" in checks:
-        cell += (f" (against transformers fp32: {checks['sampled_vs_hf_fp32_first_diff']}; transformers itself "
-                 f"{checks['hf_same_dtype_sampled_vs_hf_fp32_first_diff']})")
-    return cell
+def parted(steps):
+    """'a / n runs' that kept every step, and the median step where runs part."""
+    return f"{sum(k == SAMPLED_TOKENS for k in steps)} / {len(steps)}, median {statistics.median(steps):g}"
+
+
+def sampled_cell(checks, dtype):
+    p = checks["sampled_partings"]
+    if dtype == "float32":
+        return parted(p["vs_hf_same_dtype"])
+    return (f"{parted(p['vs_hf_same_dtype'])} (against fp32: {parted(p['vs_hf_fp32'])}; transformers itself: "
+            f"{parted(p['hf_same_dtype_vs_hf_fp32'])})")
 
 
 def graphs_agree(report):

@@ -17,13 +17,14 @@ def _report(graphs_same=True, alone_same=True):
                          "teacher_forced_top1_agreement_vs_hf_fp32": 0.9921875,
                          "hf_same_dtype_top1_agreement_vs_hf_fp32": 0.99609375,
                          "greedy_steps_matching_hf_same_dtype": 128 if dtype == "float32" else 93}
+        partings = {"vs_hf_same_dtype": [64, 64, 64], "vs_hf_fp32": [64, 64, 64], "hf_same_dtype_vs_hf_fp32": [64] * 3}
+        if dtype == "float16":
+            partings = {"vs_hf_same_dtype": [17, 64, 30], "vs_hf_fp32": [12, 64, 64],
+                        "hf_same_dtype_vs_hf_fp32": [9, 64, 64]}
         engine[dtype] = {"graphs_on_equals_off_greedy": True, "graphs_on_equals_off_sampled": graphs_same,
-                         "batch_invariance_alone_vs_in_64": alone_same, "sampled_equals_hf_same_seed_first_diff": 64}
+                         "batch_invariance_alone_vs_in_64": alone_same, "sampled_partings": partings}
         if not alone_same:
             engine[dtype].update(batch_first_diff=41, batch_hf_fp32_margin_at_first_diff=0.00731)
-        if dtype == "float16":
-            engine[dtype].update(sampled_equals_hf_same_seed_first_diff=17, sampled_vs_hf_fp32_first_diff=12,
-                                 hf_same_dtype_sampled_vs_hf_fp32_first_diff=9)
     return {"parity": parity, "engine": engine}
 
 
@@ -32,9 +33,10 @@ def test_summary_table():
     assert lines[0].startswith("gpt2-xl, 128 new tokens after 16 (transformers fp32's top-1/top-2 margin: min 0.0123")
     assert lines[2].count("|") == lines[3].count("|") == lines[4].count("|") == 10
     assert lines[4] == ("| float32 | 7.60e-05 / 54 (1.4e-06) | 1.14e-04 (7.60e-05) | 99.61% | 99.22% (99.61%) "
-                        "| 128 / 128 | yes | yes | 64 / 64 |")
+                        "| 128 / 128 | yes | yes | 3 / 3, median 64 |")
     assert lines[5].startswith("| float16 | 7.80e-02 / 54 (1.4e-03) |") and "| 93 / 128 |" in lines[5]
-    assert lines[5].endswith("| yes | yes | 17 / 64 (against transformers fp32: 12; transformers itself 9) |")
+    assert lines[5].endswith("| yes | yes | 1 / 3, median 30 (against fp32: 2 / 3, median 64; transformers itself: "
+                             "2 / 3, median 64) |"), lines[5]
 
 
 def test_first_diff():
@@ -46,7 +48,7 @@ def test_graphs_disagreeing_is_marked_and_fails():
     report = _report(graphs_same=False, alone_same=False)
     assert not gpu_checks.graphs_agree(report) and gpu_checks.graphs_agree(_report())
     row = gpu_checks.summary("gpt2", report).splitlines()[4]
-    assert row.endswith("| **no** | from step 41 (transformers fp32's margin there 0.00731) | 64 / 64 |"), row
+    assert row.endswith("| **no** | from step 41 (transformers fp32's margin there 0.00731) | 3 / 3, median 64 |"), row
 
 
 @pytest.mark.parametrize("argv, expect", [
