@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch of GPU work for the device machine; everything lands in $OUT as a tarball + summary.
-# Stage times on a fresh H200: tests ~330 s (59th session), checks ~330 s (parity and engine checks, both dtypes),
+# Stage times on a fresh H200: tests ~330 s (59th session), checks ~385 s (four presets side by side, 116th),
 # bench-generate ~120 s, bench-xl ~105 s, bench-ttft ~25 s, coldwarm ~50 s, profile ~95 s; on an
 # H100: tests ~250 s, compile ~70 s, bench-generate ~165 s, bench-xl ~165 s, bench-ttft ~40 s.
 # A call holds at most 600 s.
@@ -26,7 +26,10 @@ for stage in "$@"; do
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     compile) timeout 400 python3 scripts/check_compile.py --models gpt2 gpt2-xl --dtypes float16 --out "$R/compile-sm90a.md" 2>&1 | tail -n 4 ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
-    checks) timeout 420 python3 scripts/gpu_checks.py --out "$R" 2>&1 | tail -n 20 ;;
+    checks)  # the four presets at full depth, side by side (one engine alive at a time in each)
+      for m in gpt2 gpt2-medium gpt2-large gpt2-xl; do
+        timeout 560 python3 scripts/gpu_checks.py --models "$m" --out "$R" > "$R/gpu-checks-run-$m.out" 2>&1 & done
+      wait; cat "$R"/gpu-checks-gpt2*.md ;;
     sweeps) timeout 330 python3 scripts/bench_gemv.py --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv.log"
             timeout 120 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
     stages) timeout 300 python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log"
