@@ -2,9 +2,9 @@
 
 For each model named (a GPT-2 preset's architecture, every layer, random init saved by
 transformers, peaked logits):
-1. Parity with transformers in fp32 and fp16 (--new-tokens, 256 by default): per-step max logit difference
-   (teacher forced over transformers' fp32 greedy sequence), top-1 agreement, greedy steps that
-   match.
+1. Parity with transformers in fp32 and fp16 (--new-tokens, 256 by default): per-step max logit
+   difference (teacher forced over transformers' fp32 greedy sequence), top-1 agreement, greedy
+   steps that match.
 2. Engine checks: tokens identical with CUDA graphs on and off (greedy and sampled), a prompt
    alone and inside a batch of 64 (batch invariance; where they part, transformers fp32's top-2
    margin there), and 16 seeded sampled runs against transformers (where each parts from
@@ -101,14 +101,16 @@ def sampled_partings(llm, hf, hf32, prompts):
     for seed, prompt in enumerate(prompts, 123):
         mine = llm.generate([prompt], SamplingParams(max_new_tokens=SAMPLED_TOKENS, seed=seed, ignore_eos=True,
                                                      **SAMPLED))[0].token_ids
-        theirs = {}
-        for name, model in (("same", hf), ("fp32", hf32)):
+
+        def drawn(model):
             torch.manual_seed(seed)
-            theirs[name] = theirs["same"] if model is hf and name == "fp32" else hf_generate(
-                model, prompt, max_new_tokens=SAMPLED_TOKENS, do_sample=True, **SAMPLED)
-        partings["vs_hf_same_dtype"].append(first_diff(mine, theirs["same"]))
-        partings["vs_hf_fp32"].append(first_diff(mine, theirs["fp32"]))
-        partings["hf_same_dtype_vs_hf_fp32"].append(first_diff(theirs["same"], theirs["fp32"]))
+            return hf_generate(model, prompt, max_new_tokens=SAMPLED_TOKENS, do_sample=True, **SAMPLED)
+
+        same = drawn(hf)
+        fp32 = same if hf is hf32 else drawn(hf32)
+        partings["vs_hf_same_dtype"].append(first_diff(mine, same))
+        partings["vs_hf_fp32"].append(first_diff(mine, fp32))
+        partings["hf_same_dtype_vs_hf_fp32"].append(first_diff(same, fp32))
     return partings
 
 

@@ -44,7 +44,7 @@ def test_first_diff():
     assert gpu_checks.first_diff([1, 2], [1, 2, 3]) == 2 and gpu_checks.first_diff([], [5]) == 0
 
 
-def test_graphs_disagreeing_is_marked_and_fails():
+def test_graphs_disagreeing_is_marked_and_caught():
     report = _report(graphs_same=False, alone_same=False)
     assert not gpu_checks.graphs_agree(report) and gpu_checks.graphs_agree(_report())
     row = gpu_checks.summary("gpt2", report).splitlines()[4]
