@@ -31,9 +31,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.benchutil import environment, require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
-from tests.models import build_checkpoint, hf_generate, teacher_forced  # noqa: E402
+from tests.models import build_checkpoint, hf_generate, hf_in, hf_steps, teacher_forced  # noqa: E402
 
-PROMPT_LEN = 16  # parity's random prompt; every preset's context is 1,024 positions
+PROMPT_LEN = 16  # parity's random prompt
+CONTEXT = min(c.n_positions for c in PRESETS.values())
 
 
 def first_diff(a, b):
@@ -52,18 +53,16 @@ def parity(path, hf32, new, log):
     torch.manual_seed(0)
     prompt = torch.randint(0, 50256, (PROMPT_LEN,)).tolist()
     ref_ids = prompt + hf_generate(hf32, prompt, max_new_tokens=new, do_sample=False)
-    with torch.no_grad():
-        ref32 = hf32(torch.tensor([ref_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
+    ref32 = hf_steps(hf32, ref_ids, PROMPT_LEN)
     top2 = ref32.topk(2, -1).values
     report = {"prompt_len": len(prompt), "new_tokens": new,
               "hf_fp32_top2_margin": {"min": (top2[:, 0] - top2[:, 1]).min().item(),
                                       "median": (top2[:, 0] - top2[:, 1]).median().item()}}
     for dtype in ("float32", "float16"):
         llm = LLM(str(path), device="cuda", dtype=dtype)
-        hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
-        with torch.no_grad():
-            ref = hf(torch.tensor([ref_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
-        mine = teacher_forced(llm.model, ref_ids, len(prompt))
+        hf = hf_in(hf32, path, getattr(torch, dtype))
+        ref = hf_steps(hf, ref_ids, PROMPT_LEN)
+        mine = teacher_forced(llm.model, ref_ids, PROMPT_LEN)
         diff = (mine - ref).abs().amax(-1)  # per step
         scale = ref.abs().amax().item()
         got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, ignore_eos=True))[0].token_ids
@@ -133,8 +132,7 @@ def engine_checks(path, hf32, log):
             if graphs:
                 alone = llm.generate([prompts[1]], greedy)[0].token_ids
                 in_batch = llm.generate(filler[:20] + [prompts[1]] + filler[20:], greedy)[20].token_ids
-                hf = hf32 if dtype == "float32" else type(hf32).from_pretrained(
-                    str(path), dtype=torch.float16).cuda().eval()
+                hf = hf_in(hf32, path, getattr(torch, dtype))
                 r["sampled_partings"] = sampled_partings(llm, hf, hf32, seeded)
                 del hf
             del llm
@@ -200,9 +198,9 @@ def graphs_agree(report):
 
 def new_tokens(text):
     n = int(text)
-    if not 1 <= n <= 1024 - PROMPT_LEN:
-        raise argparse.ArgumentTypeError(f"expected 1 to {1024 - PROMPT_LEN} tokens (after a {PROMPT_LEN}-token "
-                                         f"prompt, in 1,024 positions), got {text}")
+    if not 1 <= n <= CONTEXT - PROMPT_LEN:
+        raise argparse.ArgumentTypeError(f"expected 1 to {CONTEXT - PROMPT_LEN} tokens (after a {PROMPT_LEN}-token "
+                                         f"prompt, in {CONTEXT:,} positions), got {text}")
     return n
 
 

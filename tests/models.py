@@ -76,6 +76,19 @@ def teacher_forced(model, ids, prompt_len):
     return torch.stack(out).float()
 
 
+def hf_steps(model, ids, prompt_len):
+    """transformers' logits (len(ids) - prompt_len, V) for ids[prompt_len:], as teacher_forced's."""
+    with torch.no_grad():
+        return model(torch.tensor([ids], device=model.device)).logits[0, prompt_len - 1:-1].float()
+
+
+def hf_in(model, path, dtype):
+    """The transformers model saved at path, in dtype (model itself where that is its dtype)."""
+    if model.dtype == dtype:
+        return model
+    return type(model).from_pretrained(str(path), dtype=dtype).to(model.device).eval()
+
+
 def hf_generate(model, ids, ignore_eos=True, **kw):
     """transformers' generate on a prompt list, returning only the new ids. With ignore_eos it
     runs past the end-of-sequence token (no stop criterion, no logits masking)."""

@@ -13,7 +13,7 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.config import PRESETS
 from tests.conftest import ON_GPU
-from tests.models import build_checkpoint, hf_generate, teacher_forced
+from tests.models import build_checkpoint, hf_generate, hf_in, hf_steps, teacher_forced
 
 pytestmark = pytest.mark.skipif(not ON_GPU, reason="GPT-2's widths over a 50,257-token vocabulary: hours under "
                                                   "the interpreter, so GPU only")
@@ -22,12 +22,6 @@ PROMPT, NEW = 12, 32
 # one worker a width: its checkpoint and engines are built once, the widths side by side
 WIDTHS = [pytest.param(name, marks=pytest.mark.xdist_group(f"widths-{name}"))
           for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")]
-
-
-def _hf_steps(hf, ids):
-    """transformers' logits (len(ids) - PROMPT, V) behind each id after the prompt."""
-    with torch.no_grad():
-        return hf(torch.tensor([ids], device="cuda")).logits[0, PROMPT - 1:-1].float()
 
 
 @pytest.fixture(scope="module", params=WIDTHS)
@@ -42,9 +36,8 @@ def width(request, tmp_path_factory):
     g = torch.Generator().manual_seed(13)
     prompt = torch.randint(0, c.vocab_size - 1, (PROMPT,), generator=g).tolist()
     expect = hf_generate(hf32, prompt, max_new_tokens=NEW, do_sample=False)
-    ref = _hf_steps(hf32, prompt + expect)  # (NEW, V)
-    hf16 = type(hf32).from_pretrained(str(path), dtype=torch.float16).cuda().eval()
-    hf16_diff = (_hf_steps(hf16, prompt + expect) - ref).abs().max().item()
+    ref = hf_steps(hf32, prompt + expect, PROMPT)  # (NEW, V)
+    hf16_diff = (hf_steps(hf_in(hf32, path, torch.float16), prompt + expect, PROMPT) - ref).abs().max().item()
     fillers = [torch.randint(0, c.vocab_size - 1, (n,), generator=g).tolist()
                for n in torch.randint(1, 40, (63,), generator=g).tolist()]
     return dict(name=name, path=path, hf32=hf32, prompt=prompt, expect=expect, ref=ref, hf16_diff=hf16_diff,
@@ -91,7 +84,7 @@ def test_greedy_ids_alone_and_in_batches(width, engine):
             "row 20 of 64": llm.generate(fillers[:20] + [prompt] + fillers[20:], greedy)[20]}
     for where, got in runs.items():
         what = f"{width['name']} {llm.dtype} {where}"
-        ref = _hf_steps(width["hf32"], prompt + got.token_ids)
+        ref = hf_steps(width["hf32"], prompt + got.token_ids, PROMPT)
         top2 = ref.topk(2, dim=-1).values
         decided = (top2[:, 0] - top2[:, 1] > band).float().mean().item()
         assert decided >= 0.5, f"{what}: only {decided:.0%} of the steps decided outside the band {band:.3e}"
