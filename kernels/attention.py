@@ -133,7 +133,7 @@ def heads_first(causal, pairs, sms):
     return causal and pairs <= sms
 
 
-def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None):
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None, _config=None):
     """softmax(q k^T * scale [+ causal / length masks]) v without materializing the scores.
 
     q, k, v: (B, H, T, D), any strides but a contiguous head dim; D from 16 to 256.
@@ -141,6 +141,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
     out: optional (B, H, T, D) destination, e.g. a transposed view of a (B, T, H, D) buffer.
     k_out, v_out: optional (B, H, T, D) tensors (views of a KV cache) that receive copies of k
     and v, all T positions (padding too), in the same launch.
+    _config: tests and benchmarks only: a launch config (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    in place of the autotuner's.
     """
     check_tensor("q", q, ndim=4, last_contiguous=True)
     check_device_usable("q", q)
@@ -176,6 +178,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
         return (B * H, blocks) if first else (blocks, B * H)
 
     kernel, meta = pick(_attention_tuned, _CONFIGS)
+    if _config is not None:
+        kernel, meta = _attention_kernel, dict(_config)
     launch(
         kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o, ko, vo,
         H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2
