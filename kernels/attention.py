@@ -24,12 +24,20 @@ from ._tuning import INTERPRET, autotune, launch, pick, sm_count
 LOG2E = 1.4426950408889634
 
 
-def _configs():
-    if INTERPRET:
+# Every config streams the keys in blocks of BLOCK_N = 64: the online softmax rescales at block
+# boundaries, so BLOCK_N sets a row's rounding, and one BLOCK_N makes the autotuner's pick (which
+# differs between machines) leave every output bit alone. BLOCK_M and warps do not change a row's
+# arithmetic (the GPU test runs every config against the first). The first is the untuned default
+# (MINILLM_AUTOTUNE=0) and also the fastest fp32 one (an H200's fp32 1 x 12 x 1024 x 64: 293 us
+# against 4.7 ms for 128 x 64 in 4 warps, which spills; bench/results/h200/session-117/).
+ROW_BLOCK_N = 64
+
+
+def _configs(interpret=INTERPRET):
+    if interpret:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
-                                 (128, 32, 4, 3), (64, 32, 4, 4))]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": ROW_BLOCK_N}, num_warps=w, num_stages=s)
+            for bm, w, s in ((64, 4, 3), (64, 4, 4), (64, 8, 4), (128, 8, 3), (128, 8, 4))]
 
 
 @triton.jit
@@ -43,7 +51,8 @@ def _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_le
     else:
         kv_mask = d_mask[None, :]
     k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # log2 domain
+    qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+    s = qk * qk_scale  # log2 domain
     if MASKED:
         keep = offs_n[None, :] < kv_len
         if CAUSAL:
@@ -51,7 +60,12 @@ def _attn_block(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_d, start_n, kv_le
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # one explicit FMA, not s - m: the compiler contracts qk * scale - m into an FMA where nothing
+    # sits between them (unmasked blocks) but not across the mask's select, and which blocks a row
+    # meets masked depends on BLOCK_M, so the bits would too
+    p = tl.exp2(tl.fma(qk, qk_scale, -m_new[:, None]))
+    if MASKED:
+        p = tl.where(keep, p, 0.0)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)

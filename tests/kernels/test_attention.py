@@ -8,6 +8,8 @@ from kernels import reference as ref
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
+ATTENTION_MODULE = importlib.import_module("kernels.attention")  # `kernels.attention` is the function
+
 # (B, H, T, D)
 SHAPES = [(1, 2, 1, 16), (2, 3, 7, 64), (1, 2, 129, 32), (2, 1, 33, 80)]
 if ON_GPU:
@@ -49,6 +51,29 @@ def test_attention_autotuned(T, device, autotuned):
     dtype = torch.float16 if ON_GPU else torch.float32
     q, k, v = (randn(2, 3, T, 64, dtype=dtype, device=device) for _ in range(3))
     assert_rel_close(kernels.attention(q, k, v), _ref(q, k, v, True), dtype, "autotuned attention")
+
+
+def test_every_tuned_config_streams_the_same_key_blocks():
+    """The online softmax rescales at key-block boundaries: one BLOCK_N for every config the
+    tuner may pick, so its choice (which differs between machines) cannot move a bit."""
+    configs = ATTENTION_MODULE._configs(interpret=False)
+    assert len(configs) > 1 and {c.kwargs["BLOCK_N"] for c in configs} == {ATTENTION_MODULE.ROW_BLOCK_N}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the tuner's configs run on the GPU (the interpreter has one)")
+@pytest.mark.parametrize("B,H,T,D,pad", [(1, 12, 1024, 64, 0), (3, 20, 300, 64, 111), (8, 12, 40, 64, 35),
+                                         (2, 4, 200, 128, 57), (2, 3, 97, 80, 0)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_every_tuned_config_gives_the_same_bits(B, H, T, D, pad, dtype, device):
+    """Every config the autotuner may pick gives the first's bits, causal and ragged: which blocks
+    a row meets masked follows BLOCK_M, so masked and unmasked blocks must round alike."""
+    q, k, v = (randn(B, H, T, D, dtype=dtype, device=device) for _ in range(3))
+    lens = torch.tensor([T - pad * (b % 2) for b in range(B)], dtype=torch.int32, device=device)
+    configs = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in ATTENTION_MODULE._CONFIGS]
+    outs = [kernels.attention(q, k, v, seq_lens=lens, _config=c) for c in configs]
+    for c, o in zip(configs, outs):
+        assert torch.equal(o, outs[0]), f"{c} against {configs[0]}"
+    assert_rel_close(outs[0], _ref(q, k, v, True, seq_lens=lens), dtype, "attention")
 
 
 def test_attention_strided_views_and_scale(device):
@@ -99,14 +124,13 @@ def test_attention_errors(device):
 def test_both_program_orders_give_the_same_bits(first, device, monkeypatch):
     """heads_first only orders the programs: each query block's arithmetic is the same, with
     lengths and the cache copies, at a T off the blocks."""
-    module = importlib.import_module("kernels.attention")  # `kernels.attention` is the function
     B, H, T, D = 2, 3, 70, 32
     dtype = torch.float16
     q, k, v = (randn(B, H, T, D, dtype=dtype, device=device) for _ in range(3))
     lens = torch.tensor([70, 41], dtype=torch.int32, device=device)
     outs = []
     for order in (first, not first):
-        monkeypatch.setattr(module, "heads_first", lambda causal, heads, sms, order=order: order)
+        monkeypatch.setattr(ATTENTION_MODULE, "heads_first", lambda causal, heads, sms, order=order: order)
         ko, vo = poisoned((B, H, T, D), dtype, device), poisoned((B, H, T, D), dtype, device)
         outs.append((kernels.attention(q, k, v, causal=True, seq_lens=lens, k_out=ko, v_out=vo), ko, vo))
     for a, b in zip(*outs):

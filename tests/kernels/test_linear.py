@@ -236,6 +236,21 @@ def test_prefill_tensor_descriptors_same_bits_as_pointer_loads(M, K, N, device, 
     assert_rel_close(default, _ref(x, w, bias=b, activation="gelu_tanh", residual=h), dtype, "linear by TMA")
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the tuner's configs run on the GPU (the interpreter has one)")
+@pytest.mark.parametrize("M,K,N", [(1024, 768, 3072), (130, 1600, 4800), (300, 3072, 768)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_every_prefill_layout_gives_the_same_bits(M, K, N, dtype, device):
+    """The autotuner's pick differs between machines: every config it may pick, and the TMA
+    rule's layouts, must give the same bits (each output adds its K products in the same order)."""
+    x, w = randn(M, K, dtype=dtype, device=device), _weight(K, N, "linear_t", dtype, device)
+    b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    layouts = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in LINEAR_MODULE._CONFIGS]
+    layouts += [LINEAR_MODULE.tma_config(m, N, K) for m in (M, 4096)]
+    outs = [kernels.linear(x, w, b, activation="gelu_tanh", residual=h, _config=layout) for layout in layouts]
+    for layout, y in zip(layouts, outs):
+        assert torch.equal(y, outs[0]), f"{layout} against {layouts[0]}"
+
+
 def test_tensor_descriptors_only_where_tma_reads_the_layout(device):
     """fp32, Conv1D (in, out) weights, rows not 16-byte aligned (K = 50) and a base off 16 bytes
     take the pointer loads."""
