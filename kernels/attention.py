@@ -28,8 +28,9 @@ LOG2E = 1.4426950408889634
 # boundaries, so BLOCK_N sets a row's rounding, and one BLOCK_N makes the autotuner's pick (which
 # differs between machines) leave every output bit alone. BLOCK_M and warps do not change a row's
 # arithmetic (the GPU test runs every config against the first). The first is the untuned default
-# (MINILLM_AUTOTUNE=0) and also the fastest fp32 one (an H200's fp32 1 x 12 x 1024 x 64: 293 us
-# against 4.7 ms for 128 x 64 in 4 warps, which spills; bench/results/h200/session-117/).
+# (MINILLM_AUTOTUNE=0): the fastest in fp16 at 1,024 tokens, and near the fastest in fp32 (an
+# H200's fp32 1 x 12 x 1024 x 64: 293 us, where the old first, 128 x 64 in 4 warps, spilled and
+# took 4.7 ms; scripts/bench_attention_tiles.py, bench/results/h200/session-117/).
 ROW_BLOCK_N = 64
 
 

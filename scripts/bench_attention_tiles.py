@@ -64,7 +64,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     cands = configs(args.sweep)
-    torch.cuda._sleep(1 << 30)  # about a second of work: the clocks are up before the first timing
+    torch.cuda._sleep(1 << 30)  # half a second of spinning: the clocks are up before the first timing
     rows = []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
