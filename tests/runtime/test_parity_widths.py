@@ -19,20 +19,24 @@ pytestmark = pytest.mark.skipif(not ON_GPU, reason="GPT-2's widths over a 50,257
                                                   "the interpreter, so GPU only")
 
 PROMPT, NEW = 12, 32
-# one worker a width: its checkpoint and engines are built once, the widths side by side
-WIDTHS = [pytest.param(name, marks=pytest.mark.xdist_group(f"widths-{name}"))
-          for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")]
+# (preset, layers, logit peak): each preset's widths in two layers, and gpt2 at its full depth,
+# peaked as scripts/gpu_checks.py peaks full-depth models; one worker a model, built once
+MODELS = [("gpt2", 2, 50.0), ("gpt2-medium", 2, 50.0), ("gpt2-large", 2, 50.0), ("gpt2-xl", 2, 50.0),
+          ("gpt2", 12, 10.0)]
+WIDTHS = [pytest.param(m, id=f"{m[0]}-{m[1]}-layers", marks=pytest.mark.xdist_group(f"widths-{m[0]}-{m[1]}"))
+          for m in MODELS]
 
 
 @pytest.fixture(scope="module", params=WIDTHS)
 def width(request, tmp_path_factory):
     """A two-layer checkpoint at a preset's widths, transformers' fp32 greedy ids from a random
     prompt, its teacher-forced logits over them, and transformers fp16's distance from them."""
-    name = request.param
-    c = PRESETS[name]
-    path = tmp_path_factory.mktemp(name)
-    hf32 = build_checkpoint(path, n_layer=2, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
-                            n_positions=256, seed=7).cuda()
+    preset, layers, peak = request.param
+    c = PRESETS[preset]
+    name = f"{preset} ({layers} layers)"
+    path = tmp_path_factory.mktemp(f"{preset}-{layers}")
+    hf32 = build_checkpoint(path, n_layer=layers, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+                            n_positions=256, seed=7, peak=peak).cuda()
     g = torch.Generator().manual_seed(13)
     prompt = torch.randint(0, c.vocab_size - 1, (PROMPT,), generator=g).tolist()
     expect = hf_generate(hf32, prompt, max_new_tokens=NEW, do_sample=False)
