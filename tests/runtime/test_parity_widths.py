@@ -3,9 +3,10 @@
 test_parity.py's models are 32-64 wide, where the engine takes other kernels than at gpt2's
 768 to gpt2-xl's 1600: the CUDA-core GEMV over K = 1024-6400, the fused attention launch's
 wide layouts (8 warps at 25 heads), the screened head over K > 1024, the tensor-core slabs at 64
-rows. Here each preset's widths (two layers, the full 50,257-token vocabulary) run through the
-engine in fp32 and fp16, each against transformers in fp32 (the truth), the way the benchmark
-runs them: teacher-forced logits, and greedy ids alone, in a batch of 8 and in a batch of 64.
+rows. Here each preset's widths (two layers, the full 50,257-token vocabulary), and gpt2 at its
+full depth, run through the engine in fp32 and fp16, each against transformers in fp32 (the
+truth), the way the benchmark runs them: teacher-forced logits, and greedy ids alone, in a batch
+of 8 and in a batch of 64.
 """
 import pytest
 import torch
