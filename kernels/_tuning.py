@@ -75,8 +75,13 @@ def pick(tuned, configs):
     not fit by itself)."""
     if AUTOTUNE:
         return tuned, {}
-    c = configs[0]
-    return tuned.fn, {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+    return tuned.fn, config_kwargs(configs[0])
+
+
+def config_kwargs(config):
+    """A triton.Config as the launch kwargs of its JIT function: its constexprs, warps and stages
+    (also the `_config=` form of the autotuned launchers, for tests and benchmarks)."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 # Programmatic dependent launch (Hopper+): a kernel may start while the one before it finishes,
 # fetch its weights, then wait (gdc_wait) for the inputs that kernel writes. MINILLM_PDL=0 turns

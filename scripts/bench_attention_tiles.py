@@ -28,9 +28,10 @@ SHAPES = [(1, 12, 32, 64, 0), (8, 12, 32, 64, 0), (64, 12, 32, 64, 0), (1, 12, 1
 
 
 def configs(sweep):
+    from kernels._tuning import config_kwargs
     from kernels.attention import _CONFIGS
 
-    listed = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in _CONFIGS]
+    listed = [config_kwargs(c) for c in _CONFIGS]
     if not sweep:
         return listed
     grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)

@@ -5,6 +5,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels._tuning import config_kwargs
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
@@ -69,7 +70,7 @@ def test_every_tuned_config_gives_the_same_bits(B, H, T, D, pad, dtype, device):
     a row meets masked follows BLOCK_M, so masked and unmasked blocks must round alike."""
     q, k, v = (randn(B, H, T, D, dtype=dtype, device=device) for _ in range(3))
     lens = torch.tensor([T - pad * (b % 2) for b in range(B)], dtype=torch.int32, device=device)
-    configs = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in ATTENTION_MODULE._CONFIGS]
+    configs = [config_kwargs(c) for c in ATTENTION_MODULE._CONFIGS]
     outs = [kernels.attention(q, k, v, seq_lens=lens, _config=c) for c in configs]
     for c, o in zip(configs, outs):
         assert torch.equal(o, outs[0]), f"{c} against {configs[0]}"

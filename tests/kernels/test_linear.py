@@ -5,6 +5,7 @@ import torch
 
 import kernels
 from kernels import reference as ref
+from kernels._tuning import config_kwargs
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, ln_linear, ln_linear_ref, poisoned, randn
 
@@ -244,7 +245,7 @@ def test_every_prefill_layout_gives_the_same_bits(M, K, N, dtype, device):
     rule's layouts, must give the same bits (each output adds its K products in the same order)."""
     x, w = randn(M, K, dtype=dtype, device=device), _weight(K, N, "linear_t", dtype, device)
     b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
-    layouts = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in LINEAR_MODULE._CONFIGS]
+    layouts = [config_kwargs(c) for c in LINEAR_MODULE._CONFIGS]
     layouts += [LINEAR_MODULE.tma_config(m, N, K) for m in (M, 4096)]
     outs = [kernels.linear(x, w, b, activation="gelu_tanh", residual=h, _config=layout) for layout in layouts]
     for layout, y in zip(layouts, outs):
