@@ -4,7 +4,8 @@
 - linear: act(x @ W + bias) + residual in one kernel, with a layernorm folded in (fold_layernorm:
   the gain and shift go into W and bias, the normalization into the epilogue); split-K path for
   decode rows, a whole-slab path past 32 rows of K <= 768, a CUDA-core path for one row
-- decode_row_stats: new_row_stats for a decode step, or None where its linears need none
+- decode_row_stats / prefill_row_stats: new_row_stats for a decode step or a prefill, or None where
+  its linears need none
 - attention: fused causal/full prefill attention with online softmax, per-sequence lengths
 - decode_attention: split-K (flash-decoding) attention of one query over a KV cache
 - decode_attention_proj: decode attention and the output projection (+ residual) in one launch
@@ -39,7 +40,7 @@ from .decode_step import append_tokens
 from .embedding import embedding
 from .gemv_fma import decode_row_stats
 from .layernorm import add_layernorm, layernorm
-from .linear import embedding_linear, linear
+from .linear import embedding_linear, linear, prefill_row_stats
 from .noise import ExponentialNoise, exponential, new_exponential_noise, torch_exponential_matches
 from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
@@ -50,6 +51,6 @@ from .vocab_screen import screen_head, screened_argmax
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
            "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear",
            "exponential", "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm",
-           "linear", "new_exponential_noise", "new_row_stats", "SAMPLE_MAX_TOP_K", "sample_logits",
-           "screen_head", "screened_argmax", "softmax", "torch_exponential_matches"]
+           "linear", "new_exponential_noise", "new_row_stats", "prefill_row_stats", "SAMPLE_MAX_TOP_K",
+           "sample_logits", "screen_head", "screened_argmax", "softmax", "torch_exponential_matches"]
 __version__ = "0.1.0"

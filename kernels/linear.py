@@ -18,7 +18,7 @@ Two kernels behind one launcher:
   launcher standardizes the rows first ((x - mean) * rstd, the layernorm kernel without gain
   and shift), and the tile kernel multiplies those by g * W: many column tiles share a row, and
   taking its statistics in each (in the epilogue, from partial sums) made a 1024-token prompt's
-  first token 1.44 ms against 1.35 on an H100.
+  first token 1.44 ms against 1.35 on an H100 (so prefill_row_stats gives those rows none).
 """
 import os
 
@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_device_usable, check_shape, check_tensor
-from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats
+from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats, new_row_stats
 from ._l2_ahead import l2_ranges
 from ._tuning import INTERPRET, autotune, compiling_ahead, is_hopper, launch, pick
 from .activations import ACTIVATIONS
@@ -56,11 +56,10 @@ def _cfg(bm, bn, bk, warps, stages):
 
 
 # the first is the untuned default (MINILLM_AUTOTUNE=0). Every config runs BLOCK_M >= 64 in whole
-# warpgroups (Hopper's wgmma), and each output adds its K products in the same 16-wide steps in
-# order, so the choice (which follows M) does not change a row's bits. At a 1024-token prompt
-# 64-row tiles in 3 stages took gpt2's four layers from 56.8 to 45.6 us on an H200; a 64 x 128 x 128
-# tile is the best one for the K = 768 -> 768 and 3072 -> 768 layers, where few tiles fill the GPU
-# (bench/results/h200/prefill-linear-sweep.md)
+# warpgroups (Hopper's wgmma), each output adding its K products in the same 16-wide steps in order,
+# so the choice (which follows M) keeps a row's bits. At a 1024-token prompt 64-row tiles in 3
+# stages took gpt2's four layers from 56.8 to 45.6 us on an H200; 64 x 128 x 128 tiles are best for
+# K = 768 -> 768 and 3072 -> 768, where few tiles fill the GPU (bench/results/h200/prefill-linear-sweep.md)
 _CONFIGS = [
     _cfg(128, 128, 64, 8, 3), _cfg(128, 256, 64, 8, 3), _cfg(64, 128, 64, 4, 3), _cfg(64, 128, 128, 4, 3),
 ]
@@ -139,6 +138,12 @@ def tma_config(M, N, K):
     if M * N * K > TMA_DEEP:
         return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+
+
+def prefill_row_stats(rows, cols, device):
+    """new_row_stats for a prefill of `rows` rows, or None past SMALL_M rows, where the linears
+    read x's rows (standardize) and writing statistics would cost each tile for nothing."""
+    return None if rows > SMALL_M else new_row_stats(rows, cols, device)
 
 
 def _tma_ok(x2, weight):
@@ -279,10 +284,9 @@ def embedding_linear(ids, pos, wte, wpe, weight, bias=None, ln_fold=None, ln_eps
     """A decode step's first two ops, (x, y): x = embedding(ids, pos, wte, wpe, stats_out=stats,
     lens_out=lens_out) and y = linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps,
     ln_stats=stats, early_launch=early_launch), the same bits. Where that linear runs the one-row
-    CUDA-core GEMV (gemv_fma.py: one row, no statistics), they are one launch: every program
-    gathers the row's embedding itself, beside its weights, and the first column block stores x
-    and the lengths. The step then begins with a kernel whose weights stream in from its start,
-    where the embedding launch held layer 0's qkv back by its own latency.
+    CUDA-core GEMV (gemv_fma.py: no statistics), one launch: every program gathers the row's
+    embedding beside its weights, the first column block stores x and the lengths, and the step
+    begins with weights streaming (an embedding launch held layer 0's qkv back by its latency).
     MINILLM_EMBED_FOLD=0 keeps the two launches (A/B timing)."""
     check_embedding(ids, pos, wte, wpe, lens_out)
     R = ids.shape[0]

@@ -59,6 +59,9 @@ def decode_row_stats(rows, cols, device):
     return new_row_stats(rows, cols, device)
 
 
+prefill_row_stats = decode_row_stats
+
+
 def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
     """None: the reference writes the float32 statistics everywhere."""
     return None

@@ -144,7 +144,7 @@ class GPT:
         B, T = ids.shape
         H, D, C = c.n_head, c.head_dim, c.n_embd
         pos = torch.arange(T, device=ids.device, dtype=torch.int32).repeat(B)
-        st_a, st_b = ops.new_row_stats(B * T, C, ids.device), ops.new_row_stats(B * T, C, ids.device)
+        st_a, st_b = ops.prefill_row_stats(B * T, C, ids.device), ops.prefill_row_stats(B * T, C, ids.device)
         x = ops.embedding(ids.reshape(-1), pos, self.wte, self.wpe, stats_out=st_a)  # (B*T, C)
         y = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
         for i, blk in enumerate(self.blocks):

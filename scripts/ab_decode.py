@@ -8,14 +8,18 @@ so no variant always runs first or after the same neighbour, and a steady drift 
 weighs on every variant alike over each pair of rounds. Each process builds the model (a preset
 gets random weights, as `minillm bench`), generates once cold, then times --runs warm runs per
 batch (prompt 32, 128 new tokens, greedy or with --temperature sampled from seed 0, EOS ignored)
-and reports the median decode tokens/s, the range and a hash of the ids. The table gives each
-variant's median per round, the change against the first variant and whether the ids matched it.
+and reports the median decode tokens/s, the range, the median time to first token and a hash of
+the ids. The table gives each variant's median per round (tokens/s, or --metric ttft), the change
+against the first variant and whether the ids matched it. The worker finds minillm on PYTHONPATH
+first, so a variant's PYTHONPATH may name another copy of the tree.
 
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
   python3 scripts/ab_decode.py --env "" --env MINILLM_PDL=0 --model gpt2 --batch 1   # "": as set
   python3 scripts/ab_decode.py --env "" --env MINILLM_AA=1 --rounds 4   # A/A (a switch nothing reads): the noise
   python3 scripts/ab_decode.py --env "" --env MINILLM_L2_AHEAD=0 --temperature 1   # sampled, top_k 50
+  python3 scripts/ab_decode.py --env PYTHONPATH=. --env PYTHONPATH=/tmp/old --metric ttft \\
+      --prompt-len 1024 --new-tokens 2   # time to first token (ms), two trees
 """
 import argparse
 import hashlib
@@ -56,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=7, help="timed runs per batch after the cold one (default 7)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--metric", default="decode", choices=["decode", "ttft"],
+                   help="what the table compares: decode tokens/s (default) or the time to first token in ms")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 greedy (default); above 0 sampled with --top-k, seed 0 (the same draws in every variant)")
     p.add_argument("--top-k", type=int, default=50, help="with --temperature > 0 (default 50, as minillm bench)")
@@ -90,7 +96,7 @@ def worker(args):
     """One variant, in this process: a JSON line per (model, batch)."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after PYTHONPATH: a variant may name another tree
     from minillm.bench import build
     from minillm.generate import Engine
     from minillm.model import GPT
@@ -109,12 +115,14 @@ def worker(args):
             t0 = time.perf_counter()
             engine.generate(prompts, params)
             cold = time.perf_counter() - t0
-            rates = []
+            rates, ttfts = [], []
             for _ in range(args.runs):
                 ids, t = engine.generate(prompts, params)
-                rates.append(B * (t["steps"] - 1) / t["decode_s"])
+                rates.append(B * (t["steps"] - 1) / t["decode_s"] if t["steps"] > 1 else 0.0)
+                ttfts.append(t["ttft_s"] * 1e3)
             print(json.dumps({"model": model, "batch": B, "tok_s": statistics.median(rates), "min": min(rates),
-                              "max": max(rates), "ids": hashlib.sha1(str(ids).encode()).hexdigest()[:10],
+                              "max": max(rates), "ttft_ms": statistics.median(ttfts),
+                              "ids": hashlib.sha1(str(ids).encode()).hexdigest()[:10],
                               "cold_s": round(cold, 2)}), flush=True)
 
 
@@ -148,17 +156,19 @@ def round_order(envs, rnd):
     return list(envs) if rnd % 2 else list(reversed(envs))
 
 
-def table(results, labels):
-    """Markdown: a row per (model, batch), each variant's median per round, the change of the mean
-    of those medians against the first variant, and whether its ids matched the first's."""
-    head = "| model | batch | " + " | ".join(labels) + " | change | ids |"
+def table(results, labels, metric="decode"):
+    """Markdown: a row per (model, batch), each variant's median per round (decode tokens/s, or
+    with metric "ttft" the time to first token in ms), the change of the mean of those medians
+    against the first variant, and whether its ids matched the first's."""
+    key_of, fmt = ("ttft_ms", "{:,.3f}") if metric == "ttft" else ("tok_s", "{:,.0f}")
+    head = f"| model | batch ({'TTFT ms' if metric == 'ttft' else 'tok/s'}) | " + " | ".join(labels) + " | change | ids |"
     lines = [head, "|---|---:|" + "---:|" * len(labels) + "---|---|"]
     for key in dict.fromkeys((r["model"], r["batch"]) for r in results):
         rows = {lab: [r for r in results if (r["model"], r["batch"]) == key and r["variant"] == lab] for lab in labels}
-        cells = [" / ".join(f"{r['tok_s']:,.0f}" for r in rows[lab]) for lab in labels]
+        cells = [" / ".join(fmt.format(r[key_of]) for r in rows[lab]) for lab in labels]
         timed = [lab for lab in labels[1:] if rows[lab]]  # (a call cut short: variants not run yet)
-        base = statistics.mean(r["tok_s"] for r in rows[labels[0]])
-        change = ", ".join(f"{statistics.mean(r['tok_s'] for r in rows[lab]) / base - 1:+.1%}" for lab in timed)
+        base = statistics.mean(r[key_of] for r in rows[labels[0]])
+        change = ", ".join(f"{statistics.mean(r[key_of] for r in rows[lab]) / base - 1:+.1%}" for lab in timed)
         first_ids = {r["ids"] for r in rows[labels[0]]}
         same = all({r["ids"] for r in rows[lab]} == first_ids for lab in timed) and len(first_ids) == 1
         ids = ("same" if same else "differ") if timed else "-"
@@ -178,18 +188,19 @@ def main(argv=None):
             name = label(env)
             for r in run_variant(args, env, worker_argv, first=rnd == 1 and env is args.env[0]):
                 print(f"round {rnd}  {name:30s} {r['model']:12s} batch {r['batch']:3d} {r['tok_s']:11,.0f} tok/s "
-                      f"({r['min']:,.0f}-{r['max']:,.0f})  ids {r['ids']}  cold {r['cold_s']} s", flush=True)
+                      f"({r['min']:,.0f}-{r['max']:,.0f})  TTFT {r['ttft_ms']:.3f} ms  ids {r['ids']}  "
+                      f"cold {r['cold_s']} s", flush=True)
                 results.append({**r, "variant": name, "round": rnd})
             if args.out:  # after every variant: a call cut short keeps the rows it has
-                write(args.out, argv, results, labels)
-    print(table(results, labels))
+                write(args.out, argv, results, labels, args.metric)
+    print(table(results, labels, args.metric))
 
 
-def write(out, argv, results, labels):
+def write(out, argv, results, labels, metric="decode"):
     """ab.json (every row so far) and ab.md (the command and the table) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "ab.json").write_text(json.dumps(results, indent=1))
-    (out / "ab.md").write_text(f"`python3 scripts/ab_decode.py {' '.join(argv)}`\n\n{table(results, labels)}\n")
+    (out / "ab.md").write_text(f"`python3 scripts/ab_decode.py {' '.join(argv)}`\n\n{table(results, labels, metric)}\n")
 
 
 def _without_option(argv, name):

@@ -119,7 +119,8 @@ def test_the_first_process_may_compile_cold(monkeypatch, capsys):
 
     def fake_run(cmd, env, capture_output, text, timeout):
         timeouts.append(timeout)
-        row = {"model": "m", "batch": 1, "tok_s": 1.0, "min": 1.0, "max": 1.0, "ids": "x", "cold_s": 0.0}
+        row = {"model": "m", "batch": 1, "tok_s": 1.0, "min": 1.0, "max": 1.0, "ttft_ms": 1.0, "ids": "x",
+               "cold_s": 0.0}
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
 
     monkeypatch.setattr(ab_decode.subprocess, "run", fake_run)
@@ -145,7 +146,8 @@ def test_even_rounds_run_the_variants_in_reverse(monkeypatch, capsys):
     def fake_run(cmd, env, capture_output, text, timeout):
         order.append(env.get("MINILLM_A", "-"))
         rate = 100.0 + 10 * len(order)  # each process faster than the one before
-        row = {"model": "m", "batch": 1, "tok_s": rate, "min": rate, "max": rate, "ids": "x", "cold_s": 0.0}
+        row = {"model": "m", "batch": 1, "tok_s": rate, "min": rate, "max": rate, "ttft_ms": 1.0, "ids": "x",
+               "cold_s": 0.0}
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(row) + "\n", stderr="")
 
     monkeypatch.setattr(ab_decode.subprocess, "run", fake_run)
@@ -156,6 +158,14 @@ def test_even_rounds_run_the_variants_in_reverse(monkeypatch, capsys):
     # the odd third round tilts the means its way
     assert "| m | 1 | 110 / 160 / 170 | 120 / 150 / 180 | 130 / 140 / 190 | +2.3%, +4.5% | same |" in \
         capsys.readouterr().out
+
+
+def test_the_ttft_metric_compares_times_to_first_token():
+    rows = [{"model": "m", "batch": 1, "tok_s": 0.0, "ttft_ms": ms, "ids": "x", "variant": v, "round": r}
+            for r, (a, b) in enumerate([(0.9, 0.85), (0.91, 0.87)], 1) for v, ms in (("A", a), ("B", b))]
+    md = ab_decode.table(rows, ["A", "B"], metric="ttft")
+    assert md.startswith("| model | batch (TTFT ms) | A | B |")
+    assert "| m | 1 | 0.900 / 0.910 | 0.850 / 0.870 | -5.0% | same |" in md
 
 
 def test_worker_options_drop_the_parents_own():

@@ -241,15 +241,28 @@ def test_prefill_tensor_descriptors_same_bits_as_pointer_loads(M, K, N, device, 
 @pytest.mark.parametrize("M,K,N", [(1024, 768, 3072), (130, 1600, 4800), (300, 3072, 768)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_every_prefill_layout_gives_the_same_bits(M, K, N, dtype, device):
-    """The autotuner's pick differs between machines: every config it may pick, and the TMA
-    rule's layouts, must give the same bits (each output adds its K products in the same order)."""
+    """The autotuner's pick differs between machines, and the TMA rule's layout follows the batch:
+    every config it may pick, and the rule's layouts, must give the same bits. The model's
+    prefill reads three things of a linear: its outputs (each adds its K products in the same
+    order), their row statistics (stats_out, summed within each 16-column group) and, where a
+    layernorm is folded in, the means and 1/stds it takes from x's statistics (ln_stats)."""
     x, w = randn(M, K, dtype=dtype, device=device), _weight(K, N, "linear_t", dtype, device)
     b, h = randn(N, dtype=dtype, device=device), randn(M, N, dtype=dtype, device=device)
+    x_stats, colsum = ref.row_stats(x), randn(N, device=device)
     layouts = [config_kwargs(c) for c in LINEAR_MODULE._CONFIGS]
     layouts += [LINEAR_MODULE.tma_config(m, N, K) for m in (M, 4096)]
-    outs = [kernels.linear(x, w, b, activation="gelu_tanh", residual=h, _config=layout) for layout in layouts]
-    for layout, y in zip(layouts, outs):
-        assert torch.equal(y, outs[0]), f"{layout} against {layouts[0]}"
+
+    def run(layout):
+        stats = torch.full_like(ref.row_stats(h), float("nan"))
+        y = kernels.linear(x, w, b, activation="gelu_tanh", residual=h, stats_out=stats, _config=layout)
+        folded = kernels.linear(x, w, b, ln_fold=colsum, ln_stats=x_stats, _config=layout)
+        return {"outputs": y, "stats_out": stats, "ln_stats outputs": folded}
+
+    first = run(layouts[0])
+    assert not first["stats_out"].isnan().any()
+    for layout in layouts[1:]:
+        for what, got in run(layout).items():
+            assert torch.equal(got, first[what]), f"{what}: {layout} against {layouts[0]}"
 
 
 def test_tensor_descriptors_only_where_tma_reads_the_layout(device):
@@ -291,6 +304,17 @@ def test_linear_row_stats_out_and_in(M, dtype, device):
     g, b = randn(N, dtype=dtype, device=device), randn(N, dtype=dtype, device=device)
     y = ln_linear(h, w2, None, g, b, ln_stats=stats)
     assert_rel_close(y, ln_linear_ref(h, w2, None, g, b), dtype, f"ln from stats M={M}")
+
+
+def test_prefill_row_stats_only_where_linear_reads_them(device):
+    """Past SMALL_M rows linear standardizes x from its rows and ignores ln_stats: no buffer."""
+    small_m = importlib.import_module("kernels.gemv_config").SMALL_M
+    assert kernels.prefill_row_stats(small_m + 1, 768, device) is None
+    assert kernels.prefill_row_stats(small_m, 768, device).shape == (small_m, 2, 48)
+    x, w = randn(small_m + 1, 40, device=device), randn(40, 24, device=device, scale=40 ** -0.5)
+    g, b = randn(40, device=device), randn(40, device=device)
+    poison = torch.full((small_m + 1, 2, 3), float("nan"), device=device)
+    assert torch.equal(ln_linear(x, w, None, g, b, ln_stats=poison), ln_linear(x, w, None, g, b))
 
 
 def test_linear_row_stats_errors(device):
