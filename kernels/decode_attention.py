@@ -18,8 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from ._checks import check_device_usable, check_tensor
-from ._tuning import launch, use_pdl
+from ._tuning import INTERPRET, is_hopper, launch, use_pdl
 from ._workspace import arrival_counters
 from .decode_attention_config import launch_layout
 
@@ -75,12 +77,13 @@ def _attend_tile(q, k, v, offs_n, rows, pos, k_new, v_new, m_i, l_i, acc, p_new,
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lens_ptr, knew_ptr, vnew_ptr, part_ptr, count_ptr, k_desc, v_desc,
     H, D, L, qk_scale, chunk,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
     stride_ob, stride_oh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     HAS_NEW: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_N: tl.constexpr, LOOP_STAGES: tl.constexpr, NEW_APART: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -137,9 +140,13 @@ def _decode_attention_kernel(
     for start_n in tl.range(first, end, BLOCK_N, num_stages=LOOP_STAGES):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+        if TMA:  # whole tiles by tensor descriptors (zeros past L); rows past `end` are selected out
+            k = tl.reshape(k_desc.load([b, h, start_n, 0]), (BLOCK_N, BLOCK_D))
+            v = tl.reshape(v_desc.load([b, h, start_n, 0]), (BLOCK_N, BLOCK_D))
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_base + offs_n[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc, p_new = _attend_tile(q, k, v, offs_n, n_mask, pos, k_new, v_new, m_i, l_i, acc, p_new,
                                             HAS_NEW, NEW_APART, False)
     if NEW_APART:
@@ -166,6 +173,17 @@ def _decode_attention_kernel(
             out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
             tl.atomic_xchg(count_ptr + pid_bh, 0, sem="relaxed")  # next launch: after the kernel boundary
             tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _tma_ok(k_cache, v_cache, block_d):
+    """Whether the caches' tiles can come in by tensor descriptors: on Hopper (or the interpreter),
+    2-byte floats, rows of one 128-byte line at most with no padding to BLOCK_D, 16-byte aligned
+    bases and strides."""
+    if not ((INTERPRET or is_hopper(k_cache.device)) and k_cache.element_size() == 2):
+        return False
+    if k_cache.shape[3] != block_d or block_d * 2 > 128:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(st * 2 % 16 == 0 for st in t.stride()[:3]) for t in (k_cache, v_cache))
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
@@ -219,21 +237,25 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     BLOCK_D = max(16, triton.next_power_of_2(D))
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
+    tma = meta.pop("TMA") and _tma_ok(k_cache, v_cache, BLOCK_D)
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
+    kd = vd = part  # (unused stand-ins)
+    if tma:
+        kd, vd = (TensorDescriptor.from_tensor(t, [1, 1, meta["BLOCK_N"], BLOCK_D]) for t in (k_cache, v_cache))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     pdl = use_pdl(q.device)
     launch(
-        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts,
+        _decode_attention_kernel, (B * H, splits), q, k_cache, v_cache, o, seq_lens, kn, vn, part, counts, kd, vd,
         H, D, L, scale * LOG2E, chunk,  # log2(e): softmax via exp2
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), o.stride(0), o.stride(1),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         HAS_NEW=k_new is not None, NUM_SPLITS=splits, BLOCK_D=BLOCK_D,
         USE_PDL=pdl, PREFETCH_N=tiles * meta["BLOCK_N"] if prefetch_cache else 0, LOOP_STAGES=stages,
-        NEW_APART=bool(apart) and k_new is not None, launch_pdl=pdl,
+        NEW_APART=bool(apart) and k_new is not None, TMA=tma, launch_pdl=pdl,
         **meta,
     )
     return o

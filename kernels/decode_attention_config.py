@@ -40,6 +40,13 @@ if NEW_APART_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
 
 
+# the cache loop's tiles by tensor descriptors (TMA) where the caches allow it (decode_attention's
+# _tma_ok); MINILLM_ATTN_TMA=1 turns it on (A/B timing)
+TMA_ENV = env_int("MINILLM_ATTN_TMA", 0)
+if TMA_ENV not in (0, 1):
+    raise ValueError(f"MINILLM_ATTN_TMA: expected 0 or 1, got {TMA_ENV}")
+
+
 def _programs_wanted(device):
     """Programs that cover the SMs a few times over (the interpreter stands for 2 SMs)."""
     return 4 * sm_count(device)
@@ -189,6 +196,8 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
         meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits)
     if meta.get("NEW_APART") is None:
         meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
+    if meta.get("TMA") is None:
+        meta["TMA"] = bool(TMA_ENV)
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
     if tiles < 0 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected 0 or a power of two, "

@@ -139,6 +139,35 @@ def test_pipelined_loop_same_bits(apart, device):
     assert_rel_close(outs[1], ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
 
 
+@pytest.mark.parametrize("layout", [{"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 1, "NEW_APART": True},
+                                    {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3, "NEW_APART": True},
+                                    {"BLOCK_N": 64, "num_warps": 4, "LOOP_STAGES": 2, "NEW_APART": False}]
+                         # one warp (default_layout's at many rows): the interpreter runs it as it runs two
+                         + ([{"BLOCK_N": 32, "num_warps": 1, "LOOP_STAGES": s, "NEW_APART": True} for s in (1, 2)]
+                            if ON_GPU else []))
+def test_tensor_descriptor_tiles_same_bits(layout, device):
+    """The cache loop's tiles by tensor descriptors (whole tiles, zeros past the cache's end, rows
+    past a length selected out) against the masked pointer loads: the same bits, the new row
+    written by the launch, NaN rows past each length, views of a longer cache as the model's."""
+    B, H, L, D = 4, 2, 100, 64
+    q, k_new, v_new = (randn(B, H, D, dtype=torch.float16, device=device) for _ in range(3))
+    full = [randn(B + 1, H, L + 28, D, dtype=torch.float16, device=device) for _ in range(2)]
+    lens = torch.tensor([100, 1, 33, 70], dtype=torch.int32, device=device)
+    past = (torch.arange(L, device=device)[None, :] >= lens[:, None])[:, None, :, None]
+    outs, caches = [], []
+    for tma in (False, True):
+        kc, vc = (t.clone()[:B, :, :L] for t in full)  # (B, H, L, D) views, as KVCache.layer gives
+        kc.masked_fill_(past, float("nan"))
+        vc.masked_fill_(past, float("nan"))
+        outs.append(kernels.decode_attention(q, kc, vc, lens, k_new=k_new, v_new=v_new, num_splits=1,
+                                             prefetch_cache=True, _config={**layout, "TMA": tma}))
+        caches.append((kc.nan_to_num(), vc.nan_to_num()))
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1]))
+    expect_k, expect_v = (t.double() for t in caches[0])
+    assert_rel_close(outs[1], ref.decode_attention(q.double(), expect_k, expect_v, lens), torch.float16)
+
+
 def test_decode_attention_matches_prefill_last_row(device):
     """The last query row of causal prefill attention is exactly a decode step."""
     B, H, T, D = 2, 3, 45, 64
