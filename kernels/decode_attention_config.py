@@ -1,6 +1,7 @@
 """Launch layouts of the split-K decode attention (decode_attention.py), host side: for (row,
 head) pairs over a cache length, the splits, the tile (rows and warps), the tiles read before the
-dependent-launch wait, the loop's pipeline stages and the form the new row takes. The arithmetic
+dependent-launch wait, how the loop reads its tiles (pointer loads or tensor descriptors), its
+pipeline stages and the form the new row takes. The arithmetic
 of a split is the same in every layout; each rule cites the GPU timing it came from.
 """
 import os
@@ -40,10 +41,10 @@ if NEW_APART_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_NEW_APART: expected 0 or 1, got {NEW_APART_ENV}")
 
 
-# the cache loop's tiles by tensor descriptors (TMA) where the caches allow it (decode_attention's
-# _tma_ok); MINILLM_ATTN_TMA=1 turns it on (A/B timing)
-TMA_ENV = env_int("MINILLM_ATTN_TMA", 0)
-if TMA_ENV not in (0, 1):
+# see tma_tiles; MINILLM_ATTN_TMA=1 or 0 forces the descriptors on or off wherever the caches allow
+# them (A/B timing)
+TMA_ENV = env_int("MINILLM_ATTN_TMA")
+if TMA_ENV not in (None, 0, 1):
     raise ValueError(f"MINILLM_ATTN_TMA: expected 0 or 1, got {TMA_ENV}")
 
 
@@ -136,10 +137,27 @@ def prefetch_tiles(device, bh, block_n, warps, chunk):
     return tiles
 
 
-def loop_stages(L, block_n, warps, splits=1):
+def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
+    """Whether the cache loop reads its tiles by tensor descriptors (one copy a tile into shared
+    memory; with loop_stages' 3 stages the next two tiles are asked for while one is attended):
+    where the caches allow it (tma_ok: decode_attention._tma_ok), in the one-warp programs of
+    default_layout, whose loop the pointer loads leave unpipelined there. H200, alternated in
+    fresh processes, the same ids (bench/results/h200/session-118/, calls 4 and 5, two hosts):
+    gpt2 batch 64 +1.0% (two rounds) and +1.2% (three: 183,375 / 183,491 / 183,688 -> 185,714 /
+    185,787 / 185,655 tok/s), batch 32 +0.9% and +0.5%; in 1 stage -4.7% and -5.1%, in 2 +1.0%
+    and -2.0%. Not over long caches: at 1,024 positions (768-token prompts, batch 64), in place of
+    the two-warp loop's cp.async copies, -6.5%."""
+    if not tma_ok:
+        return False
+    if TMA_ENV is not None:
+        return bool(TMA_ENV)
+    return (block_n, warps) == ONE_WARP and ONE_WARP_ON and L < PIPELINE_MIN_L and splits == 1
+
+
+def loop_stages(L, block_n, warps, splits=1, tma=False):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
-    layout (default_layout) over caches of PIPELINE_MIN_L positions or more, 1 (no pipelining)
-    elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
+    layout (default_layout) over caches of PIPELINE_MIN_L positions or more or where its tiles come
+    by tensor descriptors (tma: tma_tiles), 1 (no pipelining) elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
     5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless
     named, alternated in one call, the same ids (bench/results/h200/attention-pipelined-loop-ab.log,
     -xl-ab.log):
@@ -157,13 +175,14 @@ def loop_stages(L, block_n, warps, splits=1):
     1,024 and 1,600 gained)."""
     if LOOP_STAGES_ENV is not None:
         return LOOP_STAGES_ENV
-    return 3 if _narrow(block_n, warps) and L >= PIPELINE_MIN_L and splits == 1 else 1
+    return 3 if _narrow(block_n, warps) and (L >= PIPELINE_MIN_L or tma) and splits == 1 else 1
 
 
-def new_row_apart(block_n, warps, stages):
+def new_row_apart(block_n, warps, stages, tma=False):
     """Whether the new row starts its owner's online softmax (the tiles then hold older rows only:
     no per-element select of the new row into K and V): in the narrow layout's unpipelined loop
-    (default_layout, loop_stages) only. Alternated in one call, against the select in every tile
+    (default_layout, loop_stages) and in its loop of tensor-descriptor tiles (tma_tiles, which was
+    timed in this form). Alternated in one call, against the select in every tile
     (bench/results/h200/decode-new-row-apart/, h100/decode-new-row-apart-*): alone, gpt2 batch
     16's launch 5.78 -> 4.50 us on an H200, gpt2-xl batch 8's 5.85 -> 4.57; end to end gpt2 batch
     16 +1.6% (H100 +2.1%), gpt2-xl batch 8 +1.2% (+1.2%), batch 32 and 64 even. Elsewhere it lost
@@ -173,14 +192,15 @@ def new_row_apart(block_n, warps, stages):
     as much (-5.8%, -11.5%): more of its programs fit an SM, and the step gets slower."""
     if NEW_APART_ENV is not None:
         return bool(NEW_APART_ENV)
-    return _narrow(block_n, warps) and stages == 1
+    return _narrow(block_n, warps) and (stages == 1 or tma)
 
 
-def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
+def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=False):
     """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
-    holds BLOCK_N, num_warps, PREFETCH_TILES, LOOP_STAGES and NEW_APART, from the rules above
+    holds BLOCK_N, num_warps, PREFETCH_TILES, TMA, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
-    with the base tiles. One ValueError naming the argument for a count out of range."""
+    with the base tiles; tma_ok: whether the caches allow tensor descriptors. One ValueError
+    naming the argument for a count out of range."""
     if num_splits is None:
         splits, block_n, warps = default_layout(device, bh, L, block_d)
     else:
@@ -192,12 +212,12 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None):
     chunk = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
     if meta.get("PREFETCH_TILES") is None:
         meta["PREFETCH_TILES"] = prefetch_tiles(device, bh, block_n, warps, chunk)
-    if meta.get("LOOP_STAGES") is None:
-        meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits)
-    if meta.get("NEW_APART") is None:
-        meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"])
     if meta.get("TMA") is None:
-        meta["TMA"] = bool(TMA_ENV)
+        meta["TMA"] = tma_tiles(L, block_n, warps, splits, tma_ok)
+    if meta.get("LOOP_STAGES") is None:
+        meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits, meta["TMA"])
+    if meta.get("NEW_APART") is None:
+        meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"], meta["TMA"])
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]
     if tiles < 0 or tiles & (tiles - 1):
         raise ValueError(f"PREFETCH_TILES (_config or MINILLM_ATTN_PREFETCH_TILES): expected 0 or a power of two, "

@@ -50,12 +50,13 @@ def ln_linear_ref(x, w, bias, g, b, eps=1e-5, **kw):
 
 def without_env_switches(monkeypatch):
     """decode_attention_config's rules as they run without MINILLM_ATTN_PREFETCH_TILES,
-    MINILLM_ATTN_STAGES, MINILLM_ATTN_LONG_SPLITS, MINILLM_ATTN_NEW_APART, MINILLM_ATTN_NARROW
-    and MINILLM_ATTN_ONE_WARP."""
+    MINILLM_ATTN_STAGES, MINILLM_ATTN_LONG_SPLITS, MINILLM_ATTN_NEW_APART, MINILLM_ATTN_TMA,
+    MINILLM_ATTN_NARROW and MINILLM_ATTN_ONE_WARP."""
     monkeypatch.setattr(decode_attention_config, "PREFETCH_TILES_ENV", None)
     monkeypatch.setattr(decode_attention_config, "LOOP_STAGES_ENV", None)
     monkeypatch.setattr(decode_attention_config, "LONG_SPLITS", 8)
     monkeypatch.setattr(decode_attention_config, "NEW_APART_ENV", None)
+    monkeypatch.setattr(decode_attention_config, "TMA_ENV", None)
     monkeypatch.setattr(decode_attention_config, "NARROW_ENV", None)
     monkeypatch.setattr(decode_attention_config, "NARROW", (32, 2))
     monkeypatch.setattr(decode_attention_config, "ONE_WARP", (32, 1))
