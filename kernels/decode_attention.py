@@ -17,7 +17,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_device_usable, check_tensor

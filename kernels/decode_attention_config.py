@@ -1,8 +1,8 @@
 """Launch layouts of the split-K decode attention (decode_attention.py), host side: for (row,
 head) pairs over a cache length, the splits, the tile (rows and warps), the tiles read before the
 dependent-launch wait, how the loop reads its tiles (pointer loads or tensor descriptors), its
-pipeline stages and the form the new row takes. The arithmetic
-of a split is the same in every layout; each rule cites the GPU timing it came from.
+pipeline stages and the form the new row takes. The arithmetic of a split is the same in every
+layout; each rule cites the GPU timing it came from.
 """
 import os
 
@@ -157,8 +157,9 @@ def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
 def loop_stages(L, block_n, warps, splits=1, tma=False):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
     layout (default_layout) over caches of PIPELINE_MIN_L positions or more or where its tiles come
-    by tensor descriptors (tma: tma_tiles), 1 (no pipelining) elsewhere, its split form over long caches included (3 stages there: gpt2 batch 4 at L = 1024
-    5.77 -> 6.76 us, batch 32 29.47 -> 30.66). The same arithmetic either way. H200, gpt2 unless
+    by tensor descriptors (tma: tma_tiles), 1 (no pipelining) elsewhere, its split form over long
+    caches included (3 stages there: gpt2 batch 4 at L = 1024 5.77 -> 6.76 us, batch 32 29.47 ->
+    30.66). The same arithmetic either way. H200, gpt2 unless
     named, alternated in one call, the same ids (bench/results/h200/attention-pipelined-loop-ab.log,
     -xl-ab.log):
     - 512-position caches (300-token prompts), batch 64: 106.8k / 107.0k -> 108.6k / 108.4k tok/s;

@@ -160,8 +160,8 @@ def table(results, labels, metric="decode"):
     """Markdown: a row per (model, batch), each variant's median per round (decode tokens/s, or
     with metric "ttft" the time to first token in ms), the change of the mean of those medians
     against the first variant, and whether its ids matched the first's."""
-    key_of, fmt = ("ttft_ms", "{:,.3f}") if metric == "ttft" else ("tok_s", "{:,.0f}")
-    head = f"| model | batch ({'TTFT ms' if metric == 'ttft' else 'tok/s'}) | " + " | ".join(labels) + " | change | ids |"
+    key_of, fmt, unit = ("ttft_ms", "{:,.3f}", "TTFT ms") if metric == "ttft" else ("tok_s", "{:,.0f}", "tok/s")
+    head = f"| model | batch ({unit}) | " + " | ".join(labels) + " | change | ids |"
     lines = [head, "|---|---:|" + "---:|" * len(labels) + "---|---|"]
     for key in dict.fromkeys((r["model"], r["batch"]) for r in results):
         rows = {lab: [r for r in results if (r["model"], r["batch"]) == key and r["variant"] == lab] for lab in labels}

@@ -92,10 +92,10 @@ PATCHES = {
     ],
     "decode_attention": [
         ("from ._workspace import arrival_counters\n", "from ._workspace import arrival_counters\n" + HELPERS),
-        ("NEW_APART: tl.constexpr,\n):", "NEW_APART: tl.constexpr, trace_ptr,\n):"),
+        ("TMA: tl.constexpr,\n):", "TMA: tl.constexpr, trace_ptr,\n):"),
         ("    pid_s = tl.program_id(1)\n", "    pid_s = tl.program_id(1)\n    t0 = _now()\n"),
         ("    seq_len = tl.load(lens_ptr + b)\n", "    t2 = _now()\n    t1 = t2\n    seq_len = tl.load(lens_ptr + b)\n"),
-        ("\n\ndef check_inputs(", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef check_inputs("),
+        ("\n\ndef _tma_ok(", "    _record(trace_ptr, pid_bh + pid_s * tl.num_programs(0), t0, t1, t2)\n\n\ndef _tma_ok("),
     ],
     "decode_attention_proj": [
         ("from .linear import linear\n", "from .linear import linear\n" + HELPERS),
