@@ -102,6 +102,17 @@ def is_hopper(device):
     return _hopper_devices[device]
 
 
+def tma_ready(*tensors):
+    """Whether tensor descriptors (TMA) can read these tensors as they lie: on Hopper (or the
+    interpreter, which runs the descriptors' loads as plain ones), 2-byte floats, a contiguous last
+    dim, 16-byte aligned bases and other strides."""
+    first = tensors[0]
+    if not ((INTERPRET or is_hopper(first.device)) and first.is_floating_point() and first.element_size() == 2):
+        return False
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st * 2 % 16 == 0 for st in t.stride()[:-1])
+               for t in tensors)
+
+
 def use_pdl(device):
     """True where kernels on `device` should be launched with launch_pdl and gdc_wait."""
     return PDL and is_hopper(device)

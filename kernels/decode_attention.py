@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_device_usable, check_tensor
-from ._tuning import INTERPRET, is_hopper, launch, use_pdl
+from ._tuning import launch, tma_ready, use_pdl
 from ._workspace import arrival_counters
 from .decode_attention_config import launch_layout
 
@@ -175,14 +175,9 @@ def _decode_attention_kernel(
 
 
 def _tma_ok(k_cache, v_cache, block_d):
-    """Whether the caches' tiles can come in by tensor descriptors: on Hopper (or the interpreter),
-    2-byte floats, rows of one 128-byte line at most with no padding to BLOCK_D, 16-byte aligned
-    bases and strides."""
-    if not ((INTERPRET or is_hopper(k_cache.device)) and k_cache.element_size() == 2):
-        return False
-    if k_cache.shape[3] != block_d or block_d * 2 > 128:
-        return False
-    return all(t.data_ptr() % 16 == 0 and all(st * 2 % 16 == 0 for st in t.stride()[:3]) for t in (k_cache, v_cache))
+    """Whether the caches' tiles can come in by tensor descriptors (tma_ready), their head rows one
+    128-byte line at most with no padding to BLOCK_D."""
+    return k_cache.shape[3] == block_d and block_d * 2 <= 128 and tma_ready(k_cache, v_cache)
 
 
 def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):

@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._checks import check_device_usable, check_shape, check_tensor
 from ._epilogue import _epilogue, _load_bias_residual, _store_row_stats, check_row_stats, new_row_stats
 from ._l2_ahead import l2_ranges
-from ._tuning import INTERPRET, autotune, compiling_ahead, is_hopper, launch, pick
+from ._tuning import INTERPRET, autotune, compiling_ahead, launch, pick, tma_ready
 from .activations import ACTIVATIONS
 from .argmax_key import row_keys
 from .embedding import check_embedding, embedding
@@ -147,12 +147,8 @@ def prefill_row_stats(rows, cols, device):
 
 
 def _tma_ok(x2, weight):
-    """Whether x2 (M, K) and weight (K, N) meet TMA's layout: 2-byte floats, contiguous rows of x
-    and of W's out-major storage, 16-byte aligned bases and row strides; on Hopper (or the
-    interpreter, which runs the descriptors' loads as plain ones)."""
-    if not (PREFILL_TMA and (INTERPRET or is_hopper(x2.device)) and x2.dtype in (torch.float16, torch.bfloat16)):
-        return False
-    return all(t.stride(1) == 1 and t.stride(0) * 2 % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x2, weight.t()))
+    """Whether tensor descriptors can read x2 (M, K) and W's out-major storage (N, K) (tma_ready)."""
+    return PREFILL_TMA and tma_ready(x2, weight.t())
 
 
 def _check_layer(x, weight, bias, activation, ln_fold):
