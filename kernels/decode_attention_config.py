@@ -145,8 +145,11 @@ def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
     fresh processes, the same ids (bench/results/h200/session-118/, calls 4 and 5, two hosts):
     gpt2 batch 64 +1.0% (two rounds) and +1.2% (three: 183,375 / 183,491 / 183,688 -> 185,714 /
     185,787 / 185,655 tok/s), batch 32 +0.9% and +0.5%; in 1 stage -4.7% and -5.1%, in 2 +1.0%
-    and -2.0%. Not over long caches: at 1,024 positions (768-token prompts, batch 64), in place of
-    the two-warp loop's cp.async copies, -6.5%."""
+    and -2.0%. As the default against MINILLM_ATTN_TMA=0 (session-119/, one host): gpt2 batch
+    24 +0.9%, 32 +0.5%, 40 +2.1%, 48 +0.2%, 64 even and +1.4%; gpt2-large 64 +0.7%, 32 even;
+    gpt2-medium 64 -0.8% (twice), 48 -1.0%, 32 -0.1% (kept: nothing in the launch's shape tells its
+    pairs apart from those that gain). Not over long caches: at 1,024 positions (768-token prompts,
+    batch 64), in place of the two-warp loop's cp.async copies, -6.5%."""
     if not tma_ok:
         return False
     if TMA_ENV is not None:
