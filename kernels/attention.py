@@ -192,9 +192,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
         blocks = triton.cdiv(T, meta["BLOCK_M"])
         return (B * H, blocks) if first else (blocks, B * H)
 
-    kernel, meta = pick(_attention_tuned, _CONFIGS)
-    if _config is not None:
-        kernel, meta = _attention_kernel, dict(_config)
+    kernel, meta = (_attention_kernel, dict(_config)) if _config is not None else pick(_attention_tuned, _CONFIGS)
     launch(
         kernel, grid, q, k, v, o, seq_lens if seq_lens is not None else o, ko, vo,
         H, T, triton.next_power_of_2(T), D, scale * LOG2E,  # log2(e): softmax via exp2

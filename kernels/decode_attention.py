@@ -232,7 +232,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     tma_ok = _tma_ok(k_cache, v_cache, BLOCK_D)
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config, tma_ok)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
-    tma = meta.pop("TMA") and tma_ok
+    tma = meta.pop("TMA") and tma_ok  # (a _config may ask for descriptors the caches do not allow)
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     kd = vd = part  # (unused stand-ins)

@@ -30,8 +30,9 @@ WIDTHS = [pytest.param(m, id=f"{m[0]}-{m[1]}-layers", marks=pytest.mark.xdist_gr
 
 @pytest.fixture(scope="module", params=WIDTHS)
 def width(request, tmp_path_factory):
-    """A two-layer checkpoint at a preset's widths, transformers' fp32 greedy ids from a random
-    prompt, its teacher-forced logits over them, and transformers fp16's distance from them."""
+    """A checkpoint at a preset's widths (two layers, or gpt2's twelve), transformers' fp32 greedy
+    ids from a random prompt, its teacher-forced logits over them, and transformers fp16's
+    distance from them."""
     preset, layers, peak = request.param
     c = PRESETS[preset]
     name = f"{preset} ({layers} layers)"
