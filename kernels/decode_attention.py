@@ -205,7 +205,7 @@ def check_inputs(q, k_cache, v_cache, seq_lens, k_new=None, v_new=None):
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, _config=None):
+                     num_splits=None, prefetch_cache=False, tma_stages=None, _config=None):
     """Attention of one new query per sequence over its cache.
 
     q: (B, H, D); k_cache, v_cache: (B, H, L, D), any strides but a contiguous head dim;
@@ -216,6 +216,9 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     prefetch_tiles) before waiting on the previous kernel (programmatic dependent launch). Only
     for caches that kernel does not write, as in a decode step, where the cache is written by
     this kernel alone.
+    tma_stages: where the cache loop reads its tiles by tensor descriptors
+    (decode_attention_config.tma_tiles), how many it keeps in flight, in place of 3 (None); a
+    caller's tuning by model (minillm/decode_plan.py), the arithmetic the same.
     _config: {"BLOCK_N": ..., "num_warps": ..., "PREFETCH_TILES": ..., "LOOP_STAGES": ...,
     "NEW_APART": ...} in place of the defaults (benchmarks, tests).
     """
@@ -230,7 +233,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         return o
     BLOCK_D = max(16, triton.next_power_of_2(D))
     tma_ok = _tma_ok(k_cache, v_cache, BLOCK_D)
-    splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config, tma_ok)
+    splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config, tma_ok, tma_stages)
     tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
     tma = meta.pop("TMA") and tma_ok  # (a _config may ask for descriptors the caches do not allow)
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)

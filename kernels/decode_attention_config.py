@@ -148,7 +148,8 @@ def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
     and -2.0%. As the default against MINILLM_ATTN_TMA=0 (session-119/, one host): gpt2 batch
     24 +0.9%, 32 +0.5%, 40 +2.1%, 48 +0.2%, 64 even and +1.4%; gpt2-large 64 +0.7%, 32 even;
     gpt2-medium 64 -0.8% (twice), 48 -1.0%, 32 -0.1% (kept: nothing in the launch's shape tells its
-    pairs apart from those that gain). Not over long caches: at 1,024 positions (768-token prompts,
+    pairs apart from those that gain); its batch bucket of 64 gains in 4 stages instead (the
+    caller's tma_stages: minillm/decode_plan.attention_tma_stages, session-120/). Not over long caches: at 1,024 positions (768-token prompts,
     batch 64), in place of the two-warp loop's cp.async copies, -6.5%."""
     if not tma_ok:
         return False
@@ -157,10 +158,11 @@ def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
     return (block_n, warps) == ONE_WARP and ONE_WARP_ON and L < PIPELINE_MIN_L and splits == 1
 
 
-def loop_stages(L, block_n, warps, splits=1, tma=False):
+def loop_stages(L, block_n, warps, splits=1, tma=False, tma_stages=None):
     """Software-pipeline stages of the cache loop after the first tiles: 3 in the narrow unsplit
     layout (default_layout) over caches of PIPELINE_MIN_L positions or more or where its tiles come
-    by tensor descriptors (tma: tma_tiles), 1 (no pipelining) elsewhere, its split form over long
+    by tensor descriptors (tma: tma_tiles; there tma_stages in place of 3 where the caller gives
+    it: decode_attention's tma_stages), 1 (no pipelining) elsewhere, its split form over long
     caches included (3 stages there: gpt2 batch 4 at L = 1024 5.77 -> 6.76 us, batch 32 29.47 ->
     30.66). The same arithmetic either way. H200, gpt2 unless
     named, alternated in one call, the same ids (bench/results/h200/attention-pipelined-loop-ab.log,
@@ -179,6 +181,8 @@ def loop_stages(L, block_n, warps, splits=1, tma=False):
     1,024 and 1,600 gained)."""
     if LOOP_STAGES_ENV is not None:
         return LOOP_STAGES_ENV
+    if tma and tma_stages is not None:
+        return tma_stages
     return 3 if _narrow(block_n, warps) and (L >= PIPELINE_MIN_L or tma) and splits == 1 else 1
 
 
@@ -199,12 +203,15 @@ def new_row_apart(block_n, warps, stages, tma=False):
     return _narrow(block_n, warps) and (stages == 1 or tma)
 
 
-def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=False):
+def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=False, tma_stages=None):
     """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
     holds BLOCK_N, num_warps, PREFETCH_TILES, TMA, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
-    with the base tiles; tma_ok: whether the caches allow tensor descriptors. One ValueError
-    naming the argument for a count out of range."""
+    with the base tiles; tma_ok: whether the caches allow tensor descriptors; tma_stages: the
+    stages of a loop of descriptor tiles (loop_stages). One ValueError naming the argument for a
+    count out of range."""
+    if tma_stages is not None and (not isinstance(tma_stages, int) or tma_stages < 1):
+        raise ValueError(f"tma_stages: expected None or an integer >= 1, got {tma_stages!r}")
     if num_splits is None:
         splits, block_n, warps = default_layout(device, bh, L, block_d)
     else:
@@ -219,7 +226,7 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=F
     if meta.get("TMA") is None:
         meta["TMA"] = tma_tiles(L, block_n, warps, splits, tma_ok)
     if meta.get("LOOP_STAGES") is None:
-        meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits, meta["TMA"])
+        meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits, meta["TMA"], tma_stages)
     if meta.get("NEW_APART") is None:
         meta["NEW_APART"] = new_row_apart(block_n, warps, meta["LOOP_STAGES"], meta["TMA"])
     tiles, stages = meta["PREFETCH_TILES"], meta["LOOP_STAGES"]

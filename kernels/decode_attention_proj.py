@@ -182,7 +182,7 @@ def _decode_attention_proj_kernel(
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None, _early_f32=None):
+                          l2_ahead=(), tma_stages=None, _layout=None, _early_f32=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias: attention of one new
     query per sequence and the attention block's output projection.
 
@@ -204,6 +204,7 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     (linear's early_launch; the caller vouches that it reads nothing this one writes before its
     own wait). l2_ahead: up to two dense tensors (the next kernels' weights) whose bytes the
     fused launch asks L2 for before its wait (_l2_ahead.py; on Hopper GPUs only, results unchanged).
+    tma_stages: decode_attention's, where the two launches run (fused_layout None).
     _layout: (BLOCK_N, BLOCK_L, num_warps) in place of fused_layout's, _early_f32 in place of
     early_f32's (tests, benchmarks)."""
     if k_new is None or v_new is None:
@@ -240,7 +241,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
     if layout is None:
         # decode_attention reads only the cache before its wait, and launches the linear after it:
         # whatever launched this op, the residual is final by then
-        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch))
+        attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new, prefetch_cache=bool(prefetch),
+                                tma_stages=tma_stages)
         return linear(attn.view(B, H * D), weight, bias, residual=residual, out=y, stats_out=stats_out,
                       prefetch_residual=bool(prefetch), early_launch=early_launch)
     block_n, block_l, warps = layout

@@ -176,7 +176,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_new=None, out=None,
-                     num_splits=None, prefetch_cache=False, _config=None):
+                     num_splits=None, prefetch_cache=False, tma_stages=None, _config=None):
     """q: (B, H, D); caches: (B, H, L, D); query b attends to its first seq_lens[b] keys.
     k_new, v_new (B, H, D) are first written to cache position seq_lens[b] - 1."""
     B, H, D = q.shape
@@ -196,9 +196,9 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
 
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
-                          l2_ahead=(), _layout=None):
+                          l2_ahead=(), tma_stages=None, _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions
-    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early."""
+    (seq_lens - 1), l2_ahead and tma_stages only tell the kernel what it may read early."""
     B, H, D = q.shape
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)

@@ -1,6 +1,6 @@
 """The decode step's launch plan, by rows and model width: which layer linears let the next
-kernel launch at their start (early_roles) and what of the next weights each asks L2 for
-(l2_part, and the lm_head's share). Every rule cites the same-call A/B it came from; the model
+kernel launch at their start (early_roles), what of the next weights each asks L2 for (l2_part,
+and the lm_head's share) and decode attention's stages of tiles in flight (attention_tma_stages). Every rule cites the same-call A/B it came from; the model
 (model.GPT.decode) follows it, and its environment switches exist for A/B timing.
 """
 import os
@@ -98,6 +98,28 @@ def early_roles(rows, cuda_core, width):
         return frozenset({"qkv"})
     return frozenset()
 
+
+
+# decode attention's stages of cache tiles in flight where it reads them by tensor descriptors
+# (kernels.decode_attention_config.tma_tiles: from 22 rows over short caches), by model width at
+# 33-64 rows (the batch bucket of 64); other widths and rows: the kernel's 3
+ATTN_TMA_STAGES_64_ROWS = {1024: 4}
+
+
+def attention_tma_stages(rows, width):
+    """Stages decode attention keeps in flight over its descriptor tiles at `rows` rows of a model
+    `width` wide (kernels.decode_attention's tma_stages), or None for the kernel's 3. H200, 4 against
+    3, alternated twice in fresh processes, the same ids (bench/results/h200/session-120/, calls 3
+    and 4): gpt2-medium's bucket of 64 gains (batch 40 +1.3%, 48 +1.3%, 64 +1.2%: 62,332 / 62,393
+    -> 63,094 / 63,073 tok/s); its bucket of 32 is even (batch 24 -0.4%, 32 +0.3%); the other sizes'
+    bucket of 64 lose (gpt2 -2.8%, gpt2-large -1.2%, gpt2-xl -1.2%; xl's 32 even). 2 stages lost
+    gpt2-medium 2.2% at 48 and 64 (call 2). The launch's own inputs do not tell medium's 1,024
+    (row, head) pairs apart: 768, 800, 1,280 and 1,600 lose or are even; what differs is the
+    linears that run beside it, so the rule is the model's. MINILLM_ATTN_STAGES=n sets every
+    launch's stages (A/B timing)."""
+    if 32 < rows <= 64:
+        return ATTN_TMA_STAGES_64_ROWS.get(width)
+    return None
 
 # L2 requests ahead, at one row on the CUDA-core GEMV (model.GPT.decode's l2_ahead): the fused
 # attention launch asks L2 for fc's and mlp-out's weights before its wait, mlp-out for the next

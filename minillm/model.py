@@ -204,6 +204,7 @@ class GPT:
                                           prefetch="cache" if qkv_early else True,
                                           positions=pos if qkv_early else None,
                                           early_launch="attn-out" in early,
+                                          tma_stages=plan.attention_tma_stages(B, C),
                                           l2_ahead=(plan.l2_part(blk.fc[0], C), plan.l2_part(blk.mlp_proj[0], C))
                                           if cuda_core else ())
             x = self._mlp(blk, x, st_attn, st_a, early,

@@ -143,7 +143,7 @@ def test_pipelined_loop_same_bits(apart, device):
                                     {"BLOCK_N": 32, "num_warps": 2, "LOOP_STAGES": 3, "NEW_APART": True},
                                     {"BLOCK_N": 64, "num_warps": 4, "LOOP_STAGES": 2, "NEW_APART": False}]
                          # one warp (default_layout's at many rows): the interpreter runs it as it runs two
-                         + ([{"BLOCK_N": 32, "num_warps": 1, "LOOP_STAGES": s, "NEW_APART": True} for s in (1, 2, 3)]
+                         + ([{"BLOCK_N": 32, "num_warps": 1, "LOOP_STAGES": s, "NEW_APART": True} for s in (1, 2, 3, 4)]
                             if ON_GPU else []))
 def test_tensor_descriptor_tiles_same_bits(layout, device):
     """The cache loop's tiles by tensor descriptors (whole tiles, zeros past the cache's end, rows

@@ -129,6 +129,11 @@ def test_loop_stages_rule(monkeypatch):
     assert loop_stages(PIPELINE_MIN_L, 32, 2) == 3 and loop_stages(1024, 32, 2) == 3
     assert loop_stages(PIPELINE_MIN_L // 2, 32, 2) == 1 and loop_stages(PIPELINE_MIN_L // 2, *ONE_WARP, tma=True) == 3
     assert loop_stages(1024, 64, 4) == 1 and loop_stages(1024, 32, 8) == 1
+    # a caller's tma_stages (decode_attention's) sets the descriptor loop's stages, and no other
+    assert loop_stages(PIPELINE_MIN_L // 2, *ONE_WARP, tma=True, tma_stages=4) == 4
+    assert loop_stages(1024, 32, 2, tma_stages=4) == 3 and loop_stages(PIPELINE_MIN_L // 2, 32, 2, tma_stages=4) == 1
+    monkeypatch.setattr(decode_attention_config, "LOOP_STAGES_ENV", 2)  # MINILLM_ATTN_STAGES wins (A/B timing)
+    assert loop_stages(PIPELINE_MIN_L // 2, *ONE_WARP, tma=True, tma_stages=4) == 2
 
 
 def test_launch_layout_resolves_config_and_rules(monkeypatch):
@@ -146,9 +151,14 @@ def test_launch_layout_resolves_config_and_rules(monkeypatch):
     _, _, meta = launch_layout(dev, many, 256, 64, config={"LOOP_STAGES": 2, "NEW_APART": True, "num_warps": 4})
     assert meta == {"BLOCK_N": 32, "num_warps": 4, "PREFETCH_TILES": 1, "TMA": False, "LOOP_STAGES": 2,
                     "NEW_APART": True}
+    _, _, meta = launch_layout(dev, many, 256, 64, tma_ok=True, tma_stages=4)  # descriptor tiles: the caller's stages
+    assert (meta["TMA"], meta["LOOP_STAGES"]) == (True, 4)
+    _, _, meta = launch_layout(dev, many, 256, 64, tma_stages=4)  # pointer loads: the rule's
+    assert (meta["TMA"], meta["LOOP_STAGES"]) == (False, 1)
     splits, chunk, meta = launch_layout(dev, 1, 200, 64, num_splits=4)
     assert (splits, chunk, meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 64, 4)  # cdiv(200, 4) = 50 -> a 64-row tile
     for bad, name in (({"num_splits": 3}, "num_splits"), ({"config": {"PREFETCH_TILES": 3}}, "PREFETCH_TILES"),
-                      ({"config": {"LOOP_STAGES": 0}}, "LOOP_STAGES")):
+                      ({"config": {"LOOP_STAGES": 0}}, "LOOP_STAGES"), ({"tma_stages": 0}, "tma_stages"),
+                      ({"tma_stages": 2.0}, "tma_stages")):
         with pytest.raises(ValueError, match=f"^{name}"):
             launch_layout(dev, 1, 200, 64, **bad)

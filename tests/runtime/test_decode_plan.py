@@ -5,7 +5,7 @@ import torch
 
 import minillm.decode_plan
 from kernels._l2_ahead import l2_ranges
-from minillm.decode_plan import L2_WIDE_CAP, early_roles, l2_part, mb_from_env, roles_from_env
+from minillm.decode_plan import L2_WIDE_CAP, attention_tma_stages, early_roles, l2_part, mb_from_env, roles_from_env
 
 
 def test_early_roles_rule_and_its_switch(monkeypatch):
@@ -60,3 +60,11 @@ def test_l2_requests_capped_past_gpt2_width(monkeypatch):
     assert l2_part(w, 768) is w
     monkeypatch.setattr(minillm.decode_plan, "L2_CAP_ENV", 0)  # MINILLM_L2_AHEAD_MB=0: nothing asked for
     assert l2_ranges("t", (l2_part(w, 768),), w.device)[0][1] == 0
+
+
+def test_attention_tma_stages_rule():
+    """gpt2-medium's width keeps 4 descriptor tiles in flight in the batch bucket of 64 (33-64
+    rows); every other width and row count leaves the kernel's 3 (None)."""
+    assert attention_tma_stages(33, 1024) == attention_tma_stages(64, 1024) == 4
+    assert attention_tma_stages(32, 1024) is None and attention_tma_stages(65, 1024) is None
+    assert all(attention_tma_stages(rows, width) is None for rows in (1, 24, 48, 64) for width in (768, 1280, 1600))

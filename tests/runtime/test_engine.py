@@ -289,3 +289,27 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
     cols = min(w.shape[1], minillm.decode_plan.L2_LM_HEAD_BYTES // (w.shape[0] * w.element_size()))
     assert head.shape == (w.shape[0], cols) and head.data_ptr() == w.data_ptr() and head.stride() == w.stride()
     assert head.t().is_contiguous()
+
+
+def test_decode_attention_gets_the_plans_stages(tmp_path, monkeypatch):
+    """Each decode step's attention launch gets decode_plan.attention_tma_stages for its rows and
+    the model's width (here a rule for width 32 stood in for gpt2-medium's): 4 at 33 rows, None
+    (the kernel's own) at 3. The plain-torch backend stood in."""
+    build_checkpoint(tmp_path, seed=6, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
+    monkeypatch.setattr(minillm.decode_plan, "ATTN_TMA_STAGES_64_ROWS", {32: 4})
+    llm = LLM(str(tmp_path), dtype="float32", backend="torch", cuda_graphs=False)
+    ops, got = llm.engine.model.ops, []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def decode_attention_proj(self, q, *args, tma_stages=None, **kw):
+            got.append((q.shape[0], tma_stages))
+            return ops.decode_attention_proj(q, *args, **kw)
+
+    llm.engine.model.ops = Spy()
+    for rows, stages in ((33, 4), (3, None)):
+        got.clear()
+        llm.generate([[1, 2, 3]] * rows, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+        assert got and set(got) == {(rows, stages)}, got
