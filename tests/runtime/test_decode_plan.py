@@ -1,11 +1,14 @@
 """The decode step's launch plan (minillm/decode_plan.py): the early roles by rows, GEMV kind and
-width, the L2 requests' caps, and their environment switches."""
+width, the L2 requests' caps, decode attention's stages, their environment switches, and the
+model's decode step following them."""
 import pytest
 import torch
 
 import minillm.decode_plan
 from kernels._l2_ahead import l2_ranges
+from minillm import LLM, SamplingParams
 from minillm.decode_plan import L2_WIDE_CAP, attention_tma_stages, early_roles, l2_part, mb_from_env, roles_from_env
+from tests.models import build_checkpoint
 
 
 def test_early_roles_rule_and_its_switch(monkeypatch):
@@ -68,3 +71,61 @@ def test_attention_tma_stages_rule():
     assert attention_tma_stages(33, 1024) == attention_tma_stages(64, 1024) == 4
     assert attention_tma_stages(32, 1024) is None and attention_tma_stages(65, 1024) is None
     assert all(attention_tma_stages(rows, width) is None for rows in (1, 24, 48, 64) for width in (768, 1280, 1600))
+
+
+@pytest.mark.parametrize("cuda_core", [True, False])
+def test_qkv_asks_l2_for_its_layers_attention_projection(tmp_path, cuda_core):
+    """Where the layer linears run the CUDA-core GEMV (one row, gpt2 to gpt2-xl: no statistics
+    buffers), each decode step's qkv from layer 1 on asks L2 for its layer's W_o, which the
+    attention launch after it reads before its wait; elsewhere (and in prefill) qkv asks for
+    nothing. The plain-torch backend with the kernels' buffer rule stood in."""
+    build_checkpoint(tmp_path, seed=5, n_layer=3, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
+    llm = LLM(str(tmp_path), dtype="float32", backend="torch", cuda_graphs=False)
+    model = llm.engine.model
+    ops, asked = model.ops, []
+
+    class Spy:  # the backend, with decode_row_stats as the kernels' at gpt2's size, and linear's l2_ahead noted
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def decode_row_stats(self, rows, cols, device):
+            return None if cuda_core and rows == 1 else ops.decode_row_stats(rows, cols, device)
+
+        def linear(self, x, w, *args, l2_ahead=(), **kw):
+            asked.append((w, tuple(l2_ahead)))
+            return ops.linear(x, w, *args, **kw)
+
+    model.ops = Spy()
+    llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+    for i, blk in enumerate(model.blocks):
+        qkv = [ahead for w, ahead in asked if w is blk.attn[0]]
+        assert qkv, f"layer {i}'s qkv never ran through linear"
+        if cuda_core and i:  # prefill's, then two decode steps'
+            assert len(qkv) == 3 and qkv[0] == (), (i, qkv)
+            assert all(len(a) == 1 and a[0] is blk.attn_proj[0] for a in qkv[1:]), (i, qkv)
+        else:  # layer 0's decode qkv gathers the embedding (embedding_linear): only prefill's here
+            assert all(a == () for a in qkv), (i, qkv)
+
+
+def test_decode_attention_gets_the_plans_stages(tmp_path, monkeypatch):
+    """Each decode step's attention launch gets decode_plan.attention_tma_stages for its rows and
+    the model's width (here a rule for width 32 stood in for gpt2-medium's): 4 at 33 rows, None
+    (the kernel's own) at 3. The plain-torch backend stood in."""
+    build_checkpoint(tmp_path, seed=6, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
+    monkeypatch.setattr(minillm.decode_plan, "ATTN_TMA_STAGES_64_ROWS", {32: 4})
+    llm = LLM(str(tmp_path), dtype="float32", backend="torch", cuda_graphs=False)
+    ops, got = llm.engine.model.ops, []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def decode_attention_proj(self, q, *args, tma_stages=None, **kw):
+            got.append((q.shape[0], tma_stages))
+            return ops.decode_attention_proj(q, *args, **kw)
+
+    llm.engine.model.ops = Spy()
+    for rows, stages in ((33, 4), (3, None)):
+        got.clear()
+        llm.generate([[1, 2, 3]] * rows, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+        assert got and set(got) == {(rows, stages)}, got
