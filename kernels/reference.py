@@ -198,7 +198,8 @@ def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, b
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
                           l2_ahead=(), tma_stages=None, _layout=None):
     """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions
-    (seq_lens - 1), l2_ahead and tma_stages only tell the kernel what it may read early."""
+    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early, tma_stages how many
+    cache tiles it keeps in flight: none changes the result."""
     B, H, D = q.shape
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)

@@ -1,6 +1,7 @@
 """The decode step's launch plan, by rows and model width: which layer linears let the next
 kernel launch at their start (early_roles), what of the next weights each asks L2 for (l2_part,
-and the lm_head's share) and decode attention's stages of tiles in flight (attention_tma_stages). Every rule cites the same-call A/B it came from; the model
+and the lm_head's share) and how many cache tiles decode attention keeps in flight
+(attention_tma_stages). Every rule cites the same-call A/B it came from; the model
 (model.GPT.decode) follows it, and its environment switches exist for A/B timing.
 """
 import os
@@ -99,7 +100,6 @@ def early_roles(rows, cuda_core, width):
     return frozenset()
 
 
-
 # decode attention's stages of cache tiles in flight where it reads them by tensor descriptors
 # (kernels.decode_attention_config.tma_tiles: from 22 rows over short caches), by model width at
 # 33-64 rows (the batch bucket of 64); other widths and rows: the kernel's 3
@@ -115,11 +115,13 @@ def attention_tma_stages(rows, width):
     bucket of 64 lose (gpt2 -2.8%, gpt2-large -1.2%, gpt2-xl -1.2%; xl's 32 even). 2 stages lost
     gpt2-medium 2.2% at 48 and 64 (call 2). The launch's own inputs do not tell medium's 1,024
     (row, head) pairs apart: 768, 800, 1,280 and 1,600 lose or are even; what differs is the
-    linears that run beside it, so the rule is the model's. MINILLM_ATTN_STAGES=n sets every
-    launch's stages (A/B timing)."""
+    linears that run beside it, so the rule is the model's. As the default against
+    MINILLM_ATTN_STAGES=3 on another machine: gpt2-medium batch 64 +1.1% (call 6).
+    MINILLM_ATTN_STAGES=n sets every launch's stages (A/B timing)."""
     if 32 < rows <= 64:
         return ATTN_TMA_STAGES_64_ROWS.get(width)
     return None
+
 
 # L2 requests ahead, at one row on the CUDA-core GEMV (model.GPT.decode's l2_ahead): the fused
 # attention launch asks L2 for fc's and mlp-out's weights before its wait, mlp-out for the next
