@@ -234,8 +234,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
     BLOCK_D = max(16, triton.next_power_of_2(D))
     tma_ok = _tma_ok(k_cache, v_cache, BLOCK_D)
     splits, chunk, meta = launch_layout(q.device, B * H, L, BLOCK_D, num_splits, _config, tma_ok, tma_stages)
-    tiles, stages, apart = meta.pop("PREFETCH_TILES"), meta.pop("LOOP_STAGES"), meta.pop("NEW_APART")
-    tma = meta.pop("TMA") and tma_ok  # (a _config may ask for descriptors the caches do not allow)
+    tiles, stages, apart, tma = (meta.pop(k) for k in ("PREFETCH_TILES", "LOOP_STAGES", "NEW_APART", "TMA"))
     part = q.new_empty((B * H * splits * (BLOCK_D + 2),) if splits > 1 else (1,), dtype=torch.float32)
     counts = arrival_counters(q.device, B * H) if splits > 1 else part
     kd = vd = part  # (unused stand-ins)

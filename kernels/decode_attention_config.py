@@ -208,7 +208,8 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=F
     """(splits, chunk, meta) of a launch for bh (row, head) pairs over L cache positions: meta
     holds BLOCK_N, num_warps, PREFETCH_TILES, TMA, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
-    with the base tiles; tma_ok: whether the caches allow tensor descriptors; tma_stages: the
+    with the base tiles; tma_ok: whether the caches allow tensor descriptors (TMA is never set
+    without it); tma_stages: the
     stages of a loop of descriptor tiles (loop_stages). One ValueError naming the argument for a
     count out of range."""
     if tma_stages is not None and (not isinstance(tma_stages, int) or tma_stages < 1):
@@ -224,8 +225,10 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=F
     chunk = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
     if meta.get("PREFETCH_TILES") is None:
         meta["PREFETCH_TILES"] = prefetch_tiles(device, bh, block_n, warps, chunk)
-    if meta.get("TMA") is None:
-        meta["TMA"] = tma_tiles(L, block_n, warps, splits, tma_ok)
+    # a config's TMA too only where the caches allow descriptors: the stages and the new row's form
+    # below follow the loop that actually runs
+    meta["TMA"] = tma_tiles(L, block_n, warps, splits, tma_ok) if meta.get("TMA") is None else \
+        bool(meta["TMA"]) and tma_ok
     if meta.get("LOOP_STAGES") is None:
         meta["LOOP_STAGES"] = loop_stages(L, block_n, warps, splits, meta["TMA"], tma_stages)
     if meta.get("NEW_APART") is None:

@@ -155,6 +155,9 @@ def test_launch_layout_resolves_config_and_rules(monkeypatch):
     assert (meta["TMA"], meta["LOOP_STAGES"]) == (True, 4)
     _, _, meta = launch_layout(dev, many, 256, 64, tma_stages=4)  # pointer loads: the rule's
     assert (meta["TMA"], meta["LOOP_STAGES"]) == (False, 1)
+    # a config asking for descriptors the caches do not allow gets pointer loads, and their stages
+    _, _, meta = launch_layout(dev, many, 256, 64, config={"TMA": True}, tma_stages=4)
+    assert (meta["TMA"], meta["LOOP_STAGES"], meta["NEW_APART"]) == (False, 1, True)
     splits, chunk, meta = launch_layout(dev, 1, 200, 64, num_splits=4)
     assert (splits, chunk, meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 64, 4)  # cdiv(200, 4) = 50 -> a 64-row tile
     for bad, name in (({"num_splits": 3}, "num_splits"), ({"config": {"PREFETCH_TILES": 3}}, "PREFETCH_TILES"),
