@@ -135,6 +135,26 @@ def attention_tma_stages(rows, width):
 # -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%), and so did fc asking for
 # mlp-out's weights at gpt2-xl (-5.3%; session-92/).
 
+def positions_from_env(value, name="MINILLM_CACHE_PAD"):
+    """A count of cache positions from the environment variable `name`'s value (None or empty:
+    0); one error naming it otherwise."""
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise ValueError(f"{name}: expected a whole number of cache positions (0: none), got {value!r}")
+    return int(value)
+
+
+# positions of padding after each (row, head)'s run of cache positions (KVCache's pad), so that
+# the runs do not start a power of two apart (gpt2 at 1,024 positions: 128 KB). Why it may matter:
+# at batch 64 a decode step reads only each run's first ~100 positions, 768 runs of ~13 KB spaced
+# 128 KB apart, and gpt2 batch 64's processes (and engines within one process) settle at two
+# levels 1.8% apart, each steady (H200, bench/results/h200/session-121/, calls 4-5), as if the
+# level followed where those hot runs fall in memory. Not timed yet: none by default;
+# MINILLM_CACHE_PAD=n pads every cache by n positions (A/B timing;
+# scripts/probe_cache_placement.py alternates pads within one process)
+CACHE_PAD = positions_from_env(os.environ.get("MINILLM_CACHE_PAD"))
+
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)
 L2_LM_HEAD_BYTES = 4 << 20

@@ -20,10 +20,14 @@ class KVCache:
     """Preallocated keys and values for every layer: (n_layer, B, H, L, D) each. The kernels
     write it: prefill attention (k_out, v_out) and each decode step's attention (k_new, v_new)."""
 
-    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device):
-        shape = (n_layer, batch, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0):
+        # pad: unused positions after each (row, head)'s max_len (decode_plan.CACHE_PAD); the
+        # kernels read the cache through its strides
+        if pad < 0:
+            raise ValueError(f"pad: expected cache positions >= 0, got {pad}")
+        shape = (n_layer, batch, n_head, max_len + pad, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)[:, :, :, :max_len]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)[:, :, :, :max_len]
 
     @property
     def batch(self):
@@ -35,7 +39,7 @@ class KVCache:
 
     @property
     def nbytes(self):
-        return 2 * self.k.numel() * self.k.element_size()
+        return 2 * self.k.untyped_storage().nbytes()  # as allocated, padding included
 
     def layer(self, layer, batch, length=None):
         """(k, v) views (batch, H, length, D) of one layer: the first `batch` rows and positions."""
@@ -98,9 +102,10 @@ class GPT:
     def dtype(self):
         return self.wte.dtype
 
-    def new_cache(self, batch, max_len=None):
+    def new_cache(self, batch, max_len=None, pad=None):
         c = self.config
-        return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device)
+        pad = plan.CACHE_PAD if pad is None else pad
+        return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device, pad)
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-folded linear reads those (ln_stats) instead of whole rows.

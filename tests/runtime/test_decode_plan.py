@@ -1,13 +1,15 @@
 """The decode step's launch plan (minillm/decode_plan.py): the early roles by rows, GEMV kind and
-width, the L2 requests' caps, decode attention's stages, their environment switches, and the
-model's decode step following them."""
+width, the L2 requests' caps, decode attention's stages, the cache's pad, their environment
+switches, and the model's decode step following them."""
 import pytest
 import torch
 
 import minillm.decode_plan
 from kernels._l2_ahead import l2_ranges
 from minillm import LLM, SamplingParams
-from minillm.decode_plan import L2_WIDE_CAP, attention_tma_stages, early_roles, l2_part, mb_from_env, roles_from_env
+from minillm.decode_plan import (L2_WIDE_CAP, attention_tma_stages, early_roles, l2_part, mb_from_env,
+                                 positions_from_env, roles_from_env)
+from minillm.model import KVCache
 from tests.models import build_checkpoint
 
 
@@ -129,3 +131,45 @@ def test_decode_attention_gets_the_plans_stages(tmp_path, monkeypatch):
         got.clear()
         llm.generate([[1, 2, 3]] * rows, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
         assert got and set(got) == {(rows, stages)}, got
+
+
+def test_cache_pad_switch():
+    """MINILLM_CACHE_PAD: none unset, whole positions when set, one error naming it otherwise."""
+    assert positions_from_env(None) == positions_from_env("") == 0
+    assert positions_from_env("16") == 16
+    for bad in ("-8", "1.5", "eight"):
+        with pytest.raises(ValueError, match=r"^MINILLM_CACHE_PAD: expected a whole number of cache positions"):
+            positions_from_env(bad)
+    with pytest.raises(ValueError, match=r"^pad: expected cache positions >= 0, got -1$"):
+        KVCache(1, 1, 1, 4, 8, torch.float16, "cpu", pad=-1)
+
+
+def test_padded_cache_same_bits(tmp_path, monkeypatch):
+    """A cache padded after each (row, head)'s positions (decode_plan.CACHE_PAD, read by
+    new_cache) gives the kernels strides that are not a power of two apart, and the same bits:
+    prefill and three decode steps of two rows, logits and cache rows equal to the unpadded
+    cache's. The Triton backend (on the CPU, the interpreter)."""
+    build_checkpoint(tmp_path, seed=7, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
+    m = LLM(str(tmp_path), dtype="float16", cuda_graphs=False).model
+    dev, D = m.device, m.config.head_dim
+    prompts = torch.tensor([[5, 17, 99, 3, 250], [42, 7, 1, 1, 1]], device=dev)
+    lens = torch.tensor([5, 2], dtype=torch.int32, device=dev)
+    runs = {}
+    for pad in (0, 24):
+        monkeypatch.setattr(minillm.decode_plan, "CACHE_PAD", pad)
+        cache = m.new_cache(2, 48)
+        assert cache.k.shape[3] == 48 and cache.k.stride(2) == cache.v.stride(2) == (48 + pad) * D
+        assert cache.nbytes == 2 * m.config.n_layer * 2 * m.config.n_head * (48 + pad) * D * 2
+        cache.k.fill_(float("nan"))  # positions no launch writes must never be read
+        cache.v.fill_(float("nan"))
+        logits = [m.prefill(prompts, lens, cache)]
+        pos = lens.clone()
+        for step in range(3):
+            tokens = logits[-1].argmax(-1).to(torch.int32)
+            logits.append(m.decode(tokens, pos, cache, 48))
+            pos += 1
+        assert all(t.isfinite().all() for t in logits), f"pad {pad}: non-finite logits"
+        runs[pad] = logits, [cache.k[:, r, :, :p] for r, p in enumerate(pos.tolist())]
+    (plain, plain_k), (padded, padded_k) = runs[0], runs[24]
+    assert all(torch.equal(a, b) for a, b in zip(plain, padded))
+    assert all(torch.equal(a, b) for a, b in zip(plain_k, padded_k))

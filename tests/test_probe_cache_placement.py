@@ -1,0 +1,48 @@
+"""scripts/probe_cache_placement.py: its turns' order, its help, its one-line refusals, and on a
+GPU a short run over a small checkpoint."""
+import json
+
+import pytest
+
+from tests.conftest import ON_GPU
+from tests.models import build_checkpoint
+from tests.probe_scripts import assert_help_has_example, assert_refused_in_one_line, load, run
+
+probe = load("probe_cache_placement")
+
+
+def test_schedule_alternates_every_cache():
+    """Every (engine, pad, copy) once a round, the order reversed on odd rounds."""
+    turns = probe.schedule(engines=2, pads=[0, 8], copies=2, rounds=2)
+    first = [t[1:] for t in turns if t[0] == 0]
+    assert first == [(e, p, c) for e in (0, 1) for p in (0, 8) for c in (0, 1)]
+    assert [t[1:] for t in turns if t[0] == 1] == first[::-1]
+
+
+def test_help_has_an_example():
+    assert_help_has_example("probe_cache_placement", "python3 scripts/probe_cache_placement.py --pads")
+
+
+@pytest.mark.parametrize("argv,expect", [(["--pads", "0", "-8"], "--pads: expected cache positions >= 0, got -8"),
+                                         (["--copies", "0"], "--copies: expected a positive integer, got 0"),
+                                         (["--new-tokens", "0"], "--new-tokens: expected a positive integer")])
+def test_refusals_are_one_line(argv, expect):
+    assert_refused_in_one_line("probe_cache_placement", argv, expect)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the refusal of a machine without a GPU")
+def test_refuses_without_a_gpu():
+    done = run("probe_cache_placement")
+    assert done.returncode != 0 and done.stderr.strip() == "probe_cache_placement.py: needs a CUDA GPU"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="times decode steps: GPU only")
+def test_short_run_writes_a_row_per_cache(tmp_path):
+    build_checkpoint(tmp_path / "ckpt", seed=3, n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128)
+    done = run("probe_cache_placement", "--model", str(tmp_path / "ckpt"), "--batch", "4", "--pads", "0", "8",
+               "--copies", "1", "--engines", "2", "--rounds", "2", "--runs", "1", "--new-tokens", "8",
+               "--out", str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "probe-cache-placement.json").read_text())["rows"]
+    assert [(r["engine"], r["pad"], r["copy"]) for r in rows] == [(e, p, 0) for e in (0, 1) for p in (0, 8)]
+    assert all(len(r["tok_s"]) == 2 and min(r["tok_s"]) > 0 and 0 <= r["k_in_2mb"] < 2 << 20 for r in rows)
