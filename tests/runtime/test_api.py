@@ -3,6 +3,7 @@ skipped without it), and prompts as token ids and argument checks (without a tok
 import pytest
 import torch
 
+import minillm.decode_plan
 from minillm import LLM, ContextLengthError, MiniLLMError, SamplingParams
 from tests.models import build_checkpoint, hf_generate, real_tokenizer_dir
 
@@ -94,6 +95,23 @@ def test_context_length_error_before_work(llm_ids):
     with pytest.raises(ContextLengthError, match="exceeds the model's context of 64 positions"):
         llm.generate([[1] * 60], SamplingParams(max_new_tokens=10))
     llm.generate([[1] * 60], SamplingParams(max_new_tokens=5, temperature=0))  # exactly fits
+
+
+@pytest.mark.parametrize("pad,gib", [(0, "0.00"), (65472, "1.25")])
+def test_out_of_memory_names_the_cache(llm_ids, monkeypatch, pad, gib):
+    """A CUDA out-of-memory error becomes one MiniLLMError naming the batch's KV cache size, its
+    padding (decode_plan.CACHE_PAD) included: 2 layers x 2 (k, v) x (64 + pad) positions x 32
+    wide x 4 bytes a sequence, 40 sequences."""
+    llm, _ = llm_ids
+
+    def no_memory(*args, **kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(minillm.decode_plan, "CACHE_PAD", pad)
+    monkeypatch.setattr(llm.engine, "steps", no_memory)
+    with pytest.raises(MiniLLMError, match=rf"^out of memory: batch 40 needs a KV cache of {gib} GiB on top of "
+                                           r"the weights; use a smaller batch$"):
+        llm.generate([[1, 2]] * 40, SamplingParams(max_new_tokens=2))
 
 
 def test_one_new_token_has_no_decode_rate(llm_ids):
