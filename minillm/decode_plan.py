@@ -145,15 +145,22 @@ def positions_from_env(value, name="MINILLM_CACHE_PAD"):
     return int(value)
 
 
-# positions of padding after each (row, head)'s run of cache positions (KVCache's pad), so that
-# the runs do not start a power of two apart (gpt2 at 1,024 positions: 128 KB). Why it may matter:
-# at batch 64 a decode step reads only each run's first ~100 positions, 768 runs of ~13 KB spaced
-# 128 KB apart, and gpt2 batch 64's processes (and engines within one process) settle at two
-# levels 1.8% apart, each steady (H200, bench/results/h200/session-121/, calls 4-5), as if the
-# level followed where those hot runs fall in memory. Not timed yet: none by default;
-# MINILLM_CACHE_PAD=n pads every cache by n positions (A/B timing;
-# scripts/probe_cache_placement.py alternates pads within one process)
+# The KV cache's layout in memory (KVCache's layout and pad), two untimed leads. gpt2 batch 64's
+# processes, and engines side by side in one process, settle at two levels 1.8% apart, each
+# steady (H200, bench/results/h200/session-121/, calls 4-5): the level follows what an engine
+# allocates. Its decode step reads the first ~100 of each (row, head)'s 1,024 positions: in the
+# "heads" layout 768 runs of ~13 KB, 128 KB apart, over 100 MB of cache a layer (about 50 of the
+# GPU's 2 MB pages each for keys and values), so where those pages land, and how many the
+# attention touches, may set the level. "positions" stores each position's rows and heads
+# together: a short context's positions are one dense block (about 10 MB a layer). The pad puts
+# unused positions after each run, so that runs do not start a power of two apart.
+# MINILLM_CACHE_LAYOUT=heads|positions and MINILLM_CACHE_PAD=n set them for every cache (A/B
+# timing; scripts/probe_cache_placement.py alternates them within one process); the defaults are
+# the layout every benchmark so far ran: "heads", no pad
 CACHE_PAD = positions_from_env(os.environ.get("MINILLM_CACHE_PAD"))
+CACHE_LAYOUT = os.environ.get("MINILLM_CACHE_LAYOUT") or "heads"
+if CACHE_LAYOUT not in ("heads", "positions"):
+    raise ValueError(f"MINILLM_CACHE_LAYOUT: expected heads or positions, got {CACHE_LAYOUT!r}")
 
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)

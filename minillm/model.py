@@ -17,17 +17,26 @@ BACKENDS = {"triton": kernels, "torch": kernels.reference}
 
 
 class KVCache:
-    """Preallocated keys and values for every layer: (n_layer, B, H, L, D) each. The kernels
-    write it: prefill attention (k_out, v_out) and each decode step's attention (k_new, v_new)."""
+    """Preallocated keys and values for every layer: (n_layer, B, H, L, D) views each. The kernels
+    write it: prefill attention (k_out, v_out) and each decode step's attention (k_new, v_new).
+    They read it through its strides, so its layout in memory is free (decode_plan.CACHE_LAYOUT):
+    "heads" stores each (row, head)'s L positions together, "positions" each position's rows and
+    heads together (L, B, H, D), so a short context's positions lie in one dense block. pad:
+    unused positions after the L (decode_plan.CACHE_PAD)."""
 
-    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0):
-        # pad: unused positions after each (row, head)'s max_len (decode_plan.CACHE_PAD); the
-        # kernels read the cache through its strides
+    LAYOUTS = ("heads", "positions")
+
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0, layout="heads"):
         if pad < 0:
             raise ValueError(f"pad: expected cache positions >= 0, got {pad}")
-        shape = (n_layer, batch, n_head, max_len + pad, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)[:, :, :, :max_len]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)[:, :, :, :max_len]
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout: expected one of {', '.join(self.LAYOUTS)}, got {layout!r}")
+        if layout == "heads":
+            shape, order = (n_layer, batch, n_head, max_len + pad, head_dim), (0, 1, 2, 3, 4)
+        else:  # (n_layer, L, B, H, D) in memory
+            shape, order = (n_layer, max_len + pad, batch, n_head, head_dim), (0, 2, 3, 1, 4)
+        self.k, self.v = (torch.zeros(shape, dtype=dtype, device=device).permute(order)[:, :, :, :max_len]
+                          for _ in range(2))
 
     @property
     def batch(self):
@@ -102,10 +111,12 @@ class GPT:
     def dtype(self):
         return self.wte.dtype
 
-    def new_cache(self, batch, max_len=None, pad=None):
+    def new_cache(self, batch, max_len=None, pad=None, layout=None):
         c = self.config
         pad = plan.CACHE_PAD if pad is None else pad
-        return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device, pad)
+        layout = plan.CACHE_LAYOUT if layout is None else layout
+        return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device,
+                       pad, layout)
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-folded linear reads those (ln_stats) instead of whole rows.

@@ -1,17 +1,19 @@
-"""Probe: does gpt2 batch 64's decode speed follow where its KV cache lies in memory?
+"""Probe: does gpt2 batch 64's decode speed follow where and how its KV cache lies in memory?
 
 Session 121 saw gpt2 batch 64's processes settle at two levels about 1.8% apart, each steady
 within its process, and engines built side by side in one process do the same
 (bench/results/h200/session-121/, calls 4-5). A step reads only the first ~100 positions of each
 (row, head)'s 1,024, runs 128 KB apart, so where those runs fall may decide the level. This
 builds --engines engines (each GPT holds its own weight copies) and, for each, --copies caches of
-every pad in --pads (positions after each run: KVCache's pad), all kept alive so none reuses
-another's memory. Every (engine, pad, copy) is timed in turn, the order reversed every other
-round: its cache is installed (the decode state and graphs captured anew, one untimed run), then
---runs timed runs. If copies of one pad sit at different levels, steadily, the level follows the
-cache's placement; if a pad lifts every copy to the upper level, it is the fix to time end to end.
+every layout in --layouts and pad in --pads (KVCache's layout and pad; "positions" keeps a short
+context's positions in one dense block), all kept alive so none reuses another's memory. Every
+(engine, layout, pad, copy) is timed in turn, the order reversed every other round: its cache is
+installed (the decode state and graphs captured anew, one untimed run), then --runs timed runs.
+If copies of one kind sit at different levels, steadily, the level follows the cache's
+placement; if a layout or pad lifts every copy to the upper level, it is the change to time end
+to end.
 
-    python3 scripts/probe_cache_placement.py --pads 0 8 24 --copies 2 --engines 2 --out /tmp/probe
+    python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
 import argparse
 import json
@@ -24,15 +26,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import build  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
-from minillm.model import GPT  # noqa: E402
+from minillm.model import GPT, KVCache  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
 
 TWO_MB = 2 << 20  # the GPU's large page
 
 
-def schedule(engines, pads, copies, rounds):
-    """[(round, engine, pad, copy)]: every cache once a round, the order reversed on odd rounds."""
-    one = [(e, p, c) for e in range(engines) for p in pads for c in range(copies)]
+def schedule(engines, kinds, copies, rounds):
+    """[(round, engine, kind, copy)]: every cache once a round, the order reversed on odd rounds."""
+    one = [(e, k, c) for e in range(engines) for k in kinds for c in range(copies)]
     return [(r, *key) for r in range(rounds) for key in (one if r % 2 == 0 else one[::-1])]
 
 
@@ -41,6 +43,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2", help="a preset (random weights) or a checkpoint folder (default gpt2)")
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--layouts", nargs="+", default=["heads"], choices=KVCache.LAYOUTS,
+                   help="cache layouts (default heads)")
     p.add_argument("--pads", type=int, nargs="+", default=[0], help="cache pads in positions (default 0)")
     p.add_argument("--copies", type=int, default=2, help="caches of each pad an engine (default 2)")
     p.add_argument("--engines", type=int, default=2, help="engines built side by side (default 2)")
@@ -74,22 +78,23 @@ def main(argv=None):
     del hf
     B = args.batch
     engines = [Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
-    caches = {(e, p, c): engines[e].model.new_cache(B, pad=p)
-              for e in range(args.engines) for p in args.pads for c in range(args.copies)}
+    kinds = [(layout, pad) for layout in args.layouts for pad in args.pads]
+    caches = {(e, k, c): engines[e].model.new_cache(B, pad=k[1], layout=k[0])
+              for e in range(args.engines) for k in kinds for c in range(args.copies)}
     prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=torch.Generator().manual_seed(B)).tolist()
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0)
     rates = {key: [] for key in caches}
-    for r, e, p, c in schedule(args.engines, args.pads, args.copies, args.rounds):
-        install(engines[e], caches[e, p, c])
+    for r, e, k, c in schedule(args.engines, kinds, args.copies, args.rounds):
+        install(engines[e], caches[e, k, c])
         engines[e].generate(prompts, params)  # capture (and, the first time, compile)
         runs = []
         for _ in range(args.runs):
             _, t = engines[e].generate(prompts, params)
             runs.append(B * (t["steps"] - 1) / t["decode_s"])
-        rates[e, p, c].append(round(statistics.median(runs)))
-    rows = [{"engine": e, "pad": p, "copy": c, "tok_s": rates[e, p, c],
-             "k_addr": hex(caches[e, p, c].k.data_ptr()), "k_in_2mb": caches[e, p, c].k.data_ptr() % TWO_MB,
-             "v_in_2mb": caches[e, p, c].v.data_ptr() % TWO_MB} for e, p, c in caches]
+        rates[e, k, c].append(round(statistics.median(runs)))
+    rows = [{"engine": e, "layout": k[0], "pad": k[1], "copy": c, "tok_s": rates[e, k, c],
+             "k_addr": hex(caches[e, k, c].k.data_ptr()), "k_in_2mb": caches[e, k, c].k.data_ptr() % TWO_MB,
+             "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB} for e, k, c in caches]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:

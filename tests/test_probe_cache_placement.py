@@ -12,19 +12,21 @@ probe = load("probe_cache_placement")
 
 
 def test_schedule_alternates_every_cache():
-    """Every (engine, pad, copy) once a round, the order reversed on odd rounds."""
-    turns = probe.schedule(engines=2, pads=[0, 8], copies=2, rounds=2)
+    """Every (engine, kind, copy) once a round, the order reversed on odd rounds."""
+    kinds = [("heads", 0), ("positions", 8)]
+    turns = probe.schedule(engines=2, kinds=kinds, copies=2, rounds=2)
     first = [t[1:] for t in turns if t[0] == 0]
-    assert first == [(e, p, c) for e in (0, 1) for p in (0, 8) for c in (0, 1)]
+    assert first == [(e, k, c) for e in (0, 1) for k in kinds for c in (0, 1)]
     assert [t[1:] for t in turns if t[0] == 1] == first[::-1]
 
 
 def test_help_has_an_example():
-    assert_help_has_example("probe_cache_placement", "python3 scripts/probe_cache_placement.py --pads")
+    assert_help_has_example("probe_cache_placement", "python3 scripts/probe_cache_placement.py --layouts")
 
 
 @pytest.mark.parametrize("argv,expect", [(["--pads", "0", "-8"], "--pads: expected cache positions >= 0, got -8"),
                                          (["--copies", "0"], "--copies: expected a positive integer, got 0"),
+                                         (["--layouts", "rows"], "argument --layouts: invalid choice: 'rows'"),
                                          (["--new-tokens", "0"], "--new-tokens: expected a positive integer")])
 def test_refusals_are_one_line(argv, expect):
     assert_refused_in_one_line("probe_cache_placement", argv, expect)
@@ -40,9 +42,11 @@ def test_refuses_without_a_gpu():
 def test_short_run_writes_a_row_per_cache(tmp_path):
     build_checkpoint(tmp_path / "ckpt", seed=3, n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128)
     done = run("probe_cache_placement", "--model", str(tmp_path / "ckpt"), "--batch", "4", "--pads", "0", "8",
+               "--layouts", "heads", "positions",
                "--copies", "1", "--engines", "2", "--rounds", "2", "--runs", "1", "--new-tokens", "8",
                "--out", str(tmp_path), timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "probe-cache-placement.json").read_text())["rows"]
-    assert [(r["engine"], r["pad"], r["copy"]) for r in rows] == [(e, p, 0) for e in (0, 1) for p in (0, 8)]
+    assert [(r["engine"], r["layout"], r["pad"], r["copy"]) for r in rows] == [
+        (e, layout, p, 0) for e in (0, 1) for layout in ("heads", "positions") for p in (0, 8)]
     assert all(len(r["tok_s"]) == 2 and min(r["tok_s"]) > 0 and 0 <= r["k_in_2mb"] < 2 << 20 for r in rows)

@@ -1,6 +1,8 @@
 """The decode step's launch plan (minillm/decode_plan.py): the early roles by rows, GEMV kind and
 width, the L2 requests' caps, decode attention's stages, the cache's pad, their environment
 switches, and the model's decode step following them."""
+import sys
+
 import pytest
 import torch
 
@@ -134,7 +136,8 @@ def test_decode_attention_gets_the_plans_stages(tmp_path, monkeypatch):
 
 
 def test_cache_pad_switch():
-    """MINILLM_CACHE_PAD: none unset, whole positions when set, one error naming it otherwise."""
+    """MINILLM_CACHE_PAD: none unset, whole positions when set, one error naming it otherwise;
+    KVCache's own refusals."""
     assert positions_from_env(None) == positions_from_env("") == 0
     assert positions_from_env("16") == 16
     for bad in ("-8", "1.5", "eight"):
@@ -142,24 +145,40 @@ def test_cache_pad_switch():
             positions_from_env(bad)
     with pytest.raises(ValueError, match=r"^pad: expected cache positions >= 0, got -1$"):
         KVCache(1, 1, 1, 4, 8, torch.float16, "cpu", pad=-1)
+    with pytest.raises(ValueError, match=r"^layout: expected one of heads, positions, got 'rows'$"):
+        KVCache(1, 1, 1, 4, 8, torch.float16, "cpu", layout="rows")
 
 
-def test_padded_cache_same_bits(tmp_path, monkeypatch):
-    """A cache padded after each (row, head)'s positions (decode_plan.CACHE_PAD, read by
-    new_cache) gives the kernels strides that are not a power of two apart, and the same bits:
-    prefill and three decode steps of two rows, logits and cache rows equal to the unpadded
-    cache's. The Triton backend (on the CPU, the interpreter)."""
+@pytest.mark.parametrize("tma", [None, 1])
+def test_cache_layouts_same_bits(tmp_path, monkeypatch, tma):
+    """The cache's layouts in memory (decode_plan.CACHE_LAYOUT, CACHE_PAD, read by new_cache) give
+    the kernels other strides and the same bits: prefill and three decode steps of two rows,
+    logits and cache rows equal to the unpadded "heads" layout's. The Triton backend (on the
+    CPU, the interpreter): at two rows the fused attention launch (tma None); with tma=1 decode
+    attention apart, its tiles by tensor descriptors over each layout's strides."""
     build_checkpoint(tmp_path, seed=7, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=64)
-    m = LLM(str(tmp_path), dtype="float16", cuda_graphs=False).model
-    dev, D = m.device, m.config.head_dim
+    attention, described = sys.modules["kernels.decode_attention"], []
+    if tma:
+        monkeypatch.setattr(sys.modules["kernels.decode_attention_config"], "TMA_ENV", tma)
+        monkeypatch.setattr(sys.modules["kernels.decode_attention_proj_config"], "FUSED", False)
+        from_tensor = attention.TensorDescriptor.from_tensor
+        monkeypatch.setattr(attention.TensorDescriptor, "from_tensor",
+                            staticmethod(lambda t, block: described.append(t.stride()) or from_tensor(t, block)))
+    m = LLM(str(tmp_path), dtype="float16", backend="triton", cuda_graphs=False).model
+    dev, H, D = m.device, m.config.n_head, m.config.head_dim
     prompts = torch.tensor([[5, 17, 99, 3, 250], [42, 7, 1, 1, 1]], device=dev)
     lens = torch.tensor([5, 2], dtype=torch.int32, device=dev)
     runs = {}
-    for pad in (0, 24):
+    for layout, pad in (("heads", 0), ("heads", 24), ("positions", 0), ("positions", 8)):
+        described.clear()
+        monkeypatch.setattr(minillm.decode_plan, "CACHE_LAYOUT", layout)
         monkeypatch.setattr(minillm.decode_plan, "CACHE_PAD", pad)
         cache = m.new_cache(2, 48)
-        assert cache.k.shape[3] == 48 and cache.k.stride(2) == cache.v.stride(2) == (48 + pad) * D
-        assert cache.nbytes == 2 * m.config.n_layer * 2 * m.config.n_head * (48 + pad) * D * 2
+        assert cache.k.shape[1:] == (2, H, 48, D)
+        position_stride = 2 * H * D if layout == "positions" else D
+        assert cache.k.stride()[1:] == cache.v.stride()[1:] == (
+            (H * D, D, position_stride, 1) if layout == "positions" else (H * (48 + pad) * D, (48 + pad) * D, D, 1))
+        assert cache.nbytes == 2 * m.config.n_layer * 2 * H * (48 + pad) * D * 2
         cache.k.fill_(float("nan"))  # positions no launch writes must never be read
         cache.v.fill_(float("nan"))
         logits = [m.prefill(prompts, lens, cache)]
@@ -168,8 +187,10 @@ def test_padded_cache_same_bits(tmp_path, monkeypatch):
             tokens = logits[-1].argmax(-1).to(torch.int32)
             logits.append(m.decode(tokens, pos, cache, 48))
             pos += 1
-        assert all(t.isfinite().all() for t in logits), f"pad {pad}: non-finite logits"
-        runs[pad] = logits, [cache.k[:, r, :, :p] for r, p in enumerate(pos.tolist())]
-    (plain, plain_k), (padded, padded_k) = runs[0], runs[24]
-    assert all(torch.equal(a, b) for a, b in zip(plain, padded))
-    assert all(torch.equal(a, b) for a, b in zip(plain_k, padded_k))
+        assert all(t.isfinite().all() for t in logits), f"{layout}, pad {pad}: non-finite logits"
+        assert bool(tma) == (cache.k[0].stride() in described), (layout, pad, described)
+        runs[layout, pad] = logits, [cache.k[:, r, :, :p] for r, p in enumerate(pos.tolist())]
+    (plain, plain_k) = runs.pop(("heads", 0))
+    for key, (logits, k_rows) in runs.items():
+        assert all(torch.equal(a, b) for a, b in zip(plain, logits)), key
+        assert all(torch.equal(a, b) for a, b in zip(plain_k, k_rows)), key
