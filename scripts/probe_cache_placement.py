@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import build  # noqa: E402
+from minillm.decode_state import batch_bucket  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT, KVCache  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
@@ -39,14 +40,15 @@ def schedule(engines, kinds, copies, rounds):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="example:\n" + __doc__.split("\n\n")[-1] + "\n",
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="example:\n" + __doc__.split("\n\n")[-1] + "\n",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2", help="a preset (random weights) or a checkpoint folder (default gpt2)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--layouts", nargs="+", default=["heads"], choices=KVCache.LAYOUTS,
                    help="cache layouts (default heads)")
     p.add_argument("--pads", type=int, nargs="+", default=[0], help="cache pads in positions (default 0)")
-    p.add_argument("--copies", type=int, default=2, help="caches of each pad an engine (default 2)")
+    p.add_argument("--copies", type=int, default=2, help="caches of each layout and pad an engine (default 2)")
     p.add_argument("--engines", type=int, default=2, help="engines built side by side (default 2)")
     p.add_argument("--rounds", type=int, default=2, help="times every cache is timed (default 2)")
     p.add_argument("--runs", type=int, default=3, help="timed runs a turn, their median kept (default 3)")
@@ -79,14 +81,18 @@ def main(argv=None):
     B = args.batch
     engines = [Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
     kinds = [(layout, pad) for layout in args.layouts for pad in args.pads]
-    caches = {(e, k, c): engines[e].model.new_cache(B, pad=k[1], layout=k[0])
+    rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
+    caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
               for e in range(args.engines) for k in kinds for c in range(args.copies)}
-    prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=torch.Generator().manual_seed(B)).tolist()
+    g = torch.Generator().manual_seed(B)  # ab_decode.py's prompts
+    prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0)
     rates = {key: [] for key in caches}
     for r, e, k, c in schedule(args.engines, kinds, args.copies, args.rounds):
         install(engines[e], caches[e, k, c])
         engines[e].generate(prompts, params)  # capture (and, the first time, compile)
+        if engines[e]._caches != {rows_run: caches[e, k, c]}:
+            sys.exit(f"probe_cache_placement.py: engine {e} ran another cache than the one installed")
         runs = []
         for _ in range(args.runs):
             _, t = engines[e].generate(prompts, params)
