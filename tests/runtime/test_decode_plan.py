@@ -1,6 +1,8 @@
 """The decode step's launch plan (minillm/decode_plan.py): the early roles by rows, GEMV kind and
-width, the L2 requests' caps, decode attention's stages, the cache's pad, their environment
-switches, and the model's decode step following them."""
+width, the L2 requests' caps, decode attention's stages, the cache's layout and pad, their
+environment switches, and the model's decode step following them."""
+import os
+import subprocess
 import sys
 
 import pytest
@@ -135,9 +137,9 @@ def test_decode_attention_gets_the_plans_stages(tmp_path, monkeypatch):
         assert got and set(got) == {(rows, stages)}, got
 
 
-def test_cache_pad_switch():
+def test_cache_switches():
     """MINILLM_CACHE_PAD: none unset, whole positions when set, one error naming it otherwise;
-    KVCache's own refusals."""
+    MINILLM_CACHE_LAYOUT's one error at import; KVCache's own refusals."""
     assert positions_from_env(None) == positions_from_env("") == 0
     assert positions_from_env("16") == 16
     for bad in ("-8", "1.5", "eight"):
@@ -147,6 +149,10 @@ def test_cache_pad_switch():
         KVCache(1, 1, 1, 4, 8, torch.float16, "cpu", pad=-1)
     with pytest.raises(ValueError, match=r"^layout: expected one of heads, positions, got 'rows'$"):
         KVCache(1, 1, 1, 4, 8, torch.float16, "cpu", layout="rows")
+    done = subprocess.run([sys.executable, "-c", "import minillm.decode_plan"], capture_output=True, text=True,
+                          env={**os.environ, "MINILLM_CACHE_LAYOUT": "rows"}, timeout=120)
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1] == \
+        "ValueError: MINILLM_CACHE_LAYOUT: expected heads or positions, got 'rows'"
 
 
 @pytest.mark.parametrize("tma", [None, 1])
@@ -175,9 +181,9 @@ def test_cache_layouts_same_bits(tmp_path, monkeypatch, tma):
         monkeypatch.setattr(minillm.decode_plan, "CACHE_PAD", pad)
         cache = m.new_cache(2, 48)
         assert cache.k.shape[1:] == (2, H, 48, D)
-        position_stride = 2 * H * D if layout == "positions" else D
+        run = (48 + pad) * D  # a (row, head)'s positions in "heads"
         assert cache.k.stride()[1:] == cache.v.stride()[1:] == (
-            (H * D, D, position_stride, 1) if layout == "positions" else (H * (48 + pad) * D, (48 + pad) * D, D, 1))
+            (H * D, D, 2 * H * D, 1) if layout == "positions" else (H * run, run, D, 1))
         assert cache.nbytes == 2 * m.config.n_layer * 2 * H * (48 + pad) * D * 2
         cache.k.fill_(float("nan"))  # positions no launch writes must never be read
         cache.v.fill_(float("nan"))
