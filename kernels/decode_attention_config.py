@@ -209,9 +209,8 @@ def launch_layout(device, bh, L, block_d, num_splits=None, config=None, tma_ok=F
     holds BLOCK_N, num_warps, PREFETCH_TILES, TMA, LOOP_STAGES and NEW_APART, from the rules above
     unless `config` (decode_attention's _config) names them; num_splits forces the split count
     with the base tiles; tma_ok: whether the caches allow tensor descriptors (TMA is never set
-    without it); tma_stages: the
-    stages of a loop of descriptor tiles (loop_stages). One ValueError naming the argument for a
-    count out of range."""
+    without it); tma_stages: the stages of a loop of descriptor tiles (loop_stages). One
+    ValueError naming the argument for a count out of range."""
     if tma_stages is not None and (not isinstance(tma_stages, int) or tma_stages < 1):
         raise ValueError(f"tma_stages: expected None or an integer >= 1, got {tma_stages!r}")
     if num_splits is None:

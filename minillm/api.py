@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import decode_plan
 from .generate import ContextLengthError, Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT
@@ -160,11 +159,8 @@ class LLM:
         try:
             yield from self.engine.steps(prompts, params, stream=stream, stop_check=self._stopper(params))
         except torch.cuda.OutOfMemoryError:
-            c = self.config
-            positions = c.n_positions + decode_plan.CACHE_PAD  # (padding: decode_plan's A/B switch)
-            per_seq = 2 * c.n_layer * positions * c.n_embd * torch.tensor([], dtype=self.dtype).element_size()
             raise MiniLLMError(f"out of memory: batch {len(prompts)} needs a KV cache of "
-                               f"{len(prompts) * per_seq / 2**30:.2f} GiB on top of the weights; "
+                               f"{self.model.cache_nbytes(len(prompts)) / 2**30:.2f} GiB on top of the weights; "
                                "use a smaller batch") from None
 
     # -- public -----------------------------------------------------------------------------

@@ -28,14 +28,21 @@ def roles_from_env(value):
     return roles
 
 
-def mb_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
-    """A number of MB from the environment variable `name`'s value (None or empty: default) ->
-    bytes; one error naming it otherwise."""
+def whole_from_env(value, name, unit, default):
+    """A whole number of `unit` from the environment variable `name`'s value (None or empty:
+    default); one error naming it otherwise."""
     if not value:
         return default
     if not value.isdigit():
-        raise ValueError(f"{name}: expected a whole number of MB (0: none), got {value!r}")
-    return int(value) << 20
+        raise ValueError(f"{name}: expected a whole number of {unit} (0: none), got {value!r}")
+    return int(value)
+
+
+def mb_from_env(value, name="MINILLM_L2_SCREEN_MB", default=4 << 20):
+    """A number of MB from the environment variable `name`'s value (None or empty: default) ->
+    bytes; one error naming it otherwise."""
+    mb = whole_from_env(value, name, "MB", None)
+    return default if mb is None else mb << 20
 
 
 # MINILLM_EARLY_ROLES=fc,qkv (or fc+qkv, or none) sets the early roles at every row count (A/B timing)
@@ -138,11 +145,7 @@ def attention_tma_stages(rows, width):
 def positions_from_env(value, name="MINILLM_CACHE_PAD"):
     """A count of cache positions from the environment variable `name`'s value (None or empty:
     0); one error naming it otherwise."""
-    if not value:
-        return 0
-    if not value.isdigit():
-        raise ValueError(f"{name}: expected a whole number of cache positions (0: none), got {value!r}")
-    return int(value)
+    return whole_from_env(value, name, "cache positions", 0)
 
 
 # The KV cache's layout in memory (KVCache's layout and pad), two untimed leads. gpt2 batch 64's
@@ -157,10 +160,11 @@ def positions_from_env(value, name="MINILLM_CACHE_PAD"):
 # MINILLM_CACHE_LAYOUT=heads|positions and MINILLM_CACHE_PAD=n set them for every cache (A/B
 # timing; scripts/probe_cache_placement.py alternates them within one process); the defaults are
 # the layout every benchmark so far ran: "heads", no pad
+CACHE_LAYOUTS = ("heads", "positions")  # (model.KVCache's layouts)
 CACHE_PAD = positions_from_env(os.environ.get("MINILLM_CACHE_PAD"))
 CACHE_LAYOUT = os.environ.get("MINILLM_CACHE_LAYOUT") or "heads"
-if CACHE_LAYOUT not in ("heads", "positions"):
-    raise ValueError(f"MINILLM_CACHE_LAYOUT: expected heads or positions, got {CACHE_LAYOUT!r}")
+if CACHE_LAYOUT not in CACHE_LAYOUTS:
+    raise ValueError(f"MINILLM_CACHE_LAYOUT: expected {' or '.join(CACHE_LAYOUTS)}, got {CACHE_LAYOUT!r}")
 
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)

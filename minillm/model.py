@@ -24,7 +24,7 @@ class KVCache:
     heads together (L, B, H, D), so a short context's positions lie in one dense block. pad:
     unused positions after the L (decode_plan.CACHE_PAD)."""
 
-    LAYOUTS = ("heads", "positions")
+    LAYOUTS = plan.CACHE_LAYOUTS
 
     def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0, layout="heads"):
         if pad < 0:
@@ -117,6 +117,11 @@ class GPT:
         layout = plan.CACHE_LAYOUT if layout is None else layout
         return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device,
                        pad, layout)
+
+    def cache_nbytes(self, batch):
+        """What new_cache(batch) allocates, in bytes (its padding included), without allocating it."""
+        c = self.config
+        return 2 * c.n_layer * batch * (c.n_positions + plan.CACHE_PAD) * c.n_embd * self.wte.element_size()
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-folded linear reads those (ln_stats) instead of whole rows.

@@ -185,6 +185,7 @@ def test_cache_layouts_same_bits(tmp_path, monkeypatch, tma):
         assert cache.k.stride()[1:] == cache.v.stride()[1:] == (
             (H * D, D, 2 * H * D, 1) if layout == "positions" else (H * run, run, D, 1))
         assert cache.nbytes == 2 * m.config.n_layer * 2 * H * (48 + pad) * D * 2
+        assert m.new_cache(3).nbytes == m.cache_nbytes(3)  # (what the out-of-memory message names)
         cache.k.fill_(float("nan"))  # positions no launch writes must never be read
         cache.v.fill_(float("nan"))
         logits = [m.prefill(prompts, lens, cache)]
