@@ -11,7 +11,9 @@ context's positions in one dense block), all kept alive so none reuses another's
 installed (the decode state and graphs captured anew, one untimed run), then --runs timed runs.
 If copies of one kind sit at different levels, steadily, the level follows the cache's
 placement; if a layout or pad lifts every copy to the upper level, it is the change to time end
-to end.
+to end. Session 122 found the level follows the engine, not its caches; --share-weights builds
+every engine on one GPT (one set of weights; own caches, decode states, graphs) to tell whether
+it is the weights' placement or the rest of an engine's.
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
@@ -50,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--pads", type=int, nargs="+", default=[0], help="cache pads in positions (default 0)")
     p.add_argument("--copies", type=int, default=2, help="caches of each layout and pad an engine (default 2)")
     p.add_argument("--engines", type=int, default=2, help="engines built side by side (default 2)")
+    p.add_argument("--share-weights", action="store_true",
+                   help="every engine on one model (one set of weights) instead of each its own")
     p.add_argument("--rounds", type=int, default=2, help="times every cache is timed (default 2)")
     p.add_argument("--runs", type=int, default=3, help="timed runs a turn, their median kept (default 3)")
     p.add_argument("--prompt-len", type=int, default=32)
@@ -79,7 +83,8 @@ def main(argv=None):
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     B = args.batch
-    engines = [Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
+    shared = GPT(cfg, weights, "triton") if args.share_weights else None
+    engines = [Engine(shared or GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
     kinds = [(layout, pad) for layout in args.layouts for pad in args.pads]
     rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
     caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
@@ -100,12 +105,14 @@ def main(argv=None):
         rates[e, k, c].append(round(statistics.median(runs)))
     rows = [{"engine": e, "layout": k[0], "pad": k[1], "copy": c, "tok_s": rates[e, k, c],
              "k_addr": hex(caches[e, k, c].k.data_ptr()), "k_in_2mb": caches[e, k, c].k.data_ptr() % TWO_MB,
-             "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB} for e, k, c in caches]
+             "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB,
+             "head_addr": hex(engines[e].model.lm_head[0].data_ptr())} for e, k, c in caches]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:]}
+        meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:],
+                "share_weights": args.share_weights}
         (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
