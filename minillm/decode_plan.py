@@ -148,21 +148,20 @@ def positions_from_env(value, name="MINILLM_CACHE_PAD"):
     return whole_from_env(value, name, "cache positions", 0)
 
 
-# The KV cache's layout in memory (KVCache's layout and pad), two untimed leads. gpt2 batch 64's
-# processes, and engines side by side in one process, settle at two levels 1.8% apart, each
-# steady (H200, bench/results/h200/session-121/, calls 4-5): the level follows what an engine
-# allocates. Its decode step reads the first ~100 of each (row, head)'s 1,024 positions: in the
-# "heads" layout 768 runs of ~13 KB, 128 KB apart, over 100 MB of cache a layer (about 50 of the
-# GPU's 2 MB pages each for keys and values), so where those pages land, and how many the
-# attention touches, may set the level. "positions" stores each position's rows and heads
-# together: a short context's positions are one dense block (about 10 MB a layer). The pad puts
-# unused positions after each run, so that runs do not start a power of two apart.
+# The KV cache's layout in memory (KVCache's layout and pad). A decode step reads the first
+# ~100 of each (row, head)'s 1,024 positions: in the "heads" layout 768 runs of ~13 KB, 128 KB
+# apart, at gpt2 batch 64; "positions" stores each position's rows and heads together, so a short
+# context's positions are one dense block (about 10 MB a layer). H200, session 122 (calls 1-3),
+# positions against heads alternated in fresh processes: gpt2 batch 64 +1.1% (every one of 3
+# rounds; +1.1-1.2% within each engine of a side-by-side probe), a 768-token prompt at 64 rows
+# +1.0%, 128 rows +0.4%, 32 +0.2%, gpt2-medium and gpt2-xl at 64 rows +0.5%, one row even
+# (-0.3..+0.1%); the same bits. The pad (unused positions after each run, so runs do not start a
+# power of two apart) read +0.6% with heads and nothing with positions: none by default.
 # MINILLM_CACHE_LAYOUT=heads|positions and MINILLM_CACHE_PAD=n set them for every cache (A/B
-# timing; scripts/probe_cache_placement.py alternates them within one process); the defaults are
-# the layout every benchmark so far ran: "heads", no pad
+# timing; scripts/probe_cache_placement.py alternates them within one process)
 CACHE_LAYOUTS = ("heads", "positions")  # (model.KVCache's layouts)
 CACHE_PAD = positions_from_env(os.environ.get("MINILLM_CACHE_PAD"))
-CACHE_LAYOUT = os.environ.get("MINILLM_CACHE_LAYOUT") or "heads"
+CACHE_LAYOUT = os.environ.get("MINILLM_CACHE_LAYOUT") or "positions"
 if CACHE_LAYOUT not in CACHE_LAYOUTS:
     raise ValueError(f"MINILLM_CACHE_LAYOUT: expected {' or '.join(CACHE_LAYOUTS)}, got {CACHE_LAYOUT!r}")
 

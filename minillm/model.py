@@ -26,7 +26,7 @@ class KVCache:
 
     LAYOUTS = plan.CACHE_LAYOUTS
 
-    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0, layout="heads"):
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0, layout="positions"):
         if pad < 0:
             raise ValueError(f"pad: expected cache positions >= 0, got {pad}")
         if layout not in self.LAYOUTS:

@@ -13,7 +13,9 @@ If copies of one kind sit at different levels, steadily, the level follows the c
 placement; if a layout or pad lifts every copy to the upper level, it is the change to time end
 to end. Session 122 found the level follows the engine, not its caches; --share-weights builds
 every engine on one GPT (one set of weights; own caches, decode states, graphs) to tell whether
-it is the weights' placement or the rest of an engine's.
+it is the weights' placement or the rest of an engine's. Engines on one model did not split
+(session 122, call 2); --arena then copies each engine's weights into one allocation, in the
+order a step reads them, to see whether that lands every engine at the upper level.
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
@@ -54,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--engines", type=int, default=2, help="engines built side by side (default 2)")
     p.add_argument("--share-weights", action="store_true",
                    help="every engine on one model (one set of weights) instead of each its own")
+    p.add_argument("--arena", action="store_true",
+                   help="each model's weights copied into one allocation, in the order a step reads them")
     p.add_argument("--rounds", type=int, default=2, help="times every cache is timed (default 2)")
     p.add_argument("--runs", type=int, default=3, help="timed runs a turn, their median kept (default 3)")
     p.add_argument("--prompt-len", type=int, default=32)
@@ -63,9 +67,40 @@ def parse_args(argv=None):
     for name in ("batch", "copies", "engines", "rounds", "runs", "prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.arena and args.share_weights:
+        p.error("--arena: expected engines with their own weights, not --share-weights")
     if min(args.pads) < 0:
         p.error(f"--pads: expected cache positions >= 0, got {min(args.pads)}")
     return args
+
+
+ARENA_ALIGN = 256  # bytes: every weight starts on a 256-byte boundary (TMA asks 16)
+
+
+def arena(model):
+    """Copy the model's weights (embeddings, each block's linears, the head) into one uint8
+    allocation, in the order a decode step reads them, and point the model at the copies
+    (same values, same strides). Returns the allocation."""
+    blocks = [(blk, name) for blk in model.blocks for name in ("attn", "attn_proj", "fc", "mlp_proj")]
+    groups = [[model.wte], [model.wpe]] + [list(getattr(b, n)) for b, n in blocks] + [list(model.lm_head)]
+    tensors = [t for g in groups for t in g if t is not None]
+    if not all(t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous()) for t in tensors):
+        raise ValueError("arena: expected dense weights (contiguous, or 2-D out-major)")
+    sizes = [-(-t.numel() * t.element_size() // ARENA_ALIGN) * ARENA_ALIGN for t in tensors]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=model.device)
+    moved, off = {}, 0
+    for t, n in zip(tensors, sizes):
+        flat = buf[off:off + t.numel() * t.element_size()].view(t.dtype)
+        moved[id(t)] = flat.as_strided(t.shape, t.stride(), flat.storage_offset()).copy_(t)
+        off += n
+
+    def new(group):
+        return tuple(None if t is None else moved[id(t)] for t in group)
+    model.wte, model.wpe = moved[id(model.wte)], moved[id(model.wpe)]
+    for blk, name in blocks:
+        setattr(blk, name, new(getattr(blk, name)))
+    model.lm_head = new(model.lm_head)
+    return buf
 
 
 def install(engine, cache):
@@ -85,6 +120,7 @@ def main(argv=None):
     B = args.batch
     shared = GPT(cfg, weights, "triton") if args.share_weights else None
     engines = [Engine(shared or GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
+    arenas = [arena(e.model) for e in engines] if args.arena else []
     kinds = [(layout, pad) for layout in args.layouts for pad in args.pads]
     rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
     caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
@@ -106,13 +142,14 @@ def main(argv=None):
     rows = [{"engine": e, "layout": k[0], "pad": k[1], "copy": c, "tok_s": rates[e, k, c],
              "k_addr": hex(caches[e, k, c].k.data_ptr()), "k_in_2mb": caches[e, k, c].k.data_ptr() % TWO_MB,
              "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB,
-             "head_addr": hex(engines[e].model.lm_head[0].data_ptr())} for e, k, c in caches]
+             "head_addr": hex(engines[e].model.lm_head[0].data_ptr()),
+             "arena_addr": hex(arenas[e].data_ptr()) if arenas else None} for e, k, c in caches]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:],
-                "share_weights": args.share_weights}
+                "share_weights": args.share_weights, "arena": args.arena}
         (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
