@@ -41,7 +41,8 @@ def test_arena_keeps_values_and_strides_in_one_allocation(tmp_path):
     values and strides it had; the model's logits unchanged."""
     build_checkpoint(tmp_path, seed=5, n_layer=2, n_head=2, n_embd=32, vocab_size=96, n_positions=32)
     m = LLM(str(tmp_path), dtype="float32", backend="torch", cuda_graphs=False).model
-    ids, lens = torch.tensor([[3, 9, 27, 81], [5, 1, 2, 2]]), torch.tensor([4, 1], dtype=torch.int32)
+    ids = torch.tensor([[3, 9, 27, 81], [5, 1, 2, 2]], device=m.device)
+    lens = torch.tensor([4, 1], dtype=torch.int32, device=m.device)
     before = m.prefill(ids, lens, m.new_cache(2, 8))
     old = [m.wte, m.wpe, *m.blocks[1].fc, *m.lm_head]
     buf = probe.arena(m)
