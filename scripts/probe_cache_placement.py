@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minillm import decode_plan as plan  # noqa: E402
 from minillm.bench import build  # noqa: E402
 from minillm.decode_state import batch_bucket  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
@@ -49,8 +50,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2", help="a preset (random weights) or a checkpoint folder (default gpt2)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--layouts", nargs="+", default=["heads"], choices=KVCache.LAYOUTS,
-                   help="cache layouts (default heads)")
+    p.add_argument("--layouts", nargs="+", default=[plan.CACHE_LAYOUT], choices=KVCache.LAYOUTS,
+                   help=f"cache layouts (default {plan.CACHE_LAYOUT}, the engine's)")
     p.add_argument("--pads", type=int, nargs="+", default=[0], help="cache pads in positions (default 0)")
     p.add_argument("--copies", type=int, default=2, help="caches of each layout and pad an engine (default 2)")
     p.add_argument("--engines", type=int, default=2, help="engines built side by side (default 2)")

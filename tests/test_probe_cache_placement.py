@@ -65,17 +65,18 @@ def test_refuses_without_a_gpu():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="times decode steps: GPU only")
-@pytest.mark.parametrize("share", [False, True])
-def test_short_run_writes_a_row_per_cache(tmp_path, share):
+@pytest.mark.parametrize("weights", ["own", "--share-weights", "--arena"])
+def test_short_run_writes_a_row_per_cache(tmp_path, weights):
     build_checkpoint(tmp_path / "ckpt", seed=3, n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128)
     done = run("probe_cache_placement", "--model", str(tmp_path / "ckpt"), "--batch", "4", "--pads", "0", "8",
                "--layouts", "heads", "positions",
                "--copies", "1", "--engines", "2", "--rounds", "2", "--runs", "1", "--new-tokens", "8",
-               "--out", str(tmp_path), *(["--share-weights"] if share else []), timeout=600)
+               "--out", str(tmp_path), *([] if weights == "own" else [weights]), timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "probe-cache-placement.json").read_text())["rows"]
     assert [(r["engine"], r["layout"], r["pad"], r["copy"]) for r in rows] == [
         (e, layout, p, 0) for e in (0, 1) for layout in ("heads", "positions") for p in (0, 8)]
     assert all(len(r["tok_s"]) == 2 and min(r["tok_s"]) > 0 and 0 <= r["k_in_2mb"] < 2 << 20 for r in rows)
     heads = {r["engine"]: r["head_addr"] for r in rows}
-    assert (heads[0] == heads[1]) == share  # one lm_head shared, or each engine's own
+    assert (heads[0] == heads[1]) == (weights == "--share-weights")  # one lm_head shared, or each engine's own
+    assert all((r["arena_addr"] is not None) == (weights == "--arena") for r in rows)
