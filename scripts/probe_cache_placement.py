@@ -15,7 +15,10 @@ to end. Session 122 found the level follows the engine, not its caches; --share-
 every engine on one GPT (one set of weights; own caches, decode states, graphs) to tell whether
 it is the weights' placement or the rest of an engine's. Engines on one model did not split
 (session 122, call 2); --arena then copies each engine's weights into one allocation, in the
-order a step reads them, to see whether that lands every engine at the upper level.
+order a step reads them, to see whether that lands every engine at the upper level. It did not:
+the first arena allocated sat low in three processes of three (calls 4-5). --arena-order reverse
+allocates the last engine's first, and --spacer-mb N puts an unused allocation of N MB before
+each: if the low engine moves with them, it follows the allocation, not the engine.
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
@@ -59,6 +62,10 @@ def parse_args(argv=None):
                    help="every engine on one model (one set of weights) instead of each its own")
     p.add_argument("--arena", action="store_true",
                    help="each model's weights copied into one allocation, in the order a step reads them")
+    p.add_argument("--arena-order", choices=["built", "reverse"], default="built",
+                   help="with --arena: allocate the arenas in the engines' order or the reverse (default built)")
+    p.add_argument("--spacer-mb", type=int, default=0,
+                   help="with --arena: an unused allocation of this many MB before each arena (default 0)")
     p.add_argument("--rounds", type=int, default=2, help="times every cache is timed (default 2)")
     p.add_argument("--runs", type=int, default=3, help="timed runs a turn, their median kept (default 3)")
     p.add_argument("--prompt-len", type=int, default=32)
@@ -68,6 +75,10 @@ def parse_args(argv=None):
     for name in ("batch", "copies", "engines", "rounds", "runs", "prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if (args.arena_order != "built" or args.spacer_mb) and not args.arena:
+        p.error("--arena-order, --spacer-mb: expected with --arena")
+    if args.spacer_mb < 0:
+        p.error(f"--spacer-mb: expected MB >= 0, got {args.spacer_mb}")
     if args.arena and args.share_weights:
         p.error("--arena: expected engines with their own weights, not --share-weights")
     if min(args.pads) < 0:
@@ -121,7 +132,11 @@ def main(argv=None):
     B = args.batch
     shared = GPT(cfg, weights, "triton") if args.share_weights else None
     engines = [Engine(shared or GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
-    arenas = [arena(e.model) for e in engines] if args.arena else []
+    arenas, spacers = {}, []  # engine -> its arena; the unused allocations, kept alive
+    order = range(args.engines) if args.arena_order == "built" else range(args.engines - 1, -1, -1)
+    for e in order if args.arena else ():
+        spacers.append(torch.empty(args.spacer_mb << 20, dtype=torch.uint8, device="cuda"))
+        arenas[e] = arena(engines[e].model)
     kinds = [(layout, pad) for layout in args.layouts for pad in args.pads]
     rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
     caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
@@ -144,13 +159,15 @@ def main(argv=None):
              "k_addr": hex(caches[e, k, c].k.data_ptr()), "k_in_2mb": caches[e, k, c].k.data_ptr() % TWO_MB,
              "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB,
              "head_addr": hex(engines[e].model.lm_head[0].data_ptr()),
-             "arena_addr": hex(arenas[e].data_ptr()) if arenas else None} for e, k, c in caches]
+             "arena_addr": hex(arenas[e].data_ptr()) if arenas else None,
+             "arena_rank": list(arenas).index(e) if arenas else None} for e, k, c in caches]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:],
-                "share_weights": args.share_weights, "arena": args.arena}
+                "share_weights": args.share_weights, "arena": args.arena, "arena_order": args.arena_order,
+                "spacer_mb": args.spacer_mb}
         (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
