@@ -130,18 +130,6 @@ def attention_tma_stages(rows, width):
     return None
 
 
-# L2 requests ahead, at one row on the CUDA-core GEMV (model.GPT.decode's l2_ahead): the fused
-# attention launch asks L2 for fc's and mlp-out's weights before its wait, mlp-out for the next
-# layer's qkv weights, and qkv (from layer 1; layer 0's gathers the embedding) for its layer's
-# W_o, which the attention launch reads before its wait. H200, alternated in one call, the same
-# ids: gpt2 batch 1 7,540 / 7,545 -> 7,807 / 7,800 tok/s with the first (+3.5%;
-# bench/results/h200/session-71/); mlp-out's 7,813 / 7,802 -> 7,900 / 7,902 (+1.2%; fc asking for
-# them instead -0.8%, both even; session-72/); qkv's +0.5% (8,423 / 8,416 / 8,444 / 8,439 ->
-# 8,451 / 8,497 / 8,471 / 8,484), +0.3% in the call before; mlp-out asking for W_o beside the next
-# qkv's -0.7%. Before the tensor-core layouts the first lost in the forms timed (gpt2 batch 2
-# -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%), and so did fc asking for
-# mlp-out's weights at gpt2-xl (-5.3%; session-92/).
-
 def positions_from_env(value, name="MINILLM_CACHE_PAD"):
     """A count of cache positions from the environment variable `name`'s value (None or empty:
     0); one error naming it otherwise."""
@@ -164,6 +152,19 @@ CACHE_PAD = positions_from_env(os.environ.get("MINILLM_CACHE_PAD"))
 CACHE_LAYOUT = os.environ.get("MINILLM_CACHE_LAYOUT") or "positions"
 if CACHE_LAYOUT not in CACHE_LAYOUTS:
     raise ValueError(f"MINILLM_CACHE_LAYOUT: expected {' or '.join(CACHE_LAYOUTS)}, got {CACHE_LAYOUT!r}")
+
+
+# L2 requests ahead, at one row on the CUDA-core GEMV (model.GPT.decode's l2_ahead): the fused
+# attention launch asks L2 for fc's and mlp-out's weights before its wait, mlp-out for the next
+# layer's qkv weights, and qkv (from layer 1; layer 0's gathers the embedding) for its layer's
+# W_o, which the attention launch reads before its wait. H200, alternated in one call, the same
+# ids: gpt2 batch 1 7,540 / 7,545 -> 7,807 / 7,800 tok/s with the first (+3.5%;
+# bench/results/h200/session-71/); mlp-out's 7,813 / 7,802 -> 7,900 / 7,902 (+1.2%; fc asking for
+# them instead -0.8%, both even; session-72/); qkv's +0.5% (8,423 / 8,416 / 8,444 / 8,439 ->
+# 8,451 / 8,497 / 8,471 / 8,484), +0.3% in the call before; mlp-out asking for W_o beside the next
+# qkv's -0.7%. Before the tensor-core layouts the first lost in the forms timed (gpt2 batch 2
+# -4.2%, gpt2-medium batch 1 -7.9%, gpt2-xl batch 1 -2.7% to -12%), and so did fc asking for
+# mlp-out's weights at gpt2-xl (-5.3%; session-92/).
 
 # the lm_head's share that the last layer's mlp-out asks L2 for (its first columns, which its
 # first programs read): 4 MB +1.2% at gpt2 batch 1, 16 MB -0.3%, none +0.9% (one call)

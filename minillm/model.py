@@ -22,11 +22,13 @@ class KVCache:
     They read it through its strides, so its layout in memory is free (decode_plan.CACHE_LAYOUT):
     "heads" stores each (row, head)'s L positions together, "positions" each position's rows and
     heads together (L, B, H, D), so a short context's positions lie in one dense block. pad:
-    unused positions after the L (decode_plan.CACHE_PAD)."""
+    unused positions after the L (decode_plan.CACHE_PAD). None: the plan's."""
 
     LAYOUTS = plan.CACHE_LAYOUTS
 
-    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=0, layout="positions"):
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=None, layout=None):
+        pad = plan.CACHE_PAD if pad is None else pad
+        layout = plan.CACHE_LAYOUT if layout is None else layout
         if pad < 0:
             raise ValueError(f"pad: expected cache positions >= 0, got {pad}")
         if layout not in self.LAYOUTS:
@@ -113,8 +115,6 @@ class GPT:
 
     def new_cache(self, batch, max_len=None, pad=None, layout=None):
         c = self.config
-        pad = plan.CACHE_PAD if pad is None else pad
-        layout = plan.CACHE_LAYOUT if layout is None else layout
         return KVCache(c.n_layer, batch, c.n_head, max_len or c.n_positions, c.head_dim, self.dtype, self.device,
                        pad, layout)
 
