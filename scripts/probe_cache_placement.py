@@ -18,7 +18,11 @@ it is the weights' placement or the rest of an engine's. Engines on one model di
 order a step reads them, to see whether that lands every engine at the upper level. It did not:
 the first arena allocated sat low in three processes of three (calls 4-5). --arena-order reverse
 allocates the last engine's first, and --spacer-mb N puts an unused allocation of N MB before
-each: if the low engine moves with them, it follows the allocation, not the engine.
+each: if the low engine moves with them, it follows the allocation, not the engine. It did not
+(session 123, call 2): engine 0 sat low in every order, with or without the spacer. --decoys N
+builds N models (their own weights, kept alive, never timed) before the timed engines, and
+--run-decoys also runs each once (the process's first compile and first graphs): does the low
+level go with the first model built, or the first engine run, or stay with engine 0?
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
@@ -66,6 +70,9 @@ def parse_args(argv=None):
                    help="with --arena: allocate the arenas in the engines' order or the reverse (default built)")
     p.add_argument("--spacer-mb", type=int, default=0,
                    help="with --arena: an unused allocation of this many MB before each arena (default 0)")
+    p.add_argument("--decoys", type=int, default=0,
+                   help="models built (own weights, kept, never timed) before the timed engines (default 0)")
+    p.add_argument("--run-decoys", action="store_true", help="with --decoys: run each decoy once before the engines")
     p.add_argument("--rounds", type=int, default=2, help="times every cache is timed (default 2)")
     p.add_argument("--runs", type=int, default=3, help="timed runs a turn, their median kept (default 3)")
     p.add_argument("--prompt-len", type=int, default=32)
@@ -77,6 +84,10 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     if (args.arena_order != "built" or args.spacer_mb) and not args.arena:
         p.error("--arena-order, --spacer-mb: expected with --arena")
+    if args.decoys < 0:
+        p.error(f"--decoys: expected a count >= 0, got {args.decoys}")
+    if args.run_decoys and not args.decoys:
+        p.error("--run-decoys: expected with --decoys N > 0")
     if args.spacer_mb < 0:
         p.error(f"--spacer-mb: expected MB >= 0, got {args.spacer_mb}")
     if args.arena and args.share_weights:
@@ -130,6 +141,12 @@ def main(argv=None):
     cfg, hf, weights = build(args.model, "cuda", torch.float16)
     del hf
     B = args.batch
+    g = torch.Generator().manual_seed(B)  # ab_decode.py's prompts
+    prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0)
+    decoys = [Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.decoys)]
+    for d in decoys if args.run_decoys else ():
+        d.generate(prompts, params)
     shared = GPT(cfg, weights, "triton") if args.share_weights else None
     engines = [Engine(shared or GPT(cfg, weights, "triton"), use_cuda_graphs=True) for _ in range(args.engines)]
     arenas, spacers = {}, []  # engine -> its arena; the unused allocations, kept alive
@@ -141,9 +158,6 @@ def main(argv=None):
     rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
     caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
               for e in range(args.engines) for k in kinds for c in range(args.copies)}
-    g = torch.Generator().manual_seed(B)  # ab_decode.py's prompts
-    prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()
-    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0)
     rates = {key: [] for key in caches}
     for r, e, k, c in schedule(args.engines, kinds, args.copies, args.rounds):
         install(engines[e], caches[e, k, c])
@@ -167,7 +181,7 @@ def main(argv=None):
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:],
                 "share_weights": args.share_weights, "arena": args.arena, "arena_order": args.arena_order,
-                "spacer_mb": args.spacer_mb}
+                "spacer_mb": args.spacer_mb, "decoys": args.decoys, "run_decoys": args.run_decoys}
         (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 

@@ -33,7 +33,9 @@ def test_help_has_an_example():
                                          (["--new-tokens", "0"], "--new-tokens: expected a positive integer"),
                                          (["--arena", "--share-weights"], "--arena: expected engines with their own"),
                                          (["--spacer-mb", "8"], "--arena-order, --spacer-mb: expected with --arena"),
-                                         (["--arena", "--spacer-mb", "-1"], "--spacer-mb: expected MB >= 0, got -1")])
+                                         (["--arena", "--spacer-mb", "-1"], "--spacer-mb: expected MB >= 0, got -1"),
+                                         (["--decoys", "-2"], "--decoys: expected a count >= 0, got -2"),
+                                         (["--run-decoys"], "--run-decoys: expected with --decoys N > 0")])
 def test_refusals_are_one_line(argv, expect):
     assert_refused_in_one_line("probe_cache_placement", argv, expect)
 
@@ -66,23 +68,29 @@ def test_refuses_without_a_gpu():
     assert done.returncode != 0 and done.stderr.strip() == "probe_cache_placement.py: needs a CUDA GPU"
 
 
+WEIGHT_MODES = {"own": [], "shared": ["--share-weights"], "arena": ["--arena"],
+                "arena-reverse": ["--arena", "--arena-order=reverse", "--spacer-mb", "4"],
+                "arena-decoys": ["--arena", "--decoys", "2", "--run-decoys"]}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="times decode steps: GPU only")
-@pytest.mark.parametrize("weights", ["own", "--share-weights", "--arena", "--arena-order=reverse"])
-def test_short_run_writes_a_row_per_cache(tmp_path, weights):
+@pytest.mark.parametrize("mode", list(WEIGHT_MODES))
+def test_short_run_writes_a_row_per_cache(tmp_path, mode):
     build_checkpoint(tmp_path / "ckpt", seed=3, n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128)
     done = run("probe_cache_placement", "--model", str(tmp_path / "ckpt"), "--batch", "4", "--pads", "0", "8",
                "--layouts", "heads", "positions",
                "--copies", "1", "--engines", "2", "--rounds", "2", "--runs", "1", "--new-tokens", "8",
-               "--out", str(tmp_path), *({"own": [], "--arena-order=reverse": ["--arena", weights, "--spacer-mb", "4"]}
-                                          .get(weights, [weights])), timeout=600)
+               "--out", str(tmp_path), *WEIGHT_MODES[mode], timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "probe-cache-placement.json").read_text())["rows"]
+    out = json.loads((tmp_path / "probe-cache-placement.json").read_text())
+    rows = out["rows"]
     assert [(r["engine"], r["layout"], r["pad"], r["copy"]) for r in rows] == [
         (e, layout, p, 0) for e in (0, 1) for layout in ("heads", "positions") for p in (0, 8)]
     assert all(len(r["tok_s"]) == 2 and min(r["tok_s"]) > 0 and 0 <= r["k_in_2mb"] < 2 << 20 for r in rows)
+    assert (out["decoys"], out["run_decoys"]) == ((2, True) if mode == "arena-decoys" else (0, False))
     heads = {r["engine"]: r["head_addr"] for r in rows}
-    assert (heads[0] == heads[1]) == (weights == "--share-weights")  # one lm_head shared, or each its own
-    arena = weights.startswith("--arena")
+    assert (heads[0] == heads[1]) == (mode == "shared")  # one lm_head shared, or each its own
+    arena = "--arena" in WEIGHT_MODES[mode]
     assert all((r["arena_addr"] is not None) == arena for r in rows)
     if arena:  # the rank each engine's arena was allocated in
-        assert {r["engine"]: r["arena_rank"] for r in rows} == ({0: 1, 1: 0} if "reverse" in weights else {0: 0, 1: 1})
+        assert {r["engine"]: r["arena_rank"] for r in rows} == ({0: 1, 1: 0} if mode == "arena-reverse" else {0: 0, 1: 1})
