@@ -22,7 +22,11 @@ each: if the low engine moves with them, it follows the allocation, not the engi
 (session 123, call 2): engine 0 sat low in every order, with or without the spacer. --decoys N
 builds N models (their own weights, kept alive, never timed) before the timed engines, and
 --run-decoys also runs each once (the process's first compile and first graphs): does the low
-level go with the first model built, or the first engine run, or stay with engine 0?
+level go with the first model built, or the first engine run, or stay with engine 0? It did none
+of these (call 3): the low engines changed, and one engine moved between levels from one round to
+the next, so the level is set when a turn captures its graphs. Each turn therefore records where
+its new graphs' memory pools lie (their activations) and its decode state's address;
+--engines 1 --rounds 24 recaptures one engine 24 times.
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
@@ -126,6 +130,19 @@ def arena(model):
     return buf
 
 
+def graph_segments():
+    """{pool id: [(address, size, kind, [(offset, size) of each allocated block])]} of every
+    memory pool but the general one: the captured graphs' (their activations, the step's
+    intermediate tensors)."""
+    pools = {}
+    for seg in torch.cuda.memory_snapshot():
+        pool = tuple(seg["segment_pool_id"])
+        if pool != (0, 0):
+            blocks = [(b["address"] - seg["address"], b["size"]) for b in seg["blocks"] if b["state"] == "active_allocated"]
+            pools.setdefault(str(pool), []).append((hex(seg["address"]), seg["total_size"], seg["segment_type"], blocks))
+    return pools
+
+
 def install(engine, cache):
     """Make `cache` the engine's for its batch: its decode states and prefill graphs (which hold
     the old cache's addresses) are dropped, to be captured anew on the next call."""
@@ -158,10 +175,13 @@ def main(argv=None):
     rows_run = batch_bucket(B)  # the batch the engine's graphs run (and its cache holds)
     caches = {(e, k, c): engines[e].model.new_cache(rows_run, pad=k[1], layout=k[0])
               for e in range(args.engines) for k in kinds for c in range(args.copies)}
-    rates = {key: [] for key in caches}
+    rates, turns = {key: [] for key in caches}, []
     for r, e, k, c in schedule(args.engines, kinds, args.copies, args.rounds):
         install(engines[e], caches[e, k, c])
+        before = graph_segments()
         engines[e].generate(prompts, params)  # capture (and, the first time, compile)
+        new_pools = {pool: segs for pool, segs in graph_segments().items() if pool not in before}
+        states = [hex(st.tokens.data_ptr()) for st in engines[e]._states.values()]
         if engines[e]._caches != {rows_run: caches[e, k, c]}:
             sys.exit(f"probe_cache_placement.py: engine {e} ran another cache than the one installed")
         runs = []
@@ -169,6 +189,9 @@ def main(argv=None):
             _, t = engines[e].generate(prompts, params)
             runs.append(B * (t["steps"] - 1) / t["decode_s"])
         rates[e, k, c].append(round(statistics.median(runs)))
+        # where this turn's captured graphs keep the step's intermediates, and its decode state
+        turns.append({"round": r, "engine": e, "layout": k[0], "pad": k[1], "copy": c, "tok_s": rates[e, k, c][-1],
+                      "graph_pools": new_pools, "state_tokens": states})
     rows = [{"engine": e, "layout": k[0], "pad": k[1], "copy": c, "tok_s": rates[e, k, c],
              "k_addr": hex(caches[e, k, c].k.data_ptr()), "k_in_2mb": caches[e, k, c].k.data_ptr() % TWO_MB,
              "v_in_2mb": caches[e, k, c].v.data_ptr() % TWO_MB,
@@ -182,7 +205,7 @@ def main(argv=None):
         meta = {"model": args.model, "batch": B, "device": torch.cuda.get_device_name(), "argv": sys.argv[1:],
                 "share_weights": args.share_weights, "arena": args.arena, "arena_order": args.arena_order,
                 "spacer_mb": args.spacer_mb, "decoys": args.decoys, "run_decoys": args.run_decoys}
-        (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        (args.out / "probe-cache-placement.json").write_text(json.dumps({**meta, "rows": rows, "turns": turns}, indent=1))
 
 
 if __name__ == "__main__":

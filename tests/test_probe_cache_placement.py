@@ -87,6 +87,12 @@ def test_short_run_writes_a_row_per_cache(tmp_path, mode):
     assert [(r["engine"], r["layout"], r["pad"], r["copy"]) for r in rows] == [
         (e, layout, p, 0) for e in (0, 1) for layout in ("heads", "positions") for p in (0, 8)]
     assert all(len(r["tok_s"]) == 2 and min(r["tok_s"]) > 0 and 0 <= r["k_in_2mb"] < 2 << 20 for r in rows)
+    turns = out["turns"]  # one a (round, cache), each capturing its graphs anew in pools of its own
+    assert len(turns) == 16 and all(t["graph_pools"] and len(t["state_tokens"]) == 1 for t in turns)
+    pools = [p for t in turns for p in t["graph_pools"]]
+    assert len(pools) == len(set(pools))
+    assert all(size > 0 and all(0 <= off < size for off, _ in blocks)
+               for t in turns for segs in t["graph_pools"].values() for _, size, _, blocks in segs)
     assert (out["decoys"], out["run_decoys"]) == ((2, True) if mode == "arena-decoys" else (0, False))
     heads = {r["engine"]: r["head_addr"] for r in rows}
     assert (heads[0] == heads[1]) == (mode == "shared")  # one lm_head shared, or each its own
