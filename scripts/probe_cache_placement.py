@@ -26,7 +26,9 @@ level go with the first model built, or the first engine run, or stay with engin
 of these (call 3): the low engines changed, and one engine moved between levels from one round to
 the next, so the level is set when a turn captures its graphs. Each turn therefore records where
 its new graphs' memory pools lie (their activations) and its decode state's address;
---engines 1 --rounds 24 recaptures one engine 24 times.
+--engines 1 --rounds 24 recaptures one engine 24 times. A lone engine sat at the upper level on
+every capture, its pools at the same addresses each time (calls 4-5: 54 captures, two hosts): the
+lower level needs several models in the process, so no placement rule lifts a user's engine.
 
     python3 scripts/probe_cache_placement.py --layouts heads positions --pads 0 8 --copies 2 --out /tmp/probe
 """
