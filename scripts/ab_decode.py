@@ -13,9 +13,11 @@ the ids. The table gives each variant's median per round (tokens/s, or --metric 
 against the first variant and whether the ids matched it. The worker finds minillm on PYTHONPATH
 first, so a variant's PYTHONPATH may name another copy of the tree.
 A process's speed is not all the variant's: at gpt2 batch 64 (H200, session 121) processes of
-one setting settle at two levels about 1.8% apart, each steady over its runs, following what the
-engine allocates (bench/results/h200/session-121/). With two rounds a variant's two processes can
-both land high, so a difference under about 2% there needs more rounds (or the A/A beside it).
+one setting settled at two levels about 1.8% apart, each steady over its runs
+(bench/results/h200/session-121/). Within a process a lone engine kept its level over 24
+recaptures, and the lower level inside one process came only with several models in it
+(session-123/). With two rounds a variant's two processes can both land high, so a difference
+under about 2% there needs more rounds (or the A/A beside it).
 
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
