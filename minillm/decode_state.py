@@ -38,8 +38,6 @@ class DecodeState:
         self.seen = self.seen_ids[:, :vocab] if with_seen else None
         # the lm_head's fused argmax (keys; append_tokens reads them and leaves EMPTY again)
         self.keys = torch.full((batch,), EMPTY, dtype=torch.int64, device=device)
-        self.graph = None  # one step, captured
-        self.steps_graph = None  # graph_steps steps captured in one graph, where more than one
-        self.graph_steps = 1
+        self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch

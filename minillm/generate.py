@@ -8,7 +8,6 @@ SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import array
 import contextlib
-import os
 import time
 from concurrent.futures import as_completed
 
@@ -24,31 +23,6 @@ from .sampling import KernelNoise, SamplingParams, sample
 SYNC_EVERY = 16
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
-
-
-def graph_steps_from_env(value):
-    """MINILLM_GRAPH_STEPS's value (None or empty: 1) -> the decode steps one graph replay runs
-    where no token is wanted between them: a divisor of SYNC_EVERY, so the stop checks fall where
-    they did; one error naming it otherwise."""
-    if not value:
-        return 1
-    steps = int(value) if value.isdigit() else 0
-    if steps < 1 or SYNC_EVERY % steps:
-        divisors = ", ".join(str(d) for d in range(1, SYNC_EVERY + 1) if SYNC_EVERY % d == 0)
-        raise ValueError(f"MINILLM_GRAPH_STEPS: expected one of {divisors}, got {value!r}")
-    return steps
-
-
-# MINILLM_GRAPH_STEPS=N captures N decode steps in a second graph, replayed once for N tokens
-GRAPH_STEPS = graph_steps_from_env(os.environ.get("MINILLM_GRAPH_STEPS"))
-
-
-def steps_per_replay(n, left, stream, steps):
-    """How many decode steps the next replay runs after n tokens, with `left` still to come: the
-    multi-step graph's `steps` where n is a multiple of it (so the replays end on every
-    SYNC_EVERY-th token, as one-step replays do), they fit in `left`, and no stream wants each
-    token; else one."""
-    return steps if not stream and n % steps == 0 and left >= steps else 1
 
 
 def padded_ids(prompts, T):
@@ -232,10 +206,6 @@ class Engine:
         cache = self.cache_for(st.tokens.shape[0])
         # two warm-up steps: autotuning and compilation happen there
         st.graph, _ = capture(lambda: self.decode_one_token(st, params, cache, eos), warmups=2)
-        if GRAPH_STEPS > 1:  # the same step GRAPH_STEPS times over: its kernels are warm by now
-            st.steps_graph, _ = capture(lambda: [self.decode_one_token(st, params, cache, eos)
-                                                 for _ in range(GRAPH_STEPS)])
-            st.graph_steps = GRAPH_STEPS
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
@@ -303,14 +273,11 @@ class Engine:
         n = 1
         done = self._done(st, B, stop_check, n, eos)
         while n < params.max_new_tokens and not done:
-            k = steps_per_replay(n, params.max_new_tokens - n, stream, st.graph_steps)
-            if k > 1:
-                st.steps_graph.replay()
-            elif st.graph is not None:
+            if st.graph is not None:
                 st.graph.replay()
             else:
                 self.decode_one_token(st, params, cache, eos)
-            n += k
+            n += 1
             if stream:
                 ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)

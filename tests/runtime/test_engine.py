@@ -9,7 +9,6 @@ import torch
 import kernels.vocab_screen
 from kernels.argmax_key import argmax_index
 import minillm.decode_plan
-import minillm.generate
 from minillm import LLM, SamplingParams
 from minillm.decode_state import batch_bucket, cache_bucket
 from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, check_vocab
@@ -107,12 +106,9 @@ def test_batch_bucket():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("graph_steps", [1, 4])
-def test_cuda_graphs_stop_at_eos_identical(path, tmp_path, monkeypatch, graph_steps):
+def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     """With an end-of-sequence token (the device-side finished flags in the graph): the same
-    tokens and finish with graphs on and off, and both stop at the first check after it, whether
-    a replay runs one step or graph_steps (minillm.generate.GRAPH_STEPS)."""
-    monkeypatch.setattr(minillm.generate, "GRAPH_STEPS", graph_steps)
+    tokens and finish with graphs on and off, and both stop at the first check after it."""
     candidates = _prompts(8, SIZE["vocab_size"], seed=2)
     free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     plain = LLM(path, dtype="float16", cuda_graphs=False)
