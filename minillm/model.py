@@ -3,6 +3,7 @@
 The backend is a module with the `kernels` API: `kernels` itself (Triton) or
 `kernels.reference` (plain torch). This file never imports triton.
 """
+import math
 import os
 
 import torch
@@ -27,18 +28,23 @@ class KVCache:
     LAYOUTS = plan.CACHE_LAYOUTS
 
     def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype, device, pad=None, layout=None):
+        shape, order = self.storage(n_layer, batch, n_head, max_len, head_dim, pad, layout)
+        self.k, self.v = (torch.zeros(shape, dtype=dtype, device=device).permute(order)[:, :, :, :max_len]
+                          for _ in range(2))
+
+    @classmethod
+    def storage(cls, n_layer, batch, n_head, max_len, head_dim, pad=None, layout=None):
+        """(shape, order): one of k's and v's allocations, in memory order, and the permutation
+        that views it as (n_layer, B, H, L + pad, D). Nothing is allocated."""
         pad = plan.CACHE_PAD if pad is None else pad
         layout = plan.CACHE_LAYOUT if layout is None else layout
         if pad < 0:
             raise ValueError(f"pad: expected cache positions >= 0, got {pad}")
-        if layout not in self.LAYOUTS:
-            raise ValueError(f"layout: expected one of {', '.join(self.LAYOUTS)}, got {layout!r}")
+        if layout not in cls.LAYOUTS:
+            raise ValueError(f"layout: expected one of {', '.join(cls.LAYOUTS)}, got {layout!r}")
         if layout == "heads":
-            shape, order = (n_layer, batch, n_head, max_len + pad, head_dim), (0, 1, 2, 3, 4)
-        else:  # (n_layer, L, B, H, D) in memory
-            shape, order = (n_layer, max_len + pad, batch, n_head, head_dim), (0, 2, 3, 1, 4)
-        self.k, self.v = (torch.zeros(shape, dtype=dtype, device=device).permute(order)[:, :, :, :max_len]
-                          for _ in range(2))
+            return (n_layer, batch, n_head, max_len + pad, head_dim), (0, 1, 2, 3, 4)
+        return (n_layer, max_len + pad, batch, n_head, head_dim), (0, 2, 3, 1, 4)  # (n_layer, L, B, H, D)
 
     @property
     def batch(self):
@@ -121,7 +127,8 @@ class GPT:
     def cache_nbytes(self, batch):
         """What new_cache(batch) allocates, in bytes (its padding included), without allocating it."""
         c = self.config
-        return 2 * c.n_layer * batch * (c.n_positions + plan.CACHE_PAD) * c.n_embd * self.wte.element_size()
+        shape, _ = KVCache.storage(c.n_layer, batch, c.n_head, c.n_positions, c.head_dim)
+        return 2 * math.prod(shape) * self.wte.element_size()
 
     # Every kernel that writes the residual stream x also leaves its rows' partial statistics
     # (stats_out); the next layernorm-folded linear reads those (ln_stats) instead of whole rows.
