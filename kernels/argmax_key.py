@@ -13,7 +13,7 @@ flipped. -0.0 is taken as +0.0 (the two tie in torch).
 
 A row that holds a NaN names no token: its key has the NaN value word (above every other) and
 the index N, the row's length, whichever column the NaN is in. So the runtime sees NaN logits
-as an id outside the vocabulary (minillm.generate.check_vocab) instead of a token picked from
+as an id outside the vocabulary (minillm.checks.check_vocab) instead of a token picked from
 them (torch's argmax returns a NaN's index). The one-row vocabulary head (vocab_fma.py) tells
 such a row by its folded layernorm's statistics only (the model's lm_head always has one, and
 the loader refuses weights that are not finite).

@@ -5,7 +5,7 @@ without importing torch (2.7 s on the H200 machine)."""
 import importlib
 
 _EXPORTS = {"LLM": "api", "MiniLLMError": "api", "PRESETS": "config", "GPTConfig": "config",
-            "ContextLengthError": "generate", "GenerationResult": "api", "NonFiniteLogitsError": "generate",
+            "ContextLengthError": "checks", "GenerationResult": "api", "NonFiniteLogitsError": "checks",
             "ModelLoadError": "loader", "SamplingParams": "sampling"}
 __all__ = ["LLM", "SamplingParams", "GenerationResult", "GPTConfig", "PRESETS", "MiniLLMError", "ModelLoadError",
            "ContextLengthError", "NonFiniteLogitsError"]

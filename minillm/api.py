@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generate import ContextLengthError, Engine
+from .checks import ContextLengthError
+from .generate import Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT
 from .sampling import SamplingParams

@@ -251,7 +251,7 @@ def main(argv=None):
 
 
 def _is_runtime_value_error(e):
-    from .generate import ContextLengthError
+    from .checks import ContextLengthError
 
     return isinstance(e, ContextLengthError)
 

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from kernels.argmax_key import EMPTY
 
+from .checks import check_context, check_vocab
 from .decode_state import DecodeState, batch_bucket, cache_bucket
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
@@ -34,35 +35,6 @@ def padded_ids(prompts, T):
     for i, p in enumerate(prompts):
         flat[i * T:i * T + len(p)] = array.array("q", p)
     return torch.frombuffer(flat, dtype=torch.int64).view(len(prompts), T)
-
-
-class ContextLengthError(ValueError):
-    """Prompt plus new tokens do not fit the model's context."""
-
-
-class NonFiniteLogitsError(RuntimeError):
-    """A step's logits were NaN, so its argmax named no token."""
-
-
-def check_context(prompt_len, max_new_tokens, n_positions):
-    """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
-    if prompt_len + max_new_tokens - 1 > n_positions:
-        raise ContextLengthError(
-            f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds "
-            f"the model's context of {n_positions} positions "
-            f"(at most {n_positions - prompt_len + 1} new tokens for this prompt)")
-
-
-def check_vocab(out, vocab_size, first=0):
-    """Every generated id (lists per sequence, from new token `first` on) lies in the
-    vocabulary. A row of logits with a NaN names no token (id V: kernels/argmax_key.py,
-    sampling.sample): say so, rather than decode an id picked from NaN."""
-    for b, ids in enumerate(out):
-        bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise NonFiniteLogitsError(
-                f"sequence {b}, new token {first + bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
-                "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
 
 
 class Engine:

@@ -10,8 +10,9 @@ import kernels.vocab_screen
 from kernels.argmax_key import argmax_index
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
+from minillm.checks import NonFiniteLogitsError, check_vocab
 from minillm.decode_state import batch_bucket, cache_bucket
-from minillm.generate import SYNC_EVERY, NonFiniteLogitsError, check_vocab
+from minillm.generate import SYNC_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
