@@ -1,0 +1,31 @@
+"""What a generation call checks on the host: that prompt plus new tokens fit the context before
+anything runs, and that every id it hands back names a token."""
+
+
+class ContextLengthError(ValueError):
+    """Prompt plus new tokens do not fit the model's context."""
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A step's logits were NaN, so its argmax named no token."""
+
+
+def check_context(prompt_len, max_new_tokens, n_positions):
+    """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
+    if prompt_len + max_new_tokens - 1 > n_positions:
+        raise ContextLengthError(
+            f"prompt of {prompt_len} token{'s' * (prompt_len != 1)} + max_new_tokens {max_new_tokens} exceeds "
+            f"the model's context of {n_positions} positions "
+            f"(at most {n_positions - prompt_len + 1} new tokens for this prompt)")
+
+
+def check_vocab(out, vocab_size, first=0):
+    """Every generated id (lists per sequence, from new token `first` on) lies in the
+    vocabulary. A row of logits with a NaN names no token (id V: kernels/argmax_key.py,
+    sampling.sample): say so, rather than decode an id picked from NaN."""
+    for b, ids in enumerate(out):
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise NonFiniteLogitsError(
+                f"sequence {b}, new token {first + bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
+                "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
