@@ -110,7 +110,7 @@ def early_roles(rows, cuda_core, width):
 # decode attention's stages of cache tiles in flight where it reads them by tensor descriptors
 # (kernels.decode_attention_config.tma_tiles: from 22 rows over short caches), by model width at
 # 33-64 rows (the batch bucket of 64); other widths and rows: the kernel's 3
-ATTN_TMA_STAGES_64_ROWS = {1024: 4}
+ATTN_TMA_STAGES_64_ROWS = {768: 2, 1024: 4}
 
 
 def attention_tma_stages(rows, width):
@@ -123,7 +123,9 @@ def attention_tma_stages(rows, width):
     gpt2-medium 2.2% at 48 and 64 (call 2). The launch's own inputs do not tell medium's 1,024
     (row, head) pairs apart: 768, 800, 1,280 and 1,600 lose or are even; what differs is the
     linears that run beside it, so the rule is the model's. As the default against
-    MINILLM_ATTN_STAGES=3 on another machine: gpt2-medium batch 64 +1.1% (call 6).
+    MINILLM_ATTN_STAGES=3 on another machine: gpt2-medium batch 64 +1.1% (call 6). Under the
+    "positions" cache layout gpt2's bucket of 64 gains in 2 (session-125/, calls 4-5, one host: batch
+    64 +1.3% over two rounds and +0.5% over three, batch 48 +0.5%, the same ids; 4 stages -3.4%).
     MINILLM_ATTN_STAGES=n sets every launch's stages (A/B timing)."""
     if 32 < rows <= 64:
         return ATTN_TMA_STAGES_64_ROWS.get(width)

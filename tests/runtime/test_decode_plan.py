@@ -72,11 +72,12 @@ def test_l2_requests_capped_past_gpt2_width(monkeypatch):
 
 
 def test_attention_tma_stages_rule():
-    """gpt2-medium's width keeps 4 descriptor tiles in flight in the batch bucket of 64 (33-64
-    rows); every other width and row count leaves the kernel's 3 (None)."""
+    """In the batch bucket of 64 (33-64 rows) gpt2-medium's width keeps 4 descriptor tiles in flight
+    and gpt2's 2; every other width and row count leaves the kernel's 3 (None)."""
     assert attention_tma_stages(33, 1024) == attention_tma_stages(64, 1024) == 4
-    assert attention_tma_stages(32, 1024) is None and attention_tma_stages(65, 1024) is None
-    assert all(attention_tma_stages(rows, width) is None for rows in (1, 24, 48, 64) for width in (768, 1280, 1600))
+    assert attention_tma_stages(33, 768) == attention_tma_stages(64, 768) == 2
+    assert all(attention_tma_stages(rows, width) is None for rows in (32, 65) for width in (768, 1024))
+    assert all(attention_tma_stages(rows, width) is None for rows in (1, 24, 48, 64) for width in (1280, 1600))
 
 
 @pytest.mark.parametrize("cuda_core", [True, False])
