@@ -148,8 +148,9 @@ def tma_tiles(L, block_n, warps, splits=1, tma_ok=True):
     and -2.0%. As the default against MINILLM_ATTN_TMA=0 (session-119/, one host): gpt2 batch
     24 +0.9%, 32 +0.5%, 40 +2.1%, 48 +0.2%, 64 even and +1.4%; gpt2-large 64 +0.7%, 32 even;
     gpt2-medium 64 -0.8% (twice), 48 -1.0%, 32 -0.1% (kept: nothing in the launch's shape tells its
-    pairs apart from those that gain); its batch bucket of 64 gains in 4 stages instead (the
-    caller's tma_stages: minillm/decode_plan.attention_tma_stages, session-120/). Not over long
+    pairs apart from those that gain); its batch bucket of 64 gains in 4 stages instead, and gpt2's
+    in 2 under the "positions" cache layout (the caller's tma_stages:
+    minillm/decode_plan.attention_tma_stages, session-120/, session-125/, session-126/). Not over long
     caches: at 1,024 positions (768-token prompts, batch 64), in place of the two-warp loop's
     cp.async copies, -6.5%."""
     if not tma_ok:
