@@ -127,7 +127,8 @@ def attention_tma_stages(rows, width):
     "positions" cache layout gpt2's bucket of 64 gains in 2 (session-125/, calls 4-5, one host: batch
     64 +1.3% over two rounds and +0.5% over three, batch 48 +0.5%, the same ids; 4 stages -3.4%);
     as the default against MINILLM_ATTN_STAGES=3 on another machine, four rounds (session-126/,
-    call 1): batch 64 +0.7%, 48 +0.6%, ahead in three rounds of four, the same ids.
+    call 1): batch 64 +0.7%, 48 +0.6%, ahead in three rounds of four, the same ids. The wider
+    models keep 3 (call 3, 2 stages against 3 at batch 64: gpt2-large even, gpt2-xl -1.6%).
     MINILLM_ATTN_STAGES=n sets every launch's stages (A/B timing)."""
     if 32 < rows <= 64:
         return ATTN_TMA_STAGES_64_ROWS.get(width)
