@@ -56,6 +56,32 @@ def test_screen_key_is_the_full_heads(K, dtype, device):
         _check_screen(K, dtype, device, seed)
 
 
+@pytest.mark.parametrize("dims", [[7], [0, 33, 99], [5, 6, 50, 71, 98]])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_screen_rows_with_outlier_dimensions(dims, dtype, device):
+    """Rows with a few dimensions 40 times the rest's scale, as trained models' last layers have,
+    small gains there and larger ones elsewhere (the logits' spread comes from the other
+    dimensions): the key is the full head's, and up to OUTLIERS such dimensions, taken out of the
+    row's int8 rounding, leave at most 16 columns to compute (with one scale for the whole row,
+    58 to 109 at seed 0). A fifth stays in the rounding: correct, not tight."""
+    K = 100
+    rest = torch.ones(K, dtype=torch.bool, device=device)
+    rest[dims] = False
+    sign = torch.tensor([1.0, -1.0] * 3, device=device)[:len(dims)]
+    for seed in range(2):
+        x, wf, bf, _ = _head(K, N_ODD, dtype, device, seed=seed)
+        x[0, dims] = (80.0 * sign).to(dtype)
+        wf = torch.where(rest[:, None], wf * 4, wf * 0.05)
+        bf = bf * 0.1
+        colsum = wf.double().sum(0).float()
+        full, y, keys, upper = _both(x, wf, bf, colsum)
+        assert torch.equal(keys, full), f"dims {dims} seed {seed}"
+        assert (upper >= y).all()
+        if len(dims) <= vocab_screen.OUTLIERS:
+            left = (upper >= y.max()).sum().item()
+            assert left <= 16, f"dims {dims} seed {seed}: {left} columns to compute"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_screen_ties_and_near_ties(dtype, device):
     """Copies of the best column, some a hair smaller (so they round to the same logit or just
