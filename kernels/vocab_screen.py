@@ -54,15 +54,16 @@ MAX_BLOCK_WORDS = 1024
 # the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
-# the row's largest |u| taken out of its int8 rounding, their terms from the int8 weights in fp32.
-# One scale for the whole row makes one outlier dimension (as trained models' last layers have,
-# a few dimensions tens of times the rest) round every other dimension coarsely: at 768 x 50257,
-# with one dimension 20 (50) times the rest's scale, 9% (30%) of the columns were left to compute
-# exactly, against 0.04% without it (bench/results/cpu/session-129/). MINILLM_SCREEN_OUTLIERS=n
-# takes out n (a power of two; 0: none, as before session 129)
-OUTLIERS = env_int("MINILLM_SCREEN_OUTLIERS", 4)
-if OUTLIERS & (OUTLIERS - 1):
-    raise ValueError(f"MINILLM_SCREEN_OUTLIERS: expected 0 or a power of two, got {OUTLIERS}")
+# The row is rounded on a grid ROW_RADIX times finer than int8's, each value as two int8 digits
+# (hi * ROW_RADIX + lo) and two dp4a a word. On int8's own grid one outlier dimension (trained
+# models' last layers have a few, tens of times the rest) rounds every other dimension coarsely:
+# at 768 x 50257 with one dimension 30 (100) times the rest, 1,476 (50,169) columns were left to
+# compute exactly and the head took 29.0 (39.9) us against 22.6 for the full head; 5-7 on a plain
+# row (H200, bench/results/h200/session-129/). The int32 sums stay exact up to MAX_SCREEN_K:
+# 127**2 * 64 * 2048 < 2**31. MINILLM_SCREEN_ROW_RADIX=n takes another power of two (1: int8's grid)
+ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
+if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
+    raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two up to 64, got {ROW_RADIX}")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -124,31 +125,6 @@ def _dp4a(a, b, DP4A: tl.constexpr):
 
 
 @triton.jit
-def _take_outliers(u, rk, OUTLIERS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """u (BLOCK_K,) with its OUTLIERS largest |u| (the lowest index among equals) set to 0, and
-    their indices and values (OUTLIERS,). A NaN row takes out none (index BLOCK_K, value 0)."""
-    slots = tl.arange(0, OUTLIERS)
-    idx = tl.full((OUTLIERS,), BLOCK_K, tl.int32)
-    val = tl.zeros((OUTLIERS,), tl.float32)
-    for t in tl.static_range(OUTLIERS):
-        a = tl.abs(u)
-        j = tl.min(tl.where(a == tl.max(a, axis=0), rk, BLOCK_K), axis=0)
-        hit = rk == j
-        idx = tl.where(slots == t, j, idx)
-        val = tl.where(slots == t, tl.sum(tl.where(hit, u, 0.0), axis=0), val)
-        u = tl.where(hit, 0.0, u)
-    return u, idx, val
-
-
-@triton.jit
-def _outlier_terms(qo, o_shift, out_v):
-    """v . q for a block's columns (BLOCK_N,): qo (BLOCK_N, OUTLIERS) the int32 words holding the
-    outliers' int8 weights, o_shift their bytes' shifts to the top, out_v the outliers' values."""
-    qb = (qo << o_shift[None, :]) >> 24  # arithmetic: the signed byte
-    return tl.sum(qb.to(tl.float32) * out_v[None, :], axis=1)
-
-
-@triton.jit
 def _pack_int8(v, BLOCK_K: tl.constexpr):
     """int32 values in [-127, 127] (BLOCK_K,) as int32 words of 4 bytes (BLOCK_K // 4,), the
     first in the lowest byte (the fields are disjoint, so their sum is their or)."""
@@ -173,7 +149,7 @@ def _vocab_screen_kernel(
     N, N_PAD, ln_eps, sqrt_k, stride_xk, stride_qn, stride_wn,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr, DP4A: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_N: tl.constexpr,
-    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, X_UNIT: tl.constexpr, OUTLIERS: tl.constexpr,
+    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, X_UNIT: tl.constexpr, ROW_RADIX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_N  # programs take column blocks in turn
@@ -199,32 +175,29 @@ def _vocab_screen_kernel(
     # A * E + D * W of the screen value, A = su * |xq| and D >= |d| (the row's), E >= |e| and
     # W >= |w| (the column's, from screen_head), plus every fp32 rounding of both computations:
     # at most eta = (K + 16) * 2**-23 times what they round (for fp32 sums of K terms in any order
-    # (K + 1) * 2**-24 would do). With OUTLIERS, u' = su * xq + v + d, v the outliers (zero
-    # elsewhere, and xq and d zero at theirs): the screen value adds s * (v . q) in fp32 and the
-    # bound |v|_1 * s / 2 for v . e (each |e_k| <= s / 2, and s's own fp32 rounding within the
-    # 2**-16 more); those products' roundings are within eta * |v|_1 * W (127 * s <= W)
+    # (K + 1) * 2**-24 would do). su * xq . e is also within |su * xq|_1 * s / 2 (each |e_k| <= s / 2,
+    # s's fp32 rounding within the 2**-16 more): tighter than A * E where u is concentrated in a few
+    # dimensions, and the screen takes the smaller. xq has ROW_RADIX * 127 steps a side
     eta = (K + 16) * 1.1920928955078125e-07
-    if K > EXACT_DOT_K:  # and the dot products' conversion to fp32 (relative 2**-24 each)
+    if K * ROW_RADIX > EXACT_DOT_K:  # and the dot products' conversion to fp32 (relative 2**-24 each)
         eta += 5.9604644775390625e-08
     u = tl.where(k_mask, (xf - mean) * rstd, 0.0)
-    v_l1 = 0.0
-    if OUTLIERS > 0:
-        u, out_k, out_v = _take_outliers(u, rk, OUTLIERS, BLOCK_K)
-        v_l1 = tl.sum(tl.abs(out_v), axis=0)
-        o_words = q_ptr + (out_k // 4)[None, :]  # (1, OUTLIERS): the words holding their weights
-        o_shift = 24 - 8 * (out_k % 4)
-        o_mask = (out_k < K)[None, :]
-        qo = tl.load(o_words + rn[:, None] * stride_qn, mask=(rn < N)[:, None] & o_mask, other=0)
-    su = tl.maximum(tl.max(tl.abs(u), axis=0), 1e-30) / 127.0
-    xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0), 127.0)
+    su = tl.maximum(tl.max(tl.abs(u), axis=0), 1e-30) / (127.0 * ROW_RADIX)
+    xq = tl.minimum(tl.maximum(tl.floor(u / su + 0.5), -127.0 * ROW_RADIX), 127.0 * ROW_RADIX)
     d = u - xq * su
-    xq = xq.to(tl.int32)
-    # the int sum is exact; past EXACT_DOT_K its fp32 value is within 2**-24 (the bound's 1.0001 covers it)
-    a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0).to(tl.float32))
+    # fp32 sums of squares (past int32 at ROW_RADIX > 1), within (1 + eta) once scaled up
+    a_norm = su * tl.sqrt(tl.sum(xq * xq, axis=0)) * (1.0 + eta)
     d_norm = (tl.sqrt(tl.sum(d * d, axis=0)) + eta * a_norm) * (1.0 + eta)
+    a_l1 = su * tl.sum(tl.abs(xq), axis=0) * (1.0 + eta) * 0.5000153  # |su * xq|_1 * (0.5 + 2**-16)
     x_norm = tl.sqrt(row_sq) * (1.0 + eta)
-    row_w = a_norm + d_norm + rstd * (x_norm + tl.abs(mean) * sqrt_k) + v_l1  # W's factor in the slack
+    row_w = a_norm + d_norm + rstd * (x_norm + tl.abs(mean) * sqrt_k)  # W's factor in the slack
     row_colsum = rstd * tl.abs(mean)  # |colsum|'s factor in the slack
+    if ROW_RADIX > 1:  # xq = hi * ROW_RADIX + lo: hi in [-127, 127], lo in [-ROW_RADIX / 2, ROW_RADIX / 2)
+        hi = tl.floor(xq / ROW_RADIX + 0.5)  # exact in fp32: integers below 2**13, a power of two
+        lo = (xq - hi * ROW_RADIX).to(tl.int32)
+        xw_lo = tl.broadcast_to(_pack_int8(lo, BLOCK_K)[None, :], (BLOCK_N, BLOCK_W))
+        xq = hi
+    xq = xq.to(tl.int32)
     xw = _pack_int8(xq, BLOCK_K)  # (BLOCK_W,)
     xw = tl.broadcast_to(xw[None, :], (BLOCK_N, BLOCK_W))
 
@@ -236,25 +209,20 @@ def _vocab_screen_kernel(
         rn_next = rn + step  # requested before this block is reduced: two blocks in flight
         q_next = tl.load(q_rows + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & w_mask[None, :],
                          other=0)
-        if OUTLIERS > 0:
-            qo_next = tl.load(o_words + rn_next[:, None] * stride_qn, mask=(rn_next < N)[:, None] & o_mask, other=0)
         # the column constants first, so their round trip overlaps the reduction
         s = tl.load(meta_ptr + rn, mask=pad_mask)
         e_norm = tl.load(meta_ptr + N_PAD + rn, mask=pad_mask)
         w_norm = tl.load(meta_ptr + 2 * N_PAD + rn, mask=pad_mask)
         colsum = tl.load(meta_ptr + 3 * N_PAD + rn, mask=pad_mask)
         bias = tl.load(meta_ptr + 4 * N_PAD + rn, mask=pad_mask)
-        dot = tl.sum(_dp4a(q, xw, DP4A), axis=1)  # (BLOCK_N,) exact in int32: |dot| <= 127**2 * K
-        slack = eta * (row_w * w_norm + row_colsum * colsum + 2.0 * tl.abs(bias))
-        if OUTLIERS > 0:
-            core = s * (su * dot.to(tl.float32) + _outlier_terms(qo, o_shift, out_v))
-            slack += v_l1 * 0.5000153 * s  # 0.5 + 2**-16
-            qo = qo_next
-        else:
-            core = (su * s) * dot.to(tl.float32)
+        words = _dp4a(q, xw, DP4A)
+        if ROW_RADIX > 1:
+            words = words * ROW_RADIX + _dp4a(q, xw_lo, DP4A)
+        dot = tl.sum(words, axis=1)  # (BLOCK_N,) exact in int32: |dot| <= 127**2 * ROW_RADIX * K
+        core = (su * s) * dot.to(tl.float32)
         screen = core + bias
-        slack += eta * tl.abs(core)
-        bound = (a_norm * e_norm + d_norm * w_norm + slack) * 1.0001  # the bound's own roundings
+        slack = eta * (row_w * w_norm + row_colsum * colsum + tl.abs(core) + 2.0 * tl.abs(bias))
+        bound = (tl.minimum(a_norm * e_norm, a_l1 * s) + d_norm * w_norm + slack) * 1.0001  # 1.0001: its own roundings
         upper = (screen + bound).to(up_ptr.dtype.element_ty)  # round to nearest: order kept
         tl.store(up_ptr + rn, upper, mask=pad_mask)
         lower = (screen - bound).to(up_ptr.dtype.element_ty).to(tl.float32)
@@ -340,7 +308,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
             N, n_pad, ln_eps, K ** 0.5, x2.stride(1), screen.q.stride(0), weight.stride(1))
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
                 PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), X_UNIT=float(x_unit or 0.0),
-                OUTLIERS=OUTLIERS)
+                ROW_RADIX=ROW_RADIX)
     # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
     # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
     # programs take more blocks, which may take more registers, so the count only falls (a few rounds)

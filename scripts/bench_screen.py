@@ -1,7 +1,7 @@
 """The screened greedy head (kernels/vocab_screen.py) on rows with outlier dimensions, as trained
 models' last layers have (a few dimensions tens of times the rest): how many columns its bound
-leaves to compute exactly, and its time, with the largest |u| taken out of the row's int8
-rounding (vocab_screen.OUTLIERS) and without (0), against the full head the engine would run
+leaves to compute exactly, and its time, with the row rounded on a grid vocab_screen.ROW_RADIX
+times finer than int8's (two int8 digits) and on int8's own (1), against the full head the engine would run
 otherwise (kernels.linear with argmax keys: past K = 1024 on tensor cores). One row, fp16, a 50,257-column head as a GPT-2
 checkpoint folds it: wte-like weights (N(0, 0.02), as transformers initializes them) and ln_f's
 gain small at the outlier dimensions and raised elsewhere, so the logits' spread comes from the
@@ -55,13 +55,13 @@ def measure(K, dims, scale, seed):
     vocab_fma.MAX_K = engine_max_k
     row = {"K": K, "outlier_dims": len(dims) if scale else 0, "scale": scale, "seed": seed}
     screen = kernels.screen_head(wf, bf, colsum)
-    default = vocab_screen.OUTLIERS
-    for taken in (0, default):
-        vocab_screen.OUTLIERS = taken
+    default = vocab_screen.ROW_RADIX
+    for taken in (1, default):
+        vocab_screen.ROW_RADIX = taken
         k, upper = keys(), torch.empty(screen.meta.shape[1], dtype=torch.float16, device="cuda")
         kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, k, upper=upper)
         if not torch.equal(k, full):
-            raise AssertionError(f"K {K} scale {scale} outliers {taken}: the screen's key is not the full head's")
+            raise AssertionError(f"K {K} scale {scale} radix {taken}: the screen's key is not the full head's")
         row[f"left_{taken}"] = int((upper[:N].float() >= y.float().max()).sum())
         copies = rotating(lambda: (kernels.screen_head(wf, bf, colsum), wf.clone(), keys()),
                           screen.q.numel() * 4 + wf.numel() * 2)
@@ -69,7 +69,7 @@ def measure(K, dims, scale, seed):
             (lambda c=c: (c[2].fill_(argmax_key.EMPTY),
                           kernels.screened_argmax(x, c[1], bf, colsum, 1e-5, c[0], c[2]))) for c in copies])
         del copies
-    vocab_screen.OUTLIERS = default
+    vocab_screen.ROW_RADIX = default
     fulls = rotating(lambda: (wf.clone(), keys()), wf.numel() * 2)
     row["full_us"] = 1e3 * ms_graph([(lambda c=c: (c[1].fill_(argmax_key.EMPTY),
                                                    kernels.linear(x, c[0], bf, ln_fold=colsum, argmax_keys=c[1])))
@@ -78,12 +78,12 @@ def measure(K, dims, scale, seed):
 
 
 def table(rows):
-    t = vocab_screen.OUTLIERS
-    lines = [f"| K | outlier dims | scale | columns left (0 / {t}) | screen us (0 / {t}) | full head us |",
+    t = vocab_screen.ROW_RADIX
+    lines = [f"| K | outlier dims | scale | columns left (radix 1 / {t}) | screen us (radix 1 / {t}) | full head us |",
              "|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['K']} | {r['outlier_dims']} | {r['scale']:g} | {r['left_0']:,} / {r[f'left_{t}']:,} | "
-                     f"{r['screen_us_0']:.1f} / {r[f'screen_us_{t}']:.1f} | {r['full_us']:.1f} |")
+        lines.append(f"| {r['K']} | {r['outlier_dims']} | {r['scale']:g} | {r['left_1']:,} / {r[f'left_{t}']:,} | "
+                     f"{r['screen_us_1']:.1f} / {r[f'screen_us_{t}']:.1f} | {r['full_us']:.1f} |")
     return "\n".join(lines)
 
 
@@ -97,8 +97,8 @@ def main(argv=None):
     p.add_argument("--out", type=Path, required=True, help="folder for screen-<device>.json and .md")
     args = p.parse_args(argv)
     require_cuda("bench_screen.py")
-    if vocab_screen.OUTLIERS == 0:
-        p.error("MINILLM_SCREEN_OUTLIERS=0: nothing to compare against")
+    if vocab_screen.ROW_RADIX == 1:
+        p.error("MINILLM_SCREEN_ROW_RADIX=1: nothing to compare against")
     rows = []
     for K in args.widths:
         for scale in args.scales:
