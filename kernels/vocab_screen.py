@@ -8,8 +8,9 @@ sizes.
 At one row the full head is a pure weight stream (gpt2: 77 MB in fp16, a sixth of a decode
 step's time), and greedy decoding keeps one number of the 50k it computes. Here:
 - an int8 copy of W (one fp32 scale per column, built once at load: `screen_head`) is streamed
-  instead, and the row, standardized by its layernorm, is rounded to int8 on one scale, so a
-  column's screen value is an exact integer dot product (dp4a) times the two scales;
+  instead, and the row, standardized by its layernorm, is rounded on one scale to integers of
+  two int8 digits (ROW_RADIX), so a column's screen value is an exact integer dot product (two
+  dp4a a word) times the two scales;
 - each column gets an interval that surely holds the full head's logit (the bound below); its
   ends are rounded to the logits' dtype, which keeps their order against the rounded logits;
 - a program posts its best lower end into the row's argmax key word, as a key that any logit
@@ -56,14 +57,18 @@ EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
 # The row is rounded on a grid ROW_RADIX times finer than int8's, each value as two int8 digits
 # (hi * ROW_RADIX + lo) and two dp4a a word. On int8's own grid one outlier dimension (trained
-# models' last layers have a few, tens of times the rest) rounds every other dimension coarsely:
-# at 768 x 50257 with one dimension 30 (100) times the rest, 1,476 (50,169) columns were left to
-# compute exactly and the head took 29.0 (39.9) us against 22.6 for the full head; 5-7 on a plain
-# row (H200, bench/results/h200/session-129/). The int32 sums stay exact up to MAX_SCREEN_K:
-# 127**2 * 64 * 2048 < 2**31. MINILLM_SCREEN_ROW_RADIX=n takes another power of two (1: int8's grid)
+# models' last layers have a few, tens of times the rest) rounds every other dimension coarsely.
+# H200, a gpt2-width head (bench/results/h200/session-129/call2/, scripts/bench_screen.py): with
+# one or three dimensions 30 (100) times the rest, 1,246-1,439 (49,904-50,065) columns were left
+# to compute exactly and the head took 29-30 (34) us, against 16 us here and 22.5 for the full
+# head; gpt2-xl's 62 us against 29.5-33.5 (full head 45). Plain rows: gpt2's 15.0 -> 15.6 us,
+# gpt2-xl's 29.3 -> 28.4; end to end on random weights gpt2 batch 1 -0.7%, gpt2-xl even (same-call
+# A/Bs, the same ids). The int32 sums stay exact up to MAX_SCREEN_K: 127**2 * 64 * 2048 < 2**31.
+# MINILLM_SCREEN_ROW_RADIX=n takes another power of two (1: int8's grid, A/B timing)
 ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
 if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
-    raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two up to 64, got {ROW_RADIX}")
+    raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two whose int32 sums stay exact at K = "
+                     f"{MAX_SCREEN_K} (127**2 * n * K < 2**31), got {ROW_RADIX}")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
