@@ -81,8 +81,8 @@ PATCHES = {
     # a weights' arrival; from there to its end are the atomic and the exact columns (the tail)
     "vocab_screen": [
         ("_block_logits, fitted_programs\n", "_block_logits, fitted_programs\n" + HELPERS),
-        ("    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, X_UNIT: tl.constexpr,\n):",
-         "    ITERS: tl.constexpr, PAD_FOLD: tl.constexpr, X_UNIT: tl.constexpr, trace_ptr,\n):"),
+        (" X_UNIT: tl.constexpr, ROW_RADIX: tl.constexpr,\n):",
+         " X_UNIT: tl.constexpr, ROW_RADIX: tl.constexpr, trace_ptr,\n):"),
         ("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    t0 = _now()\n"),
         ("    rk = tl.arange(0, BLOCK_K)\n", "    t2 = _now()\n    rk = tl.arange(0, BLOCK_K)\n"),
         ("    # the upper ends back", "    t1 = _now_after(best_lower)\n    # the upper ends back"),
