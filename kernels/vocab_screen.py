@@ -69,6 +69,9 @@ ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
 if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
     raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two whose int32 sums stay exact at K = "
                      f"{MAX_SCREEN_K} (127**2 * n * K < 2**31), got {ROW_RADIX}")
+# MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing): at gpt2's K the two digits take
+# 96 (21 programs an SM) where int8's grid took 80 (24); 88 compiles without spills (23)
+FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -314,6 +317,8 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     meta.update(K=K, HAS_BIAS=bias is not None, USE_PDL=pdl, DP4A=not INTERPRET, num_stages=1, launch_pdl=pdl,
                 PAD_FOLD=pad_fold(K, meta["BLOCK_K"], meta["num_warps"]), X_UNIT=float(x_unit or 0.0),
                 ROW_RADIX=ROW_RADIX)
+    if FORCED_MAXNREG and not INTERPRET:
+        meta["maxnreg"] = FORCED_MAXNREG
     # ITERS, the blocks a program takes (the tile that reads its upper ends back), and the program
     # count the SMs hold by the registers of the kernel compiled with it, fitted together: fewer
     # programs take more blocks, which may take more registers, so the count only falls (a few rounds)
