@@ -69,8 +69,10 @@ ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
 if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
     raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two whose int32 sums stay exact at K = "
                      f"{MAX_SCREEN_K} (127**2 * n * K < 2**31), got {ROW_RADIX}")
-# MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing): at gpt2's K the two digits take
-# 96 (21 programs an SM) where int8's grid took 80 (24); 88 compiles without spills (23)
+# MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing). At gpt2's K the two digits take
+# 96 (21 programs an SM) where int8's grid took 80 (24), but that is not their price: gpt2 batch 1
+# capped at 88 (23 an SM, no spills) -1.8%, at 80 (24, 16 bytes spilled) +0.1%, int8's grid +0.7%;
+# gpt2-medium at 88 -0.7%, on int8's grid -0.3% (H200, alternated twice, bench/results/h200/session-129/call4/)
 FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
