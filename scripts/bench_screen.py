@@ -1,12 +1,13 @@
 """The screened greedy head (kernels/vocab_screen.py) on rows with outlier dimensions, as trained
 models' last layers have (a few dimensions tens of times the rest): how many columns its bound
 leaves to compute exactly, and its time, with the row rounded on a grid vocab_screen.ROW_RADIX
-times finer than int8's (two int8 digits) and on int8's own (1), against the full head the engine would run
-otherwise (kernels.linear with argmax keys: past K = 1024 on tensor cores). One row, fp16, a 50,257-column head as a GPT-2
-checkpoint folds it: wte-like weights (N(0, 0.02), as transformers initializes them) and ln_f's
-gain small at the outlier dimensions and raised elsewhere, so the logits' spread comes from the
-other dimensions as it does in a plain row. Times: CUDA graphs of back-to-back calls, inputs
-rotated past L2 (minillm.benchutil.ms_graph). Each row's key is checked against the full head's.
+times finer than int8's (two int8 digits) and on int8's own (radix 1), against the full head the
+engine would run otherwise (kernels.linear with argmax keys: past K = 1024 on tensor cores).
+One row, fp16, a 50,257-column head as a GPT-2 checkpoint folds it: wte-like weights (N(0, 0.02),
+as transformers initializes them) and ln_f's gain small at the outlier dimensions and raised
+elsewhere, so the logits' spread comes from the other dimensions as it does in a plain row.
+Times: CUDA graphs of back-to-back calls, inputs rotated past L2 (minillm.benchutil.ms_graph).
+Each row's key is checked against the full head's.
 
     python3 scripts/bench_screen.py --out bench/results
     python3 scripts/bench_screen.py --widths 768 --scales 0 30 --outliers 1 2 --out /tmp/screen
