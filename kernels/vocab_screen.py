@@ -55,24 +55,19 @@ MAX_BLOCK_WORDS = 1024
 # the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
-# The row is rounded on a grid ROW_RADIX times finer than int8's, each value as two int8 digits
-# (hi * ROW_RADIX + lo) and two dp4a a word. On int8's own grid one outlier dimension (trained
-# models' last layers have a few, tens of times the rest) rounds every other dimension coarsely.
-# H200, a gpt2-width head (bench/results/h200/session-129/call2/, scripts/bench_screen.py): with
-# one or three dimensions 30 (100) times the rest, 1,246-1,439 (49,904-50,065) columns were left
-# to compute exactly and the head took 29-30 (34) us, against 16 us here and 22.5 for the full
-# head; gpt2-xl's 62 us against 29.5-33.5 (full head 45). Plain rows: gpt2's 15.0 -> 15.6 us,
-# gpt2-xl's 29.3 -> 28.4; end to end on random weights gpt2 batch 1 -0.7%, gpt2-xl even (same-call
-# A/Bs, the same ids). The int32 sums stay exact up to MAX_SCREEN_K: 127**2 * 64 * 2048 < 2**31.
-# MINILLM_SCREEN_ROW_RADIX=n takes another power of two (1: int8's grid, A/B timing)
+# The row is rounded on a grid ROW_RADIX times finer than int8's, each value two int8 digits
+# (hi * ROW_RADIX + lo), two dp4a a word. On int8's grid one outlier dimension (trained models' last
+# layers have a few) rounds the rest coarsely: a gpt2 head with one 30 (100) times the rest left
+# ~1,400 (~50,000) columns to compute, 29 (34) us against 16 here and 22.5 for the full head; random
+# weights: gpt2 batch 1 -0.7%, gpt2-xl even (H200, bench/results/h200/session-129/). Exact int32
+# sums up to MAX_SCREEN_K: 127**2 * 64 * 2048 < 2**31. MINILLM_SCREEN_ROW_RADIX=n (1: int8's grid)
 ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
 if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
     raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two whose int32 sums stay exact at K = "
                      f"{MAX_SCREEN_K} (127**2 * n * K < 2**31), got {ROW_RADIX}")
-# MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing). At gpt2's K the two digits take
-# 96 (21 programs an SM) where int8's grid took 80 (24), but that is not their price: gpt2 batch 1
-# capped at 88 (23 an SM, no spills) -1.8%, at 80 (24, 16 bytes spilled) +0.1%, int8's grid +0.7%;
-# gpt2-medium at 88 -0.7%, on int8's grid -0.3% (H200, alternated twice, bench/results/h200/session-129/call4/)
+# MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing). The digits take 96 at gpt2's K
+# (21 programs an SM) where int8's grid took 80 (24), but capped at 88 gpt2 batch 1 lost 1.8%, at 80
+# (spilling) +0.1% against +0.7% for int8's grid (session-129/call4/): not the registers' price
 FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG")
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
