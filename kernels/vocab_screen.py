@@ -52,7 +52,7 @@ BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma'
 # take 128 registers a thread, 4 take 168 and 1 takes 96 (scripts/inspect_sass.py); at gpt2-xl
 # batch 1 (H200, session-96/call4-*) 1 column lost 0.9%, 4 were even
 MAX_BLOCK_WORDS = 1024
-# the widest K whose screen dot products (at most 127**2 * K) convert to fp32 exactly
+# the widest K * ROW_RADIX whose screen dot products (at most 127**2 * ROW_RADIX * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
 PROGRAMS_PER_SM = 24
 # The row is rounded on a grid ROW_RADIX times finer than int8's, each value two int8 digits

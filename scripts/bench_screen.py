@@ -48,16 +48,19 @@ def keys():
 
 
 def measure(K, dims, scale, seed):
-    """One row's columns left to compute and the heads' times (us), with and without outliers."""
+    """One row's columns left to compute and the heads' times (us): the screen on int8's grid
+    (radix 1) and on ROW_RADIX's, and the full head."""
     x, wf, bf, colsum = head(K, dims, scale, seed)
     full, y = keys(), torch.empty(1, N, dtype=torch.float16, device="cuda")
     engine_max_k, vocab_fma.MAX_K = vocab_fma.MAX_K, max(vocab_fma.MAX_K, K)
-    kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full, out=y)  # the CUDA-core head's key and logits
-    vocab_fma.MAX_K = engine_max_k
+    try:  # the CUDA-core head's key and logits, which the screen's exact columns reproduce
+        kernels.linear(x, wf, bf, ln_fold=colsum, argmax_keys=full, out=y)
+    finally:
+        vocab_fma.MAX_K = engine_max_k
     row = {"K": K, "outlier_dims": len(dims) if scale else 0, "scale": scale, "seed": seed}
     screen = kernels.screen_head(wf, bf, colsum)
     default = vocab_screen.ROW_RADIX
-    for taken in (1, default):
+    for taken in (1, default):  # the launcher reads the module's ROW_RADIX at each call
         vocab_screen.ROW_RADIX = taken
         k, upper = keys(), torch.empty(screen.meta.shape[1], dtype=torch.float16, device="cuda")
         kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, k, upper=upper)
