@@ -29,6 +29,7 @@
   and run nothing (so a process's first step does not wait for its compilations one by one)
 """
 from ._epilogue import new_row_stats
+from ._screen_head import screen_head
 from ._tuning import compile_ahead
 from . import argmax_key
 from .activations import ACTIVATIONS, gelu
@@ -46,7 +47,7 @@ from .reference import fold_layernorm
 from .sampling import MAX_TOP_K as SAMPLE_MAX_TOP_K
 from .sampling import sample_logits
 from .softmax import softmax
-from .vocab_screen import screen_head, screened_argmax
+from .vocab_screen import screened_argmax
 
 __all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
            "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear",

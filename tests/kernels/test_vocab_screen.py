@@ -1,13 +1,14 @@
-"""The screened one-row vocabulary head (kernels/vocab_screen.py): its argmax key is the full head's
-(vocab_fma.py, through `linear`) bit for bit, every column's upper end holds the full head's
-logit, ties and near-ties go to the lowest column, NaN rows name no token, and where it runs."""
+"""The screened one-row vocabulary head (kernels/vocab_screen.py, its int8 copy built by
+_screen_head.py): its argmax key is the full head's (vocab_fma.py, through `linear`) bit for bit,
+every column's upper end holds the full head's logit, ties and near-ties go to the lowest column,
+NaN rows name no token, and where it runs."""
 import re
 
 import pytest
 import torch
 
 import kernels
-from kernels import argmax_key, gemv_fma, reference, vocab_fma, vocab_screen
+from kernels import _screen_head, argmax_key, gemv_fma, reference, vocab_fma, vocab_screen
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, poisoned, randn
 from tests.kernels.test_vocab_fma import _head as vocab_head
@@ -177,7 +178,7 @@ def test_screen_head_in_slices_is_the_same(device, monkeypatch):
     the copy built at once."""
     _, wf, bf, colsum = _head(40, N_ODD, torch.float16, device)
     whole = kernels.screen_head(wf, bf, colsum)
-    monkeypatch.setattr(vocab_screen, "BUILD_COLUMNS", 1000)  # N_ODD is no multiple of it
+    monkeypatch.setattr(_screen_head, "BUILD_COLUMNS", 1000)  # N_ODD is no multiple of it
     sliced = kernels.screen_head(wf, bf, colsum)
     assert torch.equal(whole.q, sliced.q) and torch.equal(whole.meta, sliced.meta)
 
@@ -198,7 +199,7 @@ def test_screen_head_where_it_runs(device, monkeypatch):
     b[5] = float("-inf")
     assert kernels.screen_head(w, b, c) is None  # a bias that is not finite
     assert reference.screen_head(*head(40, N_ODD)) is None
-    monkeypatch.setattr(vocab_screen, "ENABLED", False)
+    monkeypatch.setattr(_screen_head, "ENABLED", False)
     assert kernels.screen_head(*head(40, N_ODD)) is None
 
 

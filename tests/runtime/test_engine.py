@@ -243,7 +243,7 @@ def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
         assert model._next_weight(i, True) == (model.blocks[i + 1].attn[0],)
     C, V = model.lm_head[0].shape
     q = torch.zeros(V, C // 4, dtype=torch.int32, device=model.device)  # the screen's words, (V, C / 4)
-    model.lm_screen = kernels.vocab_screen.ScreenedHead(q, None)
+    model.lm_screen = kernels._screen_head.ScreenedHead(q, None)
     (screened,) = model._next_weight(n - 1, True)
     rows = min(V, minillm.decode_plan.L2_SCREEN_BYTES // C)  # a column's C int8 weights: C bytes
     assert screened.shape == (rows, C // 4) and screened.data_ptr() == q.data_ptr() and screened.is_contiguous()
