@@ -193,7 +193,7 @@ def test_screen_head_where_it_runs(device, monkeypatch):
     assert kernels.screen_head(*head(40, N_ODD)) is not None
     assert kernels.screen_head(*head(40, 4096)) is None  # not a vocabulary
     assert kernels.screen_head(*head(42, N_ODD)) is None  # K not a multiple of 4
-    wide = torch.empty(vocab_screen.MAX_SCREEN_K + 4, N_ODD, dtype=torch.float16, device=device).t().contiguous().t()
+    wide = torch.empty(_screen_head.MAX_SCREEN_K + 4, N_ODD, dtype=torch.float16, device=device).t().contiguous().t()
     assert kernels.screen_head(wide, None, torch.zeros(N_ODD, device=device)) is None  # K past MAX_SCREEN_K
     w, b, c = head(40, N_ODD)
     b[5] = float("-inf")
