@@ -60,20 +60,22 @@ def measure(K, dims, scale, seed):
     row = {"K": K, "outlier_dims": len(dims) if scale else 0, "scale": scale, "seed": seed}
     screen = kernels.screen_head(wf, bf, colsum)
     default = vocab_screen.ROW_RADIX
-    for taken in (1, default):  # the launcher reads the module's ROW_RADIX at each call
-        vocab_screen.ROW_RADIX = taken
-        k, upper = keys(), torch.empty(screen.meta.shape[1], dtype=torch.float16, device="cuda")
-        kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, k, upper=upper)
-        if not torch.equal(k, full):
-            raise AssertionError(f"K {K} scale {scale} radix {taken}: the screen's key is not the full head's")
-        row[f"left_{taken}"] = int((upper[:N].float() >= y.float().max()).sum())
-        copies = rotating(lambda: (kernels.screen_head(wf, bf, colsum), wf.clone(), keys()),
-                          screen.q.numel() * 4 + wf.numel() * 2)
-        row[f"screen_us_{taken}"] = 1e3 * ms_graph([
-            (lambda c=c: (c[2].fill_(argmax_key.EMPTY),
-                          kernels.screened_argmax(x, c[1], bf, colsum, 1e-5, c[0], c[2]))) for c in copies])
-        del copies
-    vocab_screen.ROW_RADIX = default
+    try:
+        for taken in (1, default):  # the launcher reads the module's ROW_RADIX at each call
+            vocab_screen.ROW_RADIX = taken
+            k, upper = keys(), torch.empty(screen.meta.shape[1], dtype=torch.float16, device="cuda")
+            kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, k, upper=upper)
+            if not torch.equal(k, full):
+                raise AssertionError(f"K {K} scale {scale} radix {taken}: the screen's key is not the full head's")
+            row[f"left_{taken}"] = int((upper[:N].float() >= y.float().max()).sum())
+            copies = rotating(lambda: (kernels.screen_head(wf, bf, colsum), wf.clone(), keys()),
+                              screen.q.numel() * 4 + wf.numel() * 2)
+            row[f"screen_us_{taken}"] = 1e3 * ms_graph([
+                (lambda c=c: (c[2].fill_(argmax_key.EMPTY),
+                              kernels.screened_argmax(x, c[1], bf, colsum, 1e-5, c[0], c[2]))) for c in copies])
+            del copies
+    finally:
+        vocab_screen.ROW_RADIX = default
     fulls = rotating(lambda: (wf.clone(), keys()), wf.numel() * 2)
     row["full_us"] = 1e3 * ms_graph([(lambda c=c: (c[1].fill_(argmax_key.EMPTY),
                                                    kernels.linear(x, c[0], bf, ln_fold=colsum, argmax_keys=c[1])))
