@@ -16,7 +16,7 @@ ENABLED = os.environ.get("MINILLM_VOCAB_SCREEN", "1") != "0"
 # on tensor cores: H200, alternated twice in one call, the same ids (bench/results/h200/session-96/
 # call3-*): gpt2-large (K = 1280) 1,424 / 1,428 -> 1,446 / 1,447 tok/s (+1.4%), gpt2-xl (1600)
 # 841 / 841 -> 844 / 844 (+0.3%). MINILLM_SCREEN_MAX_K=n takes another (A/B timing; 1024: the former)
-MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", 2048)
+MAX_SCREEN_K = env_int("MINILLM_SCREEN_MAX_K", 2048, minimum=0)
 
 # The screen's int8 copy: q (N, K // 4) int32 words of 4 int8 weights each (a column's K in order, the
 # first in the lowest byte), meta (5, N_PAD) fp32: per column its scale s (w ~ s * q), upper bounds

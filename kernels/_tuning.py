@@ -18,16 +18,29 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.errors import OutOfResources
 
 
-def env_int(name, default=None):
+def env_int(name, default=None, minimum=None):
     """An integer A/B-timing switch from the environment (unset or empty: default), or one
-    error naming the variable."""
+    error naming the variable (also for a value below `minimum`, where one is given)."""
     value = os.environ.get(name, "")
     if not value:
         return default
+    floor = "" if minimum is None else f" >= {minimum}"
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+        raise ValueError(f"{name}: expected an integer{floor}, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name}: expected an integer{floor}, got {number}")
+    return number
+
+
+def env_choice(name, default, choices):
+    """A string A/B-timing switch from the environment (unset or empty: default), or one error
+    naming the variable and the choices."""
+    value = os.environ.get(name, "") or default
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)} (or unset), got {value!r}")
+    return value
 
 
 def mask_switch(name, text, meaning):

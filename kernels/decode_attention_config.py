@@ -12,7 +12,7 @@ from ._tuning import env_int, layout_switch, sm_count
 
 # cache tiles a program of the narrow unsplit layout reads before its wait (prefetch_tiles);
 # MINILLM_ATTN_PREFETCH_TILES=N forces N there, 0 none (A/B timing)
-PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES")
+PREFETCH_TILES_ENV = env_int("MINILLM_ATTN_PREFETCH_TILES", minimum=0)
 # cache positions (the allocated length) from which the narrow unsplit layout's loop is
 # software-pipelined (loop_stages); MINILLM_ATTN_STAGES=N forces N stages everywhere (A/B timing)
 PIPELINE_MIN_L = 512

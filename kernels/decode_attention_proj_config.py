@@ -8,7 +8,7 @@ import triton
 
 from ._epilogue import new_row_stats
 from ._fixed_merge import MAX_FIXED_PARTS
-from ._tuning import layout_switch, mask_switch, sm_count
+from ._tuning import env_choice, layout_switch, mask_switch, sm_count
 
 MAX_ROWS = 2  # gpt2 at 4 rows: 16.4k -> 15.1k tok/s at best (H100)
 MAX_HEADS_AT_TWO_ROWS = 16  # fused_layout: gpt2-large's and gpt2-xl's two rows run the two kernels
@@ -20,9 +20,7 @@ FIXED_MERGE = os.environ.get("MINILLM_FIXED_MERGE", "1") != "0"
 # the one-atomic merge with the statistics in fixed point (fixed_row_stats); MINILLM_FIXED_STATS=0
 # keeps the stored-partial merge wherever statistics are asked for, =all takes the fixed form
 # wherever it fits, past fixed_stats_rule (A/B timing)
-FIXED_STATS = os.environ.get("MINILLM_FIXED_STATS", "1")
-if FIXED_STATS not in ("0", "1", "all"):
-    raise ValueError(f"MINILLM_FIXED_STATS: expected 0, 1 or all (or unset), got {FIXED_STATS!r}")
+FIXED_STATS = env_choice("MINILLM_FIXED_STATS", "1", ("0", "1", "all"))
 MAX_FIXED_STATS_COLS = 1 << 14  # a row's sum of squares stays below 2**62 (_epilogue's units)
 # which prefetched tiles are converted to fp32 before the wait (early_f32), by width at two rows:
 # 1 the keys, 2 the values, 4 W's. H200, alternated twice in one call, the same ids

@@ -8,7 +8,7 @@ import os
 import triton
 
 from ._fixed_merge import MAX_FIXED_PARTS
-from ._tuning import env_int
+from ._tuning import env_choice, env_int
 from .gemv_fma import VOCAB_N
 from . import gemv_slab
 
@@ -30,25 +30,20 @@ NARROW_N = 1024
 ROWS32_MIN_K = 512
 STAGE_FIRST = os.environ.get("MINILLM_STAGE_FIRST", "1") != "0"  # see stage_first
 # see tma_weights: "1" or "0" forces the tensor-descriptor weight tiles on or off (A/B timing)
-TMA_WEIGHTS = os.environ.get("MINILLM_TMA_WEIGHTS", "auto")
+TMA_WEIGHTS = env_choice("MINILLM_TMA_WEIGHTS", "auto", ("auto", "0", "1"))
 # see slab_layout: the fewest rows that take it; MINILLM_SLAB_MIN_ROWS=65 turns it off (A/B timing)
 SLAB_MIN_ROWS = env_int("MINILLM_SLAB_MIN_ROWS", 33)
 CHUNK_GROUPS_ON = os.environ.get("MINILLM_GROUP_SPLIT", "1") != "0"  # see chunk_groups
 # see chunk_groups: MINILLM_CHUNK_GROUPS=N adds gpt2's mlp-out chunk sums in N groups (A/B timing)
-CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 4)
-if CHUNK_GROUPS < 1:
-    raise ValueError(f"MINILLM_CHUNK_GROUPS: expected groups >= 1, got {CHUNK_GROUPS}")
+CHUNK_GROUPS = env_int("MINILLM_CHUNK_GROUPS", 4, minimum=1)
 # see slab_layout: MINILLM_GROUP_SLAB=N runs chunk groups from N rows (17-64) as slabs, 0 never (A/B timing)
 GROUP_SLAB_MIN_ROWS = env_int("MINILLM_GROUP_SLAB", 17)
 # pipeline stages of the looping chunk-group programs (gpt2's mlp-out past 16 rows where the group
 # slabs are off; decode_config); MINILLM_GROUP_STAGES=N forces N (A/B timing: with two groups, 5
 # and 6 stages were even at gpt2 batch 64, bench/results/h200/session-83/call1-ab.log)
-GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4)
-if GROUP_STAGES < 1:
-    raise ValueError(f"MINILLM_GROUP_STAGES: expected pipeline stages >= 1, got {GROUP_STAGES}")
-GEMV_FIXED = os.environ.get("MINILLM_GEMV_FIXED", "auto")  # see fixed_split: "1" or "0" forces it on or off
-if GEMV_FIXED not in ("auto", "0", "1"):
-    raise ValueError(f"MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got {GEMV_FIXED!r}")
+GROUP_STAGES = env_int("MINILLM_GROUP_STAGES", 4, minimum=1)
+# see fixed_split: "1" or "0" forces it on or off
+GEMV_FIXED = env_choice("MINILLM_GEMV_FIXED", "auto", ("auto", "0", "1"))
 
 
 def decode_config(M, N, K, itemsize=2, ln=False, *, sms):

@@ -37,7 +37,7 @@ from .embedding import _embedded_row
 
 # the most rows routed here: one (a prompt alone). Two gained per kernel but not end to end
 # (bench/results/h200/fma-gemv-experiment.md). MINILLM_FMA_ROWS=0 turns the path off (A/B timing)
-MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1)
+MAX_ROWS = env_int("MINILLM_FMA_ROWS", 1, minimum=0)
 BLOCK_N = 4  # output columns per one-warp program (K up to 1024; layout() past it)
 INTERPRET_BLOCK_N = 32  # the interpreter runs every program in Python: fewer, wider ones
 MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) elements)
@@ -47,7 +47,7 @@ MAX_TILE = 16384  # weights held per program (BLOCK_N x next_power_of_2(K) eleme
 # batch 1, the same ids (bench/results/h200/session-93/): gpt2-xl 757 -> 835 tok/s (+10.4%; with
 # fp32 weights early 763, with uncapped requests 697), gpt2-medium 2,331 -> 3,071 (+31.7%).
 # MINILLM_FMA_MAX_WEIGHT=n routes layers of up to n elements here (A/B timing)
-MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 11_000_000)
+MAX_WEIGHT = env_int("MINILLM_FMA_MAX_WEIGHT", 11_000_000, minimum=0)
 # elements of gpt2's largest layers (2.36M), the rules below were timed on
 GPT2_MAX_WEIGHT = 2_400_000
 # past GPT2_MAX_WEIGHT, the largest part of a tile past K (padded to a power of two) routed here:

@@ -59,12 +59,6 @@ BLOCK_V_TOP_P = 512 if INTERPRET else 4096
 LIST_WARPS_ROWS = 16  # the tile launch: 8 warps up to this many rows, 4 beyond
 
 
-def _warps(stage, B):
-    if stage == "lists":
-        return 8 if B <= LIST_WARPS_ROWS else 4
-    return 16
-
-
 # the draw by each row's last tile program (one launch) up to this many rows, else a second
 # launch draws. us a call at top_k 50 on an H200, one launch against two (both with dependent
 # launch; bench/results/h200/sampler.md): batch 1 19.4 against 20.7, batch 4 19.6 / 20.9, batch 8
@@ -297,8 +291,8 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     meta = dict(HAS_PENALTY=has_penalty, HAS_TOP_P=top_p < 1.0, BLOCK_C=triton.next_power_of_2(nt * k_tile),
                 NT_POW2=triton.next_power_of_2(nt), K_TILE=k_tile, BLOCK_V=block_v, NOISE=in_kernel, USE_PDL=pdl,
                 launch_pdl=pdl)
-    stages = ("merged",) if B <= MAX_MERGED_ROWS else ("lists", "draw")
-    for stage in stages:
+    list_warps = 8 if B <= LIST_WARPS_ROWS else 4
+    for stage in ("merged",) if B <= MAX_MERGED_ROWS else ("lists", "draw"):
         launch(_sample_kernel, (nt if stage != "draw" else 1, B), *args, STAGE=STAGES[stage],
-               ARRIVALS=stage == "merged" and nt > 1, num_warps=_warps(stage, B), **meta)
+               ARRIVALS=stage == "merged" and nt > 1, num_warps=list_warps if stage == "lists" else 16, **meta)
     return out

@@ -74,7 +74,7 @@ def test_a_bad_variant_is_one_line():
     done = _run("--env", "MINILLM_GEMV_FIXED=2", "--env", "", "--model", "gpt2", "--rounds", "1", *CPU)
     assert done.returncode == 1
     assert done.stderr.strip() == ("ab_decode: variant MINILLM_GEMV_FIXED=2 failed (exit 1): ValueError: "
-                                   "MINILLM_GEMV_FIXED: expected auto, 0 or 1 (or unset), got '2'")
+                                   "MINILLM_GEMV_FIXED: expected one of auto, 0, 1 (or unset), got '2'")
 
 
 def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):

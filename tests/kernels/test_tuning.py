@@ -251,7 +251,7 @@ def test_small_shared_memory_gives_the_same_bits(tmp_path):
 
 def test_env_int(monkeypatch):
     """The A/B switches' integers: unset or empty gives the default, a number itself (0 too),
-    anything else one error naming the variable."""
+    anything else, or a number below the given minimum, one error naming the variable."""
     monkeypatch.delenv("MINILLM_TEST_SWITCH", raising=False)
     assert _tuning.env_int("MINILLM_TEST_SWITCH") is None and _tuning.env_int("MINILLM_TEST_SWITCH", 1) == 1
     monkeypatch.setenv("MINILLM_TEST_SWITCH", "")
@@ -261,6 +261,26 @@ def test_env_int(monkeypatch):
     monkeypatch.setenv("MINILLM_TEST_SWITCH", "three")
     with pytest.raises(ValueError, match="MINILLM_TEST_SWITCH: expected an integer, got 'three'"):
         _tuning.env_int("MINILLM_TEST_SWITCH", 1)
+    with pytest.raises(ValueError, match="MINILLM_TEST_SWITCH: expected an integer >= 1, got 'three'"):
+        _tuning.env_int("MINILLM_TEST_SWITCH", 1, minimum=1)
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "0")
+    with pytest.raises(ValueError, match="MINILLM_TEST_SWITCH: expected an integer >= 1, got 0"):
+        _tuning.env_int("MINILLM_TEST_SWITCH", 4, minimum=1)
+    assert _tuning.env_int("MINILLM_TEST_SWITCH", 4, minimum=0) == 0
+
+
+def test_env_choice(monkeypatch):
+    """The string switches: unset or empty gives the default, a listed choice itself, anything
+    else one error naming the variable and the choices."""
+    monkeypatch.delenv("MINILLM_TEST_SWITCH", raising=False)
+    assert _tuning.env_choice("MINILLM_TEST_SWITCH", "auto", ("auto", "0", "1")) == "auto"
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "")
+    assert _tuning.env_choice("MINILLM_TEST_SWITCH", "auto", ("auto", "0", "1")) == "auto"
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "0")
+    assert _tuning.env_choice("MINILLM_TEST_SWITCH", "auto", ("auto", "0", "1")) == "0"
+    monkeypatch.setenv("MINILLM_TEST_SWITCH", "on")
+    with pytest.raises(ValueError, match=r"MINILLM_TEST_SWITCH: expected one of auto, 0, 1 \(or unset\), got 'on'"):
+        _tuning.env_choice("MINILLM_TEST_SWITCH", "auto", ("auto", "0", "1"))
 
 
 def test_mask_switch():
