@@ -39,7 +39,13 @@ from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import _row_sums, pad_fold
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fitted_programs
 
-BLOCK_N = 4  # int8 columns per block: 3 KB at gpt2's K, the bytes of vocab_fma's 2 fp16 columns
+# (int8 columns a block, programs an SM) up to K = 1024 (BLOCK_W 256): 6 KB a block at gpt2's K.
+# At the two digits (Triton 3.6, scripts/inspect_sass.py: 138 registers a thread, where 4 columns
+# take 96 and 2 take 80) gpt2 batch 1 gained +0.8% and +0.5% against 4 x 24 in two same-call A/Bs,
+# ahead in all 5 rounds, where 2 x 24 lost 2.0%, 4 x 16 1.4%, 8 x 8 0.3% and 16 x 6 5.5% (H200,
+# bench/results/h200/session-131/call4-5)
+NARROW_LAYOUT = (8, 12)
+BLOCK_N = 4  # int8 columns per block past K = 1024
 # int32 words of int8 a block holds (BLOCK_N x BLOCK_W; 32 registers a lane, and the next block
 # as many): past K = 1024 (BLOCK_W 512) 2 columns a block. At K = 1600, under Triton 3.6, 2 columns
 # take 128 registers a thread, 4 take 168 and 1 takes 96 (scripts/inspect_sass.py); at gpt2-xl
@@ -231,10 +237,14 @@ def _vocab_screen_kernel(
 
 
 def screen_config(N, K, *, sms):
-    """The launch layout: BLOCK_N int8 columns a block (fewer past MAX_BLOCK_WORDS), one warp a
-    program, PROGRAMS_PER_SM an SM (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
+    """The launch layout, one warp a program: NARROW_LAYOUT up to K = 1024, past it BLOCK_N int8
+    columns a block (fewer past MAX_BLOCK_WORDS) and PROGRAMS_PER_SM an SM
+    (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
     block_w = triton.next_power_of_2(K // 4)
-    block_n, per_sm = FORCED_LAYOUT or (max(1, min(BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM)
+    if FORCED_LAYOUT or block_w <= 256:
+        block_n, per_sm = FORCED_LAYOUT or NARROW_LAYOUT
+    else:
+        block_n, per_sm = max(1, min(BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
     return dict(BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,
