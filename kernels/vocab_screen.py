@@ -41,9 +41,9 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fi
 
 # (int8 columns a block, programs an SM) up to K = 1024 (BLOCK_W 256): 6 KB a block at gpt2's K.
 # At the two digits (Triton 3.6, scripts/inspect_sass.py: 138 registers a thread, where 4 columns
-# take 96 and 2 take 80) gpt2 batch 1 gained +0.8% and +0.5% against 4 x 24 in two same-call A/Bs,
-# ahead in all 5 rounds, where 2 x 24 lost 2.0%, 4 x 16 1.4%, 8 x 8 0.3% and 16 x 6 5.5% (H200,
-# bench/results/h200/session-131/call4-5)
+# take 96 and 2 take 80) gpt2 batch 1 gained +0.8%, +0.5% and, on another machine, +1.4% against
+# 4 x 24 in same-call A/Bs, ahead in all 7 rounds, where 2 x 24 lost 2.0%, 4 x 16 1.4%, 8 x 8 0.3%
+# and 16 x 6 5.5%; gpt2-medium even (H200, bench/results/h200/session-131/call4-6)
 NARROW_LAYOUT = (8, 12)
 BLOCK_N = 4  # int8 columns per block past K = 1024
 # int32 words of int8 a block holds (BLOCK_N x BLOCK_W; 32 registers a lane, and the next block
