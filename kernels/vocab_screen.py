@@ -45,6 +45,7 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fi
 # 4 x 24 in same-call A/Bs, ahead in all 7 rounds, where 2 x 24 lost 2.0%, 4 x 16 1.4%, 8 x 8 0.3%
 # and 16 x 6 5.5%; gpt2-medium even (H200, bench/results/h200/session-131/call4-6)
 NARROW_LAYOUT = (8, 12)
+NARROW_MAX_WORDS = 256  # BLOCK_W (K // 4 rounded up to a power of two) of the widest K it takes
 BLOCK_N = 4  # int8 columns per block past K = 1024
 # int32 words of int8 a block holds (BLOCK_N x BLOCK_W; 32 registers a lane, and the next block
 # as many): past K = 1024 (BLOCK_W 512) 2 columns a block. At K = 1600, under Triton 3.6, 2 columns
@@ -60,14 +61,14 @@ PROGRAMS_PER_SM = 24
 # ~1,400 (~50,000) columns to compute, 29 (34) us against 16 here and 22.5 for the full head; random
 # weights: gpt2 batch 1 -0.7%, gpt2-xl even (H200, bench/results/h200/session-129/). Exact int32
 # sums up to MAX_SCREEN_K: 127**2 * 64 * 2048 < 2**31. MINILLM_SCREEN_ROW_RADIX=n (1: int8's grid)
-ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64)
-if ROW_RADIX < 1 or ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
+ROW_RADIX = env_int("MINILLM_SCREEN_ROW_RADIX", 64, minimum=1)
+if ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31:
     raise ValueError(f"MINILLM_SCREEN_ROW_RADIX: expected a power of two whose int32 sums stay exact at K = "
                      f"{MAX_SCREEN_K} (127**2 * n * K < 2**31), got {ROW_RADIX}")
 # MINILLM_SCREEN_MAXNREG=n caps a thread's registers (A/B timing). The digits take 96 at gpt2's K
 # (21 programs an SM) where int8's grid took 80 (24), but capped at 88 gpt2 batch 1 lost 1.8%, at 80
 # (spilling) +0.1% against +0.7% for int8's grid (session-129/call4/): not the registers' price
-FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG")
+FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG", minimum=0)  # 0 or unset: no cap
 INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
@@ -241,8 +242,10 @@ def screen_config(N, K, *, sms):
     columns a block (fewer past MAX_BLOCK_WORDS) and PROGRAMS_PER_SM an SM
     (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
     block_w = triton.next_power_of_2(K // 4)
-    if FORCED_LAYOUT or block_w <= 256:
-        block_n, per_sm = FORCED_LAYOUT or NARROW_LAYOUT
+    if FORCED_LAYOUT:
+        block_n, per_sm = FORCED_LAYOUT
+    elif block_w <= NARROW_MAX_WORDS:
+        block_n, per_sm = NARROW_LAYOUT
     else:
         block_n, per_sm = max(1, min(BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
