@@ -39,22 +39,20 @@ from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import _row_sums, pad_fold
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fitted_programs
 
-# (int8 columns a block, programs an SM) up to K = 1024 (BLOCK_W 256): 6 KB a block at gpt2's K.
-# At the two digits (Triton 3.6, scripts/inspect_sass.py: 138 registers a thread, where 4 columns
-# take 96 and 2 take 80) gpt2 batch 1 gained +0.8%, +0.5% and, on another machine, +1.4% against
-# 4 x 24 in same-call A/Bs, ahead in all 7 rounds, where 2 x 24 lost 2.0%, 4 x 16 1.4%, 8 x 8 0.3%
-# and 16 x 6 5.5%; gpt2-medium even (H200, bench/results/h200/session-131/call4-6)
-NARROW_LAYOUT = (8, 12)
-NARROW_MAX_WORDS = 256  # BLOCK_W (K // 4 rounded up to a power of two) of the widest K it takes
-BLOCK_N = 4  # int8 columns per block past K = 1024
-# int32 words of int8 a block holds (BLOCK_N x BLOCK_W; 32 registers a lane, and the next block
-# as many): past K = 1024 (BLOCK_W 512) 2 columns a block. At K = 1600, under Triton 3.6, 2 columns
-# take 128 registers a thread, 4 take 168 and 1 takes 96 (scripts/inspect_sass.py); at gpt2-xl
-# batch 1 (H200, session-96/call4-*) 1 column lost 0.9%, 4 were even
-MAX_BLOCK_WORDS = 1024
+# One warp a program, PROGRAMS_PER_SM of them an SM, each block MAX_BLOCK_WORDS int32 words of int8
+# (BLOCK_N columns of BLOCK_W, K // 4 rounded up to a power of two; at most MAX_BLOCK_N columns):
+# 8 columns up to K = 1024, 4 past it. At the two digits (H200, Triton 3.6):
+# - gpt2 (138 registers a thread; 4 columns take 96, 2 take 80): +0.8%, +0.5% and, on another
+#   machine, +1.4% against 4 x 24 in same-call A/Bs, ahead in all 7 rounds, where 2 x 24 lost 2.0%,
+#   4 x 16 1.4%, 8 x 8 0.3% and 16 x 6 5.5%; gpt2-medium even (bench/results/h200/session-131/call4-6)
+# - gpt2-large +0.6% against 2 x 24 (2 columns take 128 registers, so fitted_programs launches 16
+#   an SM: 2 x 16, the same launch, read +0.3%), gpt2-xl even (4 columns take 168 registers); 2 x 24
+#   squeezed to 80 registers (spilling) -0.2% and -1.1% (session-132/call3)
+MAX_BLOCK_WORDS = 2048
+MAX_BLOCK_N = 8
+PROGRAMS_PER_SM = 12
 # the widest K * ROW_RADIX whose screen dot products (at most 127**2 * ROW_RADIX * K) convert to fp32 exactly
 EXACT_DOT_K = tl.constexpr(2 ** 24 // 127 ** 2)
-PROGRAMS_PER_SM = 24
 # The row is rounded on a grid ROW_RADIX times finer than int8's, each value two int8 digits
 # (hi * ROW_RADIX + lo), two dp4a a word. On int8's grid one outlier dimension (trained models' last
 # layers have a few) rounds the rest coarsely: a gpt2 head with one 30 (100) times the rest left
@@ -238,16 +236,10 @@ def _vocab_screen_kernel(
 
 
 def screen_config(N, K, *, sms):
-    """The launch layout, one warp a program: NARROW_LAYOUT up to K = 1024, past it BLOCK_N int8
-    columns a block (fewer past MAX_BLOCK_WORDS) and PROGRAMS_PER_SM an SM
+    """The launch layout: MAX_BLOCK_WORDS a block, PROGRAMS_PER_SM an SM, one warp each
     (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
     block_w = triton.next_power_of_2(K // 4)
-    if FORCED_LAYOUT:
-        block_n, per_sm = FORCED_LAYOUT
-    elif block_w <= NARROW_MAX_WORDS:
-        block_n, per_sm = NARROW_LAYOUT
-    else:
-        block_n, per_sm = max(1, min(BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM
+    block_n, per_sm = FORCED_LAYOUT or (max(1, min(MAX_BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
     return dict(BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,

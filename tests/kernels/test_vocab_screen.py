@@ -214,14 +214,15 @@ def test_screen_past_vocab_fma_and_exact_dots(device, monkeypatch):
 
 
 def test_screen_layout_by_width(monkeypatch):
-    """8-column blocks, 12 programs an SM up to K = 1024 (gpt2, gpt2-medium); past it 2 columns
-    (MAX_BLOCK_WORDS) and 24 an SM; MINILLM_SCREEN_LAYOUT's layout wherever it is set. The program
-    count is capped by the blocks and by the SMs' share."""
+    """8-column blocks up to K = 1024 (gpt2, gpt2-medium), 4 past it (MAX_BLOCK_WORDS), 12 programs
+    an SM; MINILLM_SCREEN_LAYOUT's layout wherever it is set. The program count is capped by the
+    blocks and by the SMs' share."""
     monkeypatch.setattr(vocab_screen, "INTERPRET", False)
     monkeypatch.setattr(vocab_screen, "FORCED_LAYOUT", None)
-    for K, cols, per_sm in ((64, 8, 12), (768, 8, 12), (1024, 8, 12), (1280, 2, 24), (1600, 2, 24)):
+    for K, cols in ((64, 8), (768, 8), (1024, 8), (1028, 4), (1280, 4), (1600, 4), (2048, 4)):
         meta = vocab_screen.screen_config(50257, K, sms=132)
-        assert (meta["BLOCK_N"], meta["per_sm"], meta["programs"]) == (cols, per_sm, 132 * per_sm), K
+        assert (meta["BLOCK_N"], meta["per_sm"], meta["programs"]) == (cols, 12, 132 * 12), K
+    assert vocab_screen.screen_config(50257, 4096, sms=132)["BLOCK_N"] == 2  # past MAX_SCREEN_K's default
     assert vocab_screen.screen_config(100, 768, sms=132)["programs"] == 13  # 100 columns: 13 blocks
     monkeypatch.setattr(vocab_screen, "FORCED_LAYOUT", (4, 24))
     for K in (768, 1600):
@@ -232,14 +233,14 @@ def test_screen_layout_by_width(monkeypatch):
 @pytest.mark.skipif(not ON_GPU, reason="the programs are fitted to the compiled kernel's registers on a GPU")
 @pytest.mark.parametrize("K,rows", [(768, 64), (1600, 32)])
 def test_screen_model_shapes_on_gpu(K, rows, device, monkeypatch):
-    """gpt2's head (K = 768) and gpt2-xl's (1600, 2-column blocks of int8) in fp16 on the GPU, with
+    """gpt2's head (K = 768) and gpt2-xl's (1600, 4-column blocks of int8) in fp16 on the GPU, with
     the layout the engine runs (dp4a, programs fitted to the SMs): random rows, each the key of
     the full head computed by vocab_fma (let run gpt2-xl's width here); every fourth row with two
     outlier dimensions."""
     monkeypatch.setattr(vocab_fma, "MAX_K", 2048)
     x, wf, bf, colsum = _head(K, 50257, torch.float16, device)
     screen = kernels.screen_head(wf, bf, colsum)
-    assert vocab_screen.screen_config(50257, K, sms=132)["BLOCK_N"] == (8 if K <= 1024 else 2)
+    assert vocab_screen.screen_config(50257, K, sms=132)["BLOCK_N"] == (8 if K <= 1024 else 4)
     for row in range(rows):
         x = randn(1, K, dtype=torch.float16, device=device, scale=1 + 4 * row / rows) + row / rows
         if row % 4 == 3:  # outlier dimensions, 50 times the rest
