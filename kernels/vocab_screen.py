@@ -46,8 +46,9 @@ from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fi
 #   machine, +1.4% against 4 x 24 in same-call A/Bs, ahead in all 7 rounds, where 2 x 24 lost 2.0%,
 #   4 x 16 1.4%, 8 x 8 0.3% and 16 x 6 5.5%; gpt2-medium even (bench/results/h200/session-131/call4-6)
 # - gpt2-large +0.6% against 2 x 24 (2 columns take 128 registers, so fitted_programs launches 16
-#   an SM: 2 x 16, the same launch, read +0.3%), gpt2-xl even (4 columns take 168 registers); 2 x 24
-#   squeezed to 80 registers (spilling) -0.2% and -1.1% (session-132/call3)
+#   an SM: 2 x 16, the same launch, read +0.3%) and +0.4% against 2 x 16 on another machine,
+#   gpt2-xl even (4 columns take 168 registers); 2 x 24 squeezed to 80 registers (spilling) -0.2%
+#   and -1.1% (session-132/call3-4)
 MAX_BLOCK_WORDS = 2048
 MAX_BLOCK_N = 8
 PROGRAMS_PER_SM = 12
@@ -239,7 +240,8 @@ def screen_config(N, K, *, sms):
     """The launch layout: MAX_BLOCK_WORDS a block, PROGRAMS_PER_SM an SM, one warp each
     (MINILLM_SCREEN_LAYOUT=BLOCK_NxPROGRAMS forces another, for A/B timing)."""
     block_w = triton.next_power_of_2(K // 4)
-    block_n, per_sm = FORCED_LAYOUT or (max(1, min(MAX_BLOCK_N, MAX_BLOCK_WORDS // block_w)), PROGRAMS_PER_SM)
+    widest = max(1, min(MAX_BLOCK_N, MAX_BLOCK_WORDS // block_w))
+    block_n, per_sm = FORCED_LAYOUT or (widest, PROGRAMS_PER_SM)
     block_n = INTERPRET_BLOCK_N if INTERPRET else block_n
     return dict(BLOCK_N=block_n, BLOCK_W=block_w, BLOCK_K=triton.next_power_of_2(K),
                 EXACT_N=EXACT_BLOCK_N if K < ONE_COLUMN_K else 1, num_warps=1, per_sm=per_sm,
