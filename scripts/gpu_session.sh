@@ -11,7 +11,7 @@ export MINILLM_TOKENIZER_DIR=$PWD/.gpu_assets/gpt2-tokenizer
 OUT=${OUT:-/tmp/minillm-gpu}
 R=$(mktemp -d)/results
 mkdir -p "$R" "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,uuid --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   echo "git ${MINILLM_GIT_REV:-$(git log -1 --format=%h 2>/dev/null)}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
