@@ -1,5 +1,5 @@
 """The benchmark's report (table columns, a chart only for what was measured; no GPU needed) and,
-on a GPU, its torch-compile peer."""
+on a GPU, its torch-compile peer; the environment each record names."""
 import pytest
 import torch
 
@@ -52,6 +52,23 @@ def test_chart_title_names_the_run(tmp_path, monkeypatch):
     sampled = "sampled (temperature 0.8, top_k 50, top_p 0.95)"
     assert chart([_row() | {"decoding": sampled}], path)
     assert titles[2].startswith(sampled + " decode")
+
+
+def test_environment_names_the_gpu(monkeypatch):
+    from types import SimpleNamespace
+
+    from minillm.benchutil import environment
+
+    assert ("gpu_uuid" in environment()) == torch.cuda.is_available()
+    uuid = "d5fdbc55-0d66-ab9d-d328-f33cac94f7e0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuid))
+    env = environment()
+    assert env["device"] == "NVIDIA H200" and env["gpu_uuid"] == uuid  # runs on one GPU are told apart
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace())
+    assert environment()["gpu_uuid"] == "unknown"  # a torch without the field still records the run
 
 
 def test_summary_names_the_decoding():
