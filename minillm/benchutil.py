@@ -47,9 +47,10 @@ def git_rev():
 def environment():
     import triton
 
-    env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    cuda = torch.cuda.is_available()
+    env = {"device": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "triton": triton.__version__, "git": git_rev()}
-    if torch.cuda.is_available():
+    if cuda:
         # which physical GPU: lent machines carry no name, and runs on one host are not independent
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env["gpu_uuid"] = str(getattr(props, "uuid", "unknown"))
