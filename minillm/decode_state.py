@@ -2,6 +2,7 @@
 captured CUDA graph) a call reuses: batch sizes and the cache positions decode attention covers."""
 import torch
 
+from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.argmax_key import EMPTY
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -14,6 +14,7 @@ from concurrent.futures import as_completed
 import torch
 from tqdm.auto import tqdm
 
+from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.argmax_key import EMPTY
 
 from .checks import check_context, check_vocab

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 import kernels
 import kernels.reference
 from kernels.reference import fold_layernorm

@@ -9,6 +9,7 @@ weights dict as minillm."""
 import torch
 import torch.nn.functional as F
 
+from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.reference import sampling_scores
 
 from .graphs import capture
