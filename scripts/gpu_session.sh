@@ -13,6 +13,7 @@ R=$(mktemp -d)/results
 mkdir -p "$R" "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,uuid --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  python3 -c "from minillm.own_kernels import kernels_conflict; print('kernels package:', kernels_conflict() or 'minillm\'s')"
   echo "git ${MINILLM_GIT_REV:-$(git log -1 --format=%h 2>/dev/null)}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 for stage in "$@"; do
