@@ -49,10 +49,22 @@ def test_hub_kernels_distribution_is_refused(tmp_path):
 def test_foreign_kernels_ahead_on_sys_path_is_refused(tmp_path, module):
     foreign = tmp_path / "elsewhere" / "kernels"
     foreign.mkdir(parents=True)
-    (foreign / "__init__.py").write_text("raise SystemExit('the foreign package was imported')\n")
+    (foreign / "__init__.py").write_text("raise SystemExit(3)  # imported: the check came too late\n")
     p = run(["-c", f"import {module}"], [foreign.parent, ROOT], cwd=tmp_path)
     assert p.returncode == 1, p.stderr
     assert f"`import kernels` loads {foreign} instead of minillm's {ROOT / 'kernels'}" in p.stderr
+
+
+def test_kernels_folder_in_working_directory_is_refused(tmp_path):
+    """A `kernels/` folder without __init__.py in the working directory is a namespace package,
+    which Python's path search returns before an editable install's finder is asked."""
+    where = run(["-c", "import minillm; print(minillm.__file__)"], [], cwd=tmp_path)
+    if where.returncode or Path(where.stdout.strip()).parent != ROOT / "minillm":
+        pytest.skip("minillm is not installed from this folder (`pip install -e .`); only an install meets this case")
+    (tmp_path / "kernels").mkdir()
+    p = run(["-c", "import minillm.model"], [], cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert f"`import kernels` loads the namespace package {tmp_path / 'kernels'} instead of minillm's" in p.stderr
 
 
 def test_cli_says_it_in_one_line(tmp_path):
