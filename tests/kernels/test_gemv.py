@@ -256,7 +256,7 @@ def test_gemv_prefetched_residual_in_place(split, device):
     assert_rel_close(h, expect, torch.float32, f"prefetched residual, split={split}")
 
 
-@pytest.mark.parametrize("M", [2, 4, 8, 16])
+@pytest.mark.parametrize("M", [2, 4, 8, 16] if ON_GPU else [2, 16])  # (the interpreter compares no chains)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_early_launch_same_bits(M, dtype, device):
     """early_launch moves the dependent-launch trigger to a kernel's start (on the GPU). A layer's
