@@ -35,6 +35,7 @@ import triton.language as tl
 from ._epilogue import _mean_rstd
 from ._screen_head import MAX_SCREEN_K
 from ._tuning import INTERPRET, env_int, launch, layout_switch, sm_count, use_pdl
+from ._workspace import screen_scratch
 from .argmax_key import _argmax_key, _from_ordered, _no_token_if_nan, _ordered
 from .gemv_fma import _row_sums, pad_fold
 from .vocab_fma import BLOCK_N as EXACT_BLOCK_N, ONE_COLUMN_K, _block_logits, fitted_programs
@@ -253,8 +254,8 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     its folded layernorm's column sums ln_fold, as `linear` takes them) into argmax_keys (1,),
     reading the screen (`screen_head`) and only the few columns it cannot rule out. No logits
     come out; upper (N_PAD,) of the logits' dtype, if given, receives each column's upper end
-    (tests). x_unit: x2 is int32 fixed-point words of that many (a power of two) each, and the
-    logits are fp32."""
+    (tests), else the workspace's scratch does. x_unit: x2 is int32 fixed-point words of that
+    many (a power of two) each, and the logits are fp32."""
     K, N = weight.shape
     n_pad = screen.meta.shape[1]
     if (x_unit is not None) != (x2.dtype == torch.int32):
@@ -262,7 +263,7 @@ def screened_argmax(x2, weight, bias, ln_fold, ln_eps, screen, argmax_keys, uppe
     if x_unit is not None and not (x_unit > 0 and math.frexp(x_unit)[0] == 0.5):
         raise ValueError(f"x_unit: expected a power of two, got {x_unit}")
     if upper is None:
-        upper = torch.empty(n_pad, dtype=torch.float32 if x_unit else x2.dtype, device=x2.device)
+        upper = screen_scratch(x2.device, n_pad, torch.float32 if x_unit else x2.dtype)[:n_pad]
     meta = screen_config(N, K, sms=sm_count(x2.device))
     programs, per_sm = meta.pop("programs"), meta.pop("per_sm")
     pdl = use_pdl(x2.device)

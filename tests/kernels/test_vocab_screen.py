@@ -9,6 +9,7 @@ import torch
 
 import kernels
 from kernels import _screen_head, argmax_key, gemv_fma, reference, vocab_fma, vocab_screen
+from kernels._workspace import screen_scratch
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, poisoned, randn
 from tests.kernels.test_vocab_fma import _head as vocab_head
@@ -61,6 +62,24 @@ def test_screen_key_is_the_full_heads(K, dtype, device):
     """Random heads with a mean to take out and a bias: the screen holds (_check_screen)."""
     for seed in _seeds(2 * (K == 100) + (dtype == torch.float16)):
         _check_screen(K, dtype, device, seed)
+
+
+def test_screen_without_upper_uses_the_shared_scratch(device):
+    """Without `upper` the upper ends go to the workspace's scratch, the same buffer every call
+    (a decode step without CUDA graphs allocates nothing for them), and the key is the same."""
+    dtype = torch.float16
+    x, wf, bf, colsum = _head(100, N_ODD, dtype, device, seed=5)
+    full, y, keys, upper = _both(x, wf, bf, colsum)
+    screen = kernels.screen_head(wf, bf, colsum)
+    n_pad = screen.meta.shape[1]
+    scratch = screen_scratch(device, n_pad, dtype)
+    scratch.fill_(float("nan"))
+    for _ in range(2):
+        again = _keys(device)
+        kernels.screened_argmax(x, wf, bf, colsum, 1e-5, screen, again)
+        assert torch.equal(again, keys) and torch.equal(keys, full)
+        assert screen_scratch(device, n_pad, dtype) is scratch
+        assert torch.equal(scratch[:wf.shape[1]].float(), upper)
 
 
 @pytest.mark.parametrize("dims", [[7], [0, 33, 99], [5, 6, 50, 71, 98]])

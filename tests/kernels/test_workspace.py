@@ -4,7 +4,7 @@ import weakref
 import pytest
 import torch
 
-from kernels._workspace import arrival_counters, fixed_point_sums
+from kernels._workspace import arrival_counters, fixed_point_sums, screen_scratch
 
 
 def test_counters_are_zeroed_shared_and_grow_without_freeing():
@@ -29,6 +29,17 @@ def test_fixed_point_sums_are_their_own_zeroed_int64_buffer():
     assert words.dtype == torch.int64 and words.numel() >= 100 and not words.any()
     assert fixed_point_sums(dev, 10) is words
     assert words.data_ptr() != arrival_counters(dev, 10).data_ptr()
+
+
+def test_the_screens_scratch_never_aliases_the_zeroed_buffers():
+    """The screen writes its scratch at will: in the counters' dtype it still gets its own buffer,
+    shared between calls and grown like the others."""
+    dev = torch.device("cpu")
+    scratch = screen_scratch(dev, 10, torch.int32)
+    assert scratch.data_ptr() != arrival_counters(dev, 10).data_ptr()
+    assert screen_scratch(dev, 10, torch.int32) is scratch
+    assert screen_scratch(dev, 10, torch.float16).dtype == torch.float16
+    assert screen_scratch(dev, scratch.numel() + 1, torch.int32).numel() > scratch.numel()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="an index-less CUDA device needs a GPU")
