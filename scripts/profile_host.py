@@ -3,7 +3,7 @@
 With graphs on, a step is one graph launch and the host waits on the GPU. With graphs off
 (`minillm generate --no-cuda-graphs`, `LLM(cuda_graphs=False)`) the host launches every kernel
 of every step itself, and a step takes as long as its launches take the host. This script runs
-greedy decoding without graphs, times its steps (host and GPU), profiles one generate call with
+greedy decoding without graphs, times its steps, profiles one generate call with
 cProfile (the functions with the most time of their own, and the most time under them), and
 times bare launches of a one-line Triton kernel with few and with many arguments: what a launch
 costs before any of the engine's own checks.
@@ -105,8 +105,8 @@ def main(argv=None):
         f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
         f"- decode step without graphs: **{step_ms:.3f} ms** ({args.batch / step_ms * 1e3:,.0f} tok/s), "
         f"{args.new_tokens} new tokens after a {PROMPT_LEN}-token prompt",
-        f"- profiled generate call: {total * 1e3:,.1f} ms under cProfile ({total / steps * 1e3:.3f} ms a step, "
-        "profiler overhead included)",
+        f"- profiled generate call: {total * 1e3:,.1f} ms under cProfile ({total / steps * 1e3:.3f} ms a token, "
+        "prefill and profiler overhead included)",
         "- a bare Triton launch (one program storing one value), host us a launch: "
         + ", ".join(f"{n} extra arguments {us:.1f}" for n, us in launches.items()),
         "",
