@@ -1,30 +1,15 @@
 """scripts/profile_host.py: its help, its one-line refusals, its bare-launch kernels, and on a GPU a
 short run."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.conftest import ON_GPU
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-SCRIPT = SCRIPTS / "profile_host.py"
-
-
-def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+from tests.probe_scripts import assert_refused_in_one_line, load, run
 
 
 @pytest.fixture(scope="module")
 def profile_host():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import profile_host
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return profile_host
+    return load("profile_host")
 
 
 def test_help_names_the_options(profile_host, capsys):
@@ -34,16 +19,14 @@ def test_help_names_the_options(profile_host, capsys):
     assert done.value.code == 0 and "--new-tokens" in out and "python3 scripts/profile_host.py" in out
 
 
-def test_refuses_bad_counts(profile_host, capsys):
-    with pytest.raises(SystemExit) as done:
-        profile_host.parse_args(["--new-tokens", "1"])
-    err = capsys.readouterr().err
-    assert done.value.code == 2 and "--batch / --new-tokens: expected >= 1 / >= 2, got 1 / 1" in err
+def test_refuses_bad_counts():
+    assert_refused_in_one_line("profile_host", ["--new-tokens", "1"],
+                               "--batch / --new-tokens: expected >= 1 / >= 2, got 1 / 1")
 
 
 @pytest.mark.skipif(ON_GPU, reason="the refusal of a machine without a GPU")
 def test_refuses_without_a_gpu(tmp_path):
-    done = _run("--out", str(tmp_path))
+    done = run("profile_host", "--out", str(tmp_path))
     assert done.returncode != 0 and done.stderr.strip() == "profile_host.py: needs a CUDA GPU"
 
 
@@ -58,7 +41,7 @@ def test_bare_launches_store_their_value(profile_host, device):
 
 @pytest.mark.skipif(not ON_GPU, reason="profiles decode steps: GPU only")
 def test_short_run_writes_its_report(tmp_path):
-    done = _run("--new-tokens", "4", "--out", str(tmp_path))
+    done = run("profile_host", "--new-tokens", "4", "--out", str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "host-gpt2-b1.md").read_text()
     assert "decode step without graphs" in text and "## By own time" in text and "model.py" in text
