@@ -69,7 +69,9 @@ if ROW_RADIX & (ROW_RADIX - 1) or 127 ** 2 * ROW_RADIX * MAX_SCREEN_K >= 2 ** 31
 # (21 programs an SM) where int8's grid took 80 (24), but capped at 88 gpt2 batch 1 lost 1.8%, at 80
 # (spilling) +0.1% against +0.7% for int8's grid (session-129/call4/): not the registers' price
 FORCED_MAXNREG = env_int("MINILLM_SCREEN_MAXNREG", minimum=0)  # 0 or unset: no cap
-INTERPRET_BLOCK_N = 256  # the interpreter runs every program in Python: fewer, wider blocks
+# the interpreter runs every program, and every op of one, in Python: a vocabulary in a few wide
+# blocks, one a program (tests/kernels/test_vocab_screen.py narrows them: several blocks a program)
+INTERPRET_BLOCK_N = 4096
 FORCED_LAYOUT = layout_switch("MINILLM_SCREEN_LAYOUT", os.environ.get("MINILLM_SCREEN_LAYOUT"),
                               "BLOCK_NxPROGRAMS", "4x24", pow2=1)
 

@@ -32,7 +32,7 @@ def build(model, device, dtype):
     random weights (speed does not depend on values), anything else loads as a checkpoint."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from .loader import load_weights, read_config, resolve
+    from .loader import resolve
 
     if model in PRESETS:
         cfg = PRESETS[model]
@@ -41,11 +41,23 @@ def build(model, device, dtype):
         weights = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()
                    if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
         return cfg, hf, weights
+    cfg, weights = model_weights(model, device, dtype)
+    hf = GPT2LMHeadModel.from_pretrained(str(resolve(model)), dtype=dtype).to(device).eval()
+    return cfg, hf, weights
+
+
+def model_weights(model, device, dtype):
+    """(config, minillm weights dict), for tools that run minillm alone: a checkpoint loads
+    without importing transformers (seconds of a short process), a preset gets build's random
+    weights, so the same as the benchmark's."""
+    from .loader import load_weights, read_config, resolve
+
+    if model in PRESETS:
+        cfg, _, weights = build(model, device, dtype)
+        return cfg, weights
     path = resolve(model)
     cfg = read_config(path)
-    weights = load_weights(path, cfg, device, dtype)
-    hf = GPT2LMHeadModel.from_pretrained(str(path), dtype=dtype).to(device).eval()
-    return cfg, hf, weights
+    return cfg, load_weights(path, cfg, device, dtype)
 
 
 def floor_seconds(cfg, batch, ctx, elt, copy_gbs):

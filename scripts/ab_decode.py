@@ -103,14 +103,13 @@ def worker(args):
     import torch
 
     sys.path.append(str(ROOT))  # after PYTHONPATH: a variant may name another tree
-    from minillm.bench import build
+    from minillm.bench import model_weights
     from minillm.generate import Engine
     from minillm.model import GPT
     from minillm.sampling import SamplingParams
 
     for model in args.model:
-        cfg, hf, weights = build(model, args.device, getattr(torch, args.dtype))
-        del hf
+        cfg, weights = model_weights(model, args.device, getattr(torch, args.dtype))
         engine = Engine(GPT(cfg, weights, args.backend), use_cuda_graphs=not args.no_graphs)
         sampled = dict(temperature=args.temperature, top_k=args.top_k, seed=0) if args.temperature > 0 else \
             dict(temperature=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.bench import build  # noqa: E402
+from minillm.bench import model_weights  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.config import PRESETS  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
@@ -120,7 +120,7 @@ def main():
         with torch.inference_mode():
             kernel_checks(PRESETS[args.model], getattr(torch, args.dtype))
         return
-    cfg, _, weights = build(args.model, "cuda", getattr(torch, args.dtype))
+    cfg, weights = model_weights(args.model, "cuda", getattr(torch, args.dtype))
     model = GPT(cfg, weights)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (int(n),), generator=gen).tolist()

@@ -52,7 +52,7 @@ def target_only(arch):
 def install_compile_only(arch, sms, every_config, log, where, failures, only=""):
     """Route every launch to compilation for sm_`arch` on CPU tensors, logging each compiled
     kernel: (name, hash) -> [CompiledKernel, launches, fixed layout?, blocks, first launched
-    by (where[0], set by the caller)]; a kernel that does not compile is one line in failures.
+    by (where[0], set by the caller), seconds its first launch took]; a kernel that does not compile is one line in failures.
     Kernels whose name does not contain `only` are skipped, not compiled."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
@@ -64,13 +64,16 @@ def install_compile_only(arch, sms, every_config, log, where, failures, only="")
     def run(self, *args, grid, warmup, **kwargs):
         if only not in self.__name__:
             return None
+        t0 = time.perf_counter()
         try:
             kernel = compile_run(self, *args, grid=grid, warmup=True, **kwargs)  # compile, never launch
         except Exception as e:  # noqa: BLE001 - every kernel that fails is reported, the rest go on
             failures.append(_failure(f"{self.__name__} ({where[0]})", e))
             return None
         blocks = " ".join(f"{k[6:]}={v}" for k, v in sorted(kwargs.items()) if k.startswith("BLOCK_"))
-        entry = log.setdefault((self.__name__, kernel.hash), [kernel, 0, not in_autotuner, blocks, where[0]])
+        # the first launch of a layout compiles it (the Triton cache starts empty); later ones look it up
+        entry = log.setdefault((self.__name__, kernel.hash),
+                               [kernel, 0, not in_autotuner, blocks, where[0], time.perf_counter() - t0])
         entry[1] += 1
         return kernel
 
@@ -243,7 +246,7 @@ def report(log, arch, seconds):
     limit = SMEM_LIMIT[arch]
     cuobjdump = find_cuobjdump()
     rows, failures = [], []
-    for (name, _), (k, launches, fixed, blocks, first) in sorted(log.items(), key=lambda kv: (kv[0][0], kv[1][4])):
+    for (name, _), (k, launches, fixed, blocks, first, secs) in sorted(log.items(), key=lambda kv: (kv[0][0], kv[1][4])):
         regs, local = cubin_usage(k, cuobjdump)
         md = k.metadata
         over = md.shared > limit
@@ -251,16 +254,17 @@ def report(log, arch, seconds):
             failures.append(f"{name}: a fixed layout needs {md.shared} bytes of shared memory; sm_{arch} has {limit}")
         rows.append(f"| {name} | {blocks} | {md.num_warps} | {md.num_stages} | {md.shared:,} "
                     f"| {regs if regs is not None else '?'} | {local if local is not None else '?'} | {first} "
-                    f"| {launches} | {'fixed' if fixed else 'autotune'}"
+                    f"| {secs:.1f} | {launches} | {'fixed' if fixed else 'autotune'}"
                     f"{' (too large: pruned at run time)' if over and not fixed else ''} |")
     per_name = Counter(name for name, _ in log)
     head = [f"# Kernels compiled for sm_{arch}a (Triton {triton.__version__}, no GPU)", "",
             (f"`python {' '.join(['scripts/check_compile.py', *sys.argv[1:]])}`: {len(log)} kernels "
              f"({len(per_name)} functions) compiled in {seconds:.0f} s. Local bytes: local memory a thread "
-             "(register spills, stack); first launched by: the model, dtype and step that first compiled it."), "",
+             "(register spills, stack); first launched by: the model, dtype and step that first compiled it; "
+             "compile s: seconds that first launch took."), "",
             ("| kernel | blocks | warps | stages | shared bytes | registers | local bytes | first launched by "
-             "| launches | layout |"),
-            "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+             "| compile s | launches | layout |"),
+            "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     return "\n".join(head + rows) + "\n", failures
 
 

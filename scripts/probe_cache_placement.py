@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm import decode_plan as plan  # noqa: E402
-from minillm.bench import build  # noqa: E402
+from minillm.bench import model_weights  # noqa: E402
 from minillm.decode_state import batch_bucket  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT, KVCache  # noqa: E402
@@ -157,8 +157,7 @@ def main(argv=None):
     args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("probe_cache_placement.py: needs a CUDA GPU")
-    cfg, hf, weights = build(args.model, "cuda", torch.float16)
-    del hf
+    cfg, weights = model_weights(args.model, "cuda", torch.float16)
     B = args.batch
     g = torch.Generator().manual_seed(B)  # ab_decode.py's prompts
     prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()

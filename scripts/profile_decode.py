@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.bench import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
+from minillm.bench import NEW_TOKENS, PROMPT_LEN, model_weights  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
@@ -100,8 +100,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     require_cuda("profile_decode")
-    cfg, hf, weights = build(args.model, "cuda", torch.float16)
-    del hf
+    cfg, weights = model_weights(args.model, "cuda", torch.float16)
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=args.graph)
     # the benchmark's call (prompt 32, 128 new tokens): its cache-length bucket, and a full cache
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.bench import PROMPT_LEN, build  # noqa: E402
+from minillm.bench import PROMPT_LEN, model_weights  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
@@ -83,8 +83,7 @@ def stats_table(prof, key, top=TOP):
 def main(argv=None):
     args = parse_args(argv)
     require_cuda("profile_host.py")
-    cfg, hf, weights = build(args.model, "cuda", torch.float16)
-    del hf
+    cfg, weights = model_weights(args.model, "cuda", torch.float16)
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=False)
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0)
     prompts = torch.randint(0, cfg.vocab_size, (args.batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0))

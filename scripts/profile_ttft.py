@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.bench import build  # noqa: E402
+from minillm.bench import model_weights  # noqa: E402
 from minillm.benchutil import require_cuda  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
@@ -116,8 +116,7 @@ def main():
         ap.error("--repeats and --prompt-len: expected positive integers")
     require_cuda("profile_ttft.py")
     dev = torch.device("cuda")
-    cfg, hf, weights = build(args.model, dev, torch.float16)
-    del hf
+    cfg, weights = model_weights(args.model, dev, torch.float16)
     if max(args.prompt_len) > cfg.n_positions:
         ap.error(f"--prompt-len: at most {cfg.n_positions} (the model's context), got {max(args.prompt_len)}")
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True)

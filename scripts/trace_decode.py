@@ -187,14 +187,13 @@ def main():
     require_cuda("trace_decode")
     if not args.untraced:
         install(tempfile.mkdtemp(), args.stamp)
-    from minillm.bench import NEW_TOKENS, PROMPT_LEN, build
+    from minillm.bench import NEW_TOKENS, PROMPT_LEN, model_weights
     from minillm.decode_state import cache_bucket
     from minillm.generate import Engine
     from minillm.model import GPT
     from minillm.sampling import SamplingParams
 
-    cfg, hf, weights = build(args.model, "cuda", torch.float16)
-    del hf
+    cfg, weights = model_weights(args.model, "cuda", torch.float16)
     model = GPT(cfg, weights, "triton")
     params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
     Engine(model).generate([[1] * 32] * args.batch, params)  # compile and tune outside the trace

@@ -16,6 +16,23 @@ from tests.kernels.test_vocab_fma import _head as vocab_head
 from tests.kernels.test_vocab_fma import _keys
 
 N_ODD = gemv_fma.VOCAB_N + 27  # a vocabulary whose last column block is partial
+NARROW_BLOCK_N = 512  # under the interpreter: N_ODD in 33 blocks, more than its 24 programs
+
+
+@pytest.fixture(autouse=True)
+def _several_blocks_a_program(monkeypatch):
+    """The interpreter's default layout gives each program one wide block (engine tests' time);
+    a GPU's programs loop over several, and these tests check that loop."""
+    monkeypatch.setattr(vocab_screen, "INTERPRET_BLOCK_N", NARROW_BLOCK_N)
+
+
+def test_interpreter_layout_loops_over_blocks(monkeypatch):
+    """What the fixture is for: programs that take two blocks each (the last one partial), some
+    of them only one, so the loop's prefetch past the end and its masks run."""
+    monkeypatch.setattr(vocab_screen, "INTERPRET", True)
+    meta = vocab_screen.screen_config(N_ODD, 40, sms=2)  # the interpreter's 2 SMs
+    blocks = -(-N_ODD // meta["BLOCK_N"])
+    assert meta["programs"] < blocks < 2 * meta["programs"] and N_ODD % meta["BLOCK_N"]
 
 
 def _head(K, N, dtype, device, seed=0):

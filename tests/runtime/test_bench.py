@@ -104,3 +104,23 @@ def test_torch_compile_peer_matches_transformers(tie, sampling, tmp_path):
         with torch.inference_mode():
             out = new_peer(cfg, weights, ids, 12, sampling).generate(ids, 12)
         assert torch.equal(out, expect), f"batch {batch}"
+
+
+def test_model_weights_load_a_checkpoint_without_transformers(tmp_path):
+    """model_weights (the tools that run minillm alone) gives build's config and weights, and for
+    a checkpoint never imports transformers: seconds saved in every short process."""
+    import subprocess
+    import sys
+
+    from minillm.bench import build, model_weights
+
+    build_checkpoint(tmp_path / "m", n_layer=2, n_head=4, n_embd=64, vocab_size=500, tie=False)
+    cfg, hf, expect = build(str(tmp_path / "m"), "cpu", torch.float32)
+    got_cfg, got = model_weights(str(tmp_path / "m"), "cpu", torch.float32)
+    assert got_cfg == cfg and got.keys() == expect.keys()
+    assert all(torch.equal(got[k], expect[k]) for k in expect)
+    probe = ("import sys, torch; from minillm.bench import model_weights; "
+             f"cfg, w = model_weights({str(tmp_path / 'm')!r}, 'cpu', torch.float32); "
+             "print(len(w), 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == [str(len(expect)), "False"]
