@@ -83,7 +83,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for (name, digest), (kernel, _, _, blocks, _) in sorted(log.items()):
+    for (name, digest), (kernel, _, _, blocks, *_) in sorted(log.items()):
         sass = run_cuobjdump(cuobjdump, kernel.asm["cubin"], "-sass", check=True)
         stem = f"{name.strip('_')}-{digest[:8]}"
         (out / f"{stem}.ptx").write_text(kernel.asm["ptx"])
