@@ -12,7 +12,15 @@ time there.
 patched by this launch already; anything else (a helper naming a module the kernel did not, a
 call outside a launch) still patches as before, so the interpreted arithmetic is the same.
 MINILLM_TEST_REPATCH=1 keeps Triton's behaviour (to compare).
+
+Two more of the interpreter's costs go the same way. Its numpy dtype of a Triton type is looked
+up by name instead of rebuilding Triton's table of types a few times an interpreted op. And its
+integer-overflow sanitizer is off, as it is in a GPU's kernels without debug: for every int32
+add, sub or mul it computes the op again in int64 and asserts the result in range (a fifth to a
+quarter of the interpreted tests' time). At CI's small shapes no kernel comes near int32's range
+(the suite passed with it on, 2026-12-03); MINILLM_TEST_SANITIZE_OVERFLOW=1 turns it back on.
 """
+import dataclasses
 import inspect
 import os
 import warnings
@@ -40,8 +48,14 @@ def install():
         def restore(self):
             pass
 
+    lang_modules = {}  # a jit function -> the language modules its globals name (fixed at import)
+
     def modules(fn):
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs}
+        names = lang_modules.get(fn)
+        if names is None:
+            names = lang_modules[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                                 if inspect.ismodule(v) and v in langs)
+        return names
 
     def patch_once(fn):
         names = modules(fn)
@@ -61,3 +75,28 @@ def install():
 
     interp._patch_lang = patch_once
     interp.GridExecutor.__call__ = run_grid_once
+    if callable(getattr(interp, "_get_np_dtype", None)):
+        interp._get_np_dtype = _memoized_np_dtype(interp._get_np_dtype, tl)
+    builder = getattr(interp, "interpreter_builder", None)
+    if os.environ.get("MINILLM_TEST_SANITIZE_OVERFLOW") != "1" and hasattr(getattr(builder, "options", None),
+                                                                           "sanitize_overflow"):
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+def _memoized_np_dtype(get_np_dtype, tl):
+    """The interpreter's numpy dtype of a Triton type, looked up by the scalar type's name: Triton
+    builds its table of 19 types (hashing each) at every call, a few times an interpreted op."""
+    import numpy as np
+
+    pointer, by_name = np.dtype(np.uint64), {}
+
+    def np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return pointer  # as Triton's: addresses are uint64
+        found = by_name.get(scalar.name)
+        if found is None:
+            found = by_name[scalar.name] = get_np_dtype(scalar)
+        return found
+
+    return np_dtype
