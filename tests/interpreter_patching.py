@@ -15,10 +15,10 @@ MINILLM_TEST_REPATCH=1 keeps Triton's behaviour (to compare).
 
 Two more of the interpreter's costs go the same way. Its numpy dtype of a Triton type is looked
 up by name instead of rebuilding Triton's table of types a few times an interpreted op. And its
-integer-overflow sanitizer is off, as it is in a GPU's kernels without debug: for every int32
-add, sub or mul it computes the op again in int64 and asserts the result in range (a fifth to a
-quarter of the interpreted tests' time). At CI's small shapes no kernel comes near int32's range
-(the suite passed with it on, 2026-12-03); MINILLM_TEST_SANITIZE_OVERFLOW=1 turns it back on.
+integer-overflow sanitizer is off: for every int32 add, sub or mul it computes the op again in
+int64 and the range condition, then drops the assertion, because the interpreter's options have
+debug off (Triton 3.9: a kernel that overflows int32 runs without a report, TRITON_DEBUG=1 or
+not). It checked nothing and took a fifth to a quarter of the interpreted tests' time.
 """
 import dataclasses
 import inspect
@@ -78,8 +78,7 @@ def install():
     if callable(getattr(interp, "_get_np_dtype", None)):
         interp._get_np_dtype = _memoized_np_dtype(interp._get_np_dtype, tl)
     builder = getattr(interp, "interpreter_builder", None)
-    if os.environ.get("MINILLM_TEST_SANITIZE_OVERFLOW") != "1" and hasattr(getattr(builder, "options", None),
-                                                                           "sanitize_overflow"):
+    if hasattr(getattr(builder, "options", None), "sanitize_overflow"):
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
 
 
@@ -99,4 +98,5 @@ def _memoized_np_dtype(get_np_dtype, tl):
             found = by_name[scalar.name] = get_np_dtype(scalar)
         return found
 
+    np_dtype.__wrapped__ = get_np_dtype
     return np_dtype
