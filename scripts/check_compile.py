@@ -52,8 +52,8 @@ def target_only(arch):
 def install_compile_only(arch, sms, every_config, log, where, failures, only=""):
     """Route every launch to compilation for sm_`arch` on CPU tensors, logging each compiled
     kernel: (name, hash) -> [CompiledKernel, launches, fixed layout?, blocks, first launched
-    by (where[0], set by the caller), seconds its first launch took]; a kernel that does not compile is one line in failures.
-    Kernels whose name does not contain `only` are skipped, not compiled."""
+    by (where[0], set by the caller), seconds its first launch took]; a kernel that does not
+    compile is one line in failures. Kernels whose name does not contain `only` are skipped."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
@@ -246,7 +246,8 @@ def report(log, arch, seconds):
     limit = SMEM_LIMIT[arch]
     cuobjdump = find_cuobjdump()
     rows, failures = [], []
-    for (name, _), (k, launches, fixed, blocks, first, secs) in sorted(log.items(), key=lambda kv: (kv[0][0], kv[1][4])):
+    for (name, _), (k, launches, fixed, blocks, first, secs) in sorted(log.items(),
+                                                                       key=lambda kv: (kv[0][0], kv[1][4])):
         regs, local = cubin_usage(k, cuobjdump)
         md = k.metadata
         over = md.shared > limit

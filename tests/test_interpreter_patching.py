@@ -26,12 +26,12 @@ def test_memoized_dtypes_are_tritons():
             assert memo(t) == original(t), t
 
 
-def test_int32_arithmetic_wraps_as_before(tmp_path):
+def test_int32_arithmetic_wraps_as_before():
     """The overflow sanitizer is off, and int32 products and sums still wrap as numpy's (Triton
     never reported an overflow here: its assertion needs debug)."""
     import triton.runtime.interpreter as interp
 
-    from tests.kernels import wrapping_kernel
+    from tests import wrapping_kernel
 
     assert interp.interpreter_builder.options.sanitize_overflow is False
     x = torch.tensor([2 ** 30, -(2 ** 30), 12345, 2 ** 31 - 1], dtype=torch.int32)
