@@ -2,14 +2,21 @@
 run never interprets)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tests.conftest import ON_GPU
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the patches are the interpreter's: a GPU run compiles")
 
 
+@triton.jit
+def _mul_add(x_ptr, out_ptr, N: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, N))
+    tl.store(out_ptr + tl.arange(0, N), x * 3 + x + 5)  # wraps past int32's range
+
+
 def test_memoized_dtypes_are_tritons():
-    import triton.language as tl
     import triton.runtime.interpreter as interp
 
     from tests.interpreter_patching import _memoized_np_dtype
@@ -31,12 +38,10 @@ def test_int32_arithmetic_wraps_as_before():
     never reported an overflow here: its assertion needs debug)."""
     import triton.runtime.interpreter as interp
 
-    from tests import wrapping_kernel
-
     assert interp.interpreter_builder.options.sanitize_overflow is False
     x = torch.tensor([2 ** 30, -(2 ** 30), 12345, 2 ** 31 - 1], dtype=torch.int32)
     out = torch.full_like(x, 7)
-    wrapping_kernel.mul_add[(1,)](x, out, N=4)
+    _mul_add[(1,)](x, out, N=4)
     expect = (x.to(torch.int64) * 3 + x.to(torch.int64) + 5) & 0xFFFFFFFF
     expect = torch.where(expect >= 2 ** 31, expect - 2 ** 32, expect).to(torch.int32)
     assert torch.equal(out, expect)
