@@ -115,7 +115,7 @@ def test_cuda_absent_exits_1(model):
 @needs_tokenizer
 def test_prompt_longer_than_context_exits_1(model):
     p = run("generate", "--model", model, "--device", "cpu", "--max-new-tokens", "10", "word " * 80)
-    assert p.returncode == 1 and "exceeds the model's context of 64 positions" in p.stderr
+    assert p.returncode == 1 and "is longer than the model's context of 64 positions" in p.stderr
     assert_no_traceback(p)
     v = run("generate", "--model", model, "--device", "cpu", "--verbose", "--max-new-tokens", "10", "word " * 80)
     assert v.returncode == 1 and "Traceback" in v.stderr  # --verbose shows it

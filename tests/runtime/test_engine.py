@@ -10,7 +10,7 @@ import kernels.vocab_screen
 from kernels.argmax_key import argmax_index
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
-from minillm.checks import NonFiniteLogitsError, check_vocab
+from minillm.checks import ContextLengthError, NonFiniteLogitsError, check_context, check_vocab
 from minillm.decode_state import batch_bucket, cache_bucket
 from minillm.generate import SYNC_EVERY
 from tests.conftest import ON_GPU
@@ -229,6 +229,23 @@ def test_ids_outside_the_vocabulary_end_with_a_clear_error():
         check_vocab([[1, 2], [3, 256]], 256)
     with pytest.raises(NonFiniteLogitsError, match="sequence 0, new token 5: id -1"):
         check_vocab([[-1]], 256, first=5)
+
+
+def test_context_check_says_how_much_fits():
+    """check_context: the last new token is never fed back, so a full context still gives one;
+    a prompt longer than the context is told how long it may be (not a negative count of tokens)."""
+    check_context(60, 5, 64)
+    check_context(64, 1, 64)
+    with pytest.raises(ContextLengthError, match=r"prompt of 60 tokens \+ max_new_tokens 6 exceeds the model's "
+                       r"context of 64 positions \(at most 5 new tokens for this prompt\)"):
+        check_context(60, 6, 64)
+    with pytest.raises(ContextLengthError, match=r"\(at most 1 new token for this prompt\)"):
+        check_context(64, 2, 64)
+    with pytest.raises(ContextLengthError, match=r"prompt of 101 tokens is longer than the model's context of 64 "
+                       r"positions \(with max_new_tokens 10, at most 55 tokens\)"):
+        check_context(101, 10, 64)
+    with pytest.raises(ContextLengthError, match=r"prompt of 65 tokens is longer .* \(with max_new_tokens 1, at most 64 tokens\)"):
+        check_context(65, 1, 64)
 
 
 def test_mlp_out_asks_l2_for_the_next_weights(path, monkeypatch):
