@@ -32,6 +32,18 @@ class MiniLLMError(RuntimeError):
     """A runtime problem with one clear message (the CLI prints it as one line)."""
 
 
+def _token_id(t, vocab_size):
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+
+
+def _params(params):
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params: expected a SamplingParams or None, got {type(params).__name__}")
+    return params
+
+
 def _pick_device(device):
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -117,7 +129,8 @@ class LLM:
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts: expected a str, a list of str, or a list of token-id lists")
+            got = "an empty list" if isinstance(prompts, (list, tuple)) else type(prompts).__name__
+            raise ValueError(f"prompts: expected a str, a list of str, or a list of token-id lists, got {got}")
         V = self.config.vocab_size
         out = []
         for i, p in enumerate(prompts):
@@ -128,8 +141,9 @@ class LLM:
                 raise ValueError(f"prompts[{i}]: expected a str or a list of token ids, got {type(p).__name__}")
             if not ids:
                 raise ValueError(f"prompts[{i}]: expected at least one token")
-            if not all(isinstance(t, int) and 0 <= t < V for t in ids):
-                raise ValueError(f"prompts[{i}]: expected token ids in [0, {V})")
+            bad = next((j for j, t in enumerate(ids) if not _token_id(t, V)), None)
+            if bad is not None:
+                raise ValueError(f"prompts[{i}][{bad}]: expected a token id, an integer in [0, {V}), got {ids[bad]!r}")
             out.append(list(ids))
         return out
 
@@ -175,7 +189,7 @@ class LLM:
         .finish_reason ("stop" or "length") and .metrics (prompt_tokens, new_tokens, ttft_s,
         decode_tok_s: NaN where the one new token came from prefill, batch_tok_s, total_s).
         """
-        params = params or SamplingParams()
+        params = _params(params)
         ids = self._prompt_ids(prompts)
         *_, (_, outs, timings) = self._run(ids, params, stream=False)
         return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]
@@ -183,7 +197,7 @@ class LLM:
     def stream(self, prompt, params: SamplingParams | None = None):
         """Yield the text of one prompt's continuation piece by piece as tokens arrive.
         After the loop, `self.last_result` holds the full GenerationResult."""
-        params = params or SamplingParams()
+        params = _params(params)
         if self.tokenizer is None:
             raise MiniLLMError(f"{self.model_dir}: stream() needs a tokenizer to produce text")
         prompts = self._prompt_ids(prompt)

@@ -41,12 +41,12 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
-            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("max_new_tokens", _integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
             ("temperature", _real(self.temperature) and self.temperature >= 0, "a number >= 0"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0"),
+            ("top_k", _integer(self.top_k) and self.top_k >= 0, "an integer >= 0"),
             ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
             ("repetition_penalty", _real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
-            ("seed", self.seed is None or isinstance(self.seed, int), "an integer or None"),
+            ("seed", self.seed is None or _integer(self.seed), "an integer or None"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
         ]
         for name, ok, expected in checks:
@@ -61,6 +61,10 @@ class SamplingParams:
         """What a captured decode step bakes in."""
         return (self.greedy, float(self.temperature), self.top_k, float(self.top_p),
                 float(self.repetition_penalty))
+
+
+def _integer(x):
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _real(x):

@@ -128,6 +128,9 @@ def test_one_new_token_has_no_decode_rate(llm_ids):
     (dict(top_k=-1), "top_k: expected an integer >= 0"),
     (dict(max_new_tokens=0), "max_new_tokens: expected an integer >= 1"),
     (dict(repetition_penalty=0), "repetition_penalty: expected a number > 0"),
+    (dict(max_new_tokens=True), "max_new_tokens: expected an integer >= 1, got True"),  # bool is not a count
+    (dict(top_k=2.5), "top_k: expected an integer >= 0, got 2.5"),
+    (dict(seed=False), "seed: expected an integer or None, got False"),
 ])
 def test_sampling_params_validation(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -136,16 +139,26 @@ def test_sampling_params_validation(kw, match):
 
 def test_bad_prompts(llm_ids):
     llm, _ = llm_ids
-    with pytest.raises(ValueError, match=r"prompts\[0\]: expected token ids in \[0, 512\)"):
+    with pytest.raises(ValueError, match=r"prompts\[0\]\[1\]: expected a token id, an integer in \[0, 512\), got 512$"):
         llm.generate([[1, 512]])
-    with pytest.raises(ValueError, match="prompts: expected"):
+    with pytest.raises(ValueError, match=r"prompts\[1\]\[2\]: expected a token id, .*, got 1\.0$"):
+        llm.generate([[1], [2, 3, 1.0]])
+    with pytest.raises(ValueError, match=r"prompts\[0\]\[0\]: expected a token id, .*, got True$"):
+        llm.generate([[True]])
+    with pytest.raises(ValueError, match="prompts: expected .*, got an empty list$"):
         llm.generate([])
+    with pytest.raises(ValueError, match="prompts: expected .*, got NoneType$"):
+        llm.generate(None)
     with pytest.raises(ValueError, match=r"prompts\[1\]: expected at least one token"):
         llm.generate([[1], []])
     with pytest.raises(ValueError, match=r"prompts\[1\]: expected a str or a list of token ids, got int"):
         llm.generate([[1], 3])
     with pytest.raises(MiniLLMError, match="no tokenizer, so prompts must be lists of token ids"):
         llm.generate("Hi")
+    with pytest.raises(TypeError, match="^params: expected a SamplingParams or None, got dict$"):
+        llm.generate([[1]], {"max_new_tokens": 2})
+    with pytest.raises(TypeError, match="^params: expected a SamplingParams or None, got dict$"):
+        next(llm.stream([1], {"max_new_tokens": 2}))
 
 
 def test_tensor_prompts(llm_ids):
