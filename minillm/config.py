@@ -42,9 +42,14 @@ class GPTConfig:
         """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError."""
         archs = hf.get("architectures") or []
         model_type = hf.get("model_type")
-        if model_type != "gpt2" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
-            got = ", ".join(archs) or model_type or "unknown"
-            raise ConfigError(f"{source}: unsupported architecture {got}; minillm supports "
+        if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
+            got = f"architecture {', '.join(archs)}"
+        elif model_type != "gpt2":  # the architecture alone does not say a config is GPT-2's
+            got = f"model_type {model_type!r}"
+        else:
+            got = None
+        if got:
+            raise ConfigError(f"{source}: unsupported {got}; minillm supports model_type 'gpt2' with "
                               f"{', '.join(SUPPORTED_ARCHITECTURES)} (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                               "distilgpt2)")
         act = hf.get("activation_function", "gelu_new")
@@ -56,16 +61,16 @@ class GPTConfig:
                 raise ConfigError(f"{source}: {flag}=true is not supported")
         if not hf.get("scale_attn_weights", True):
             raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
-        n_embd, n_head = int(hf.get("n_embd", 768)), int(hf.get("n_head", 12))
+        n_embd, n_head = _count(hf, "n_embd", 768, source), _count(hf, "n_head", 12, source)
         if n_embd % n_head:
             raise ConfigError(f"{source}: n_embd {n_embd} is not divisible by n_head {n_head}")
         eos = hf.get("eos_token_id", 50256)
         bos = hf.get("bos_token_id", 50256)
         return cls(
-            n_layer=int(hf.get("n_layer", 12)), n_head=n_head, n_embd=n_embd,
-            n_positions=int(hf.get("n_positions", hf.get("n_ctx", 1024))),
-            vocab_size=int(hf.get("vocab_size", 50257)),
-            layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
+            n_layer=_count(hf, "n_layer", 12, source), n_head=n_head, n_embd=n_embd,
+            n_positions=_count(hf, "n_positions" if "n_positions" in hf else "n_ctx", 1024, source),
+            vocab_size=_count(hf, "vocab_size", 50257, source),
+            layer_norm_epsilon=_epsilon(hf.get("layer_norm_epsilon", 1e-5), source),
             activation=SUPPORTED_ACTIVATIONS[act],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
             bos_token_id=int(bos[0] if isinstance(bos, list) else bos if bos is not None else 50256),
@@ -80,6 +85,22 @@ class GPTConfig:
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon,
                 "activation_function": act, "tie_word_embeddings": self.tie_word_embeddings,
                 "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
+
+
+def _count(hf, key, default, source):
+    """A size from config.json: a positive integer (JSON may write it as 12.0)."""
+    value = hf.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{source}: {key}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _epsilon(value, source):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ConfigError(f"{source}: layer_norm_epsilon: expected a number in [0, 1), got {value!r}")
+    return float(value)
 
 
 # the GPT-2 family as published on the Hugging Face hub

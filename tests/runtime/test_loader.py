@@ -116,8 +116,31 @@ def test_non_finite_weights(tmp_path, value, dtype):
 
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
-    with pytest.raises(ModelLoadError, match="unsupported architecture LlamaForCausalLM; minillm supports GPT2LMHeadModel"):
+    with pytest.raises(ModelLoadError, match="unsupported architecture LlamaForCausalLM; minillm supports "
+                       "model_type 'gpt2' with GPT2LMHeadModel"):
         LLM(str(tmp_path), device="cpu")
+    # a GPT-2 architecture under another model_type: the message names what is wrong, not the architecture
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "llama"}))
+    with pytest.raises(ModelLoadError, match="unsupported model_type 'llama'; minillm supports model_type 'gpt2'"):
+        LLM(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_text(json.dumps({"n_layer": 2}))
+    with pytest.raises(ModelLoadError, match="unsupported model_type None; minillm supports"):
+        LLM(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("n_head", 0, "an integer >= 1"), ("n_layer", 0, "an integer >= 1"), ("vocab_size", -5, "an integer >= 1"),
+    ("n_positions", "1024", "an integer >= 1"), ("n_embd", True, "an integer >= 1"),
+    ("layer_norm_epsilon", -1e-5, r"a number in \[0, 1\)"),
+])
+def test_config_sizes_are_checked(tmp_path, field, value, expected):
+    """A size that is no positive integer is named with what was expected (n_head 0 had been a
+    ZeroDivisionError); an integer written as 12.0 still reads."""
+    hf = GPTConfig(**SMALL).to_hf()
+    (tmp_path / "config.json").write_text(json.dumps({**hf, field: value}))
+    with pytest.raises(ModelLoadError, match=rf"config.json: {field}: expected {expected}, got {value!r}$"):
+        LLM(str(tmp_path), device="cpu")
+    assert GPTConfig.from_hf({**hf, "n_layer": 2.0}).n_layer == 2
 
 
 def test_bin_only_and_missing_config(tmp_path):
