@@ -36,15 +36,16 @@ def _count(n, noun):
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def _int_at_least(lo):
-    """argparse type: an int >= lo (argparse names the option in its message)."""
+def _int_at_least(lo, below=None, below_text=None):
+    """argparse type: an int >= lo (and < below), argparse naming the option in its message."""
     def parse(s):
         try:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        if v < lo or (below is not None and v >= below):
+            rng = f">= {lo}" if below is None else f"in [{below_text[0]}, {below_text[1]})"
+            raise argparse.ArgumentTypeError(f"expected an integer {rng}, got {v}")
         return v
     return parse
 
@@ -56,7 +57,7 @@ def _number(lo=None, hi=None, lo_open=False):
             v = float(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-        if v != v or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
             lo_s = f"> {lo}" if lo_open else f">= {lo}"
             rng = f"in ({lo}, {hi}]" if hi is not None else lo_s
             raise argparse.ArgumentTypeError(f"expected a number {rng}, got {s}")
@@ -85,7 +86,8 @@ def build_parser():
                    help="nucleus sampling mass in (0, 1] (default: 1.0)")
     g.add_argument("--repetition-penalty", type=_number(lo=0, lo_open=True), default=1.0,
                    help="> 1 discourages repeats (default: 1.0)")
-    g.add_argument("--seed", type=int, default=None, help="random seed for reproducible samples")
+    g.add_argument("--seed", type=_int_at_least(-2 ** 63, 2 ** 64, ("-2**63", "2**64")), default=None,
+                   help="random seed for reproducible samples")
     g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when TEXT appears (repeatable; not printed)")
@@ -148,16 +150,31 @@ def _add_runtime_args(p):
     p.add_argument("--verbose", action="store_true", help="show tracebacks and load details")
 
 
+def _read_stdin():
+    """stdin's text, decoded as UTF-8 whatever the locale; bytes that are not UTF-8 are an error."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+    except UnicodeDecodeError as e:
+        raise UsageError(f"PROMPT: expected UTF-8 text; stdin ('-') is not (byte {e.start})") from None
+
+
 def cmd_generate(args):
     if args.prompts.count("-") > 1:
         raise UsageError("PROMPT: '-' (read from stdin) may appear once")
     if "-" in args.prompts and sys.stdin.isatty():
         print("[minillm] reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
-    prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
+    prompts = [_read_stdin() if p == "-" else p for p in args.prompts]
     for i, (arg, p) in enumerate(zip(args.prompts, prompts)):
+        where = "stdin ('-')" if arg == "-" else f"prompt {i + 1}"
         if not p.strip():
-            where = "stdin ('-') was empty" if arg == "-" else f"prompt {i + 1} is empty"
-            raise UsageError(f"PROMPT: expected non-empty text; {where}")
+            raise UsageError(f"PROMPT: expected non-empty text; {where} is empty")
+        try:
+            p.encode("utf-8")  # undecodable argv bytes arrive as lone surrogates
+        except UnicodeEncodeError as e:
+            raise UsageError(f"PROMPT: expected UTF-8 text; {where} is not (character {e.start})") from None
     import warnings  # torch and the engine load only once the arguments are known to be good
 
     from .api import LLM

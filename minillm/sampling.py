@@ -46,7 +46,8 @@ class SamplingParams:
             ("top_k", _integer(self.top_k) and self.top_k >= 0, "an integer >= 0"),
             ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
             ("repetition_penalty", _real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
-            ("seed", self.seed is None or _integer(self.seed), "an integer or None"),
+            ("seed", self.seed is None or (_integer(self.seed) and -2 ** 63 <= self.seed < 2 ** 64),
+             "an integer in [-2**63, 2**64) (torch.manual_seed's range) or None"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
         ]
         for name, ok, expected in checks:

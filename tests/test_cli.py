@@ -15,10 +15,15 @@ needs_tokenizer = pytest.mark.skipif(real_tokenizer_dir() is None,
 
 
 def run(*args, stdin=None):
+    """The command's exit status and text output; stdin as text, or bytes to pass as they are."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "minillm", *args], input=stdin, capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    text = not isinstance(stdin, bytes)
+    p = subprocess.run([sys.executable, "-m", "minillm", *args], input=stdin, capture_output=True, text=text,
+                       env=env, cwd=ROOT, timeout=300)
+    if not text:
+        p.stdout, p.stderr = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    return p
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +70,9 @@ def test_stdin_prompt_and_batch(model):
     (["--top-p", "1.5"], "--top-p: expected a number in (0, 1]"),
     (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
+    (["--temperature", "inf"], "--temperature: expected a number >= 0, got inf"),
+    (["--seed", str(2 ** 64)], "--seed: expected an integer in [-2**63, 2**64), got 18446744073709551616"),
+    (["--seed", "1.5"], "--seed: expected an integer, got '1.5'"),
     (["--dtype", "int8"], "invalid choice"),
     (["-", "-"], "PROMPT: '-' (read from stdin) may appear once"),
     (["  "], "PROMPT: expected non-empty text; prompt 1 is empty"),
@@ -88,8 +96,31 @@ def test_bench_bad_sampling_exits_2(args, message):
 
 def test_empty_stdin_exits_2():
     p = run("generate", "--model", "unused", "-", stdin="\n")
-    assert p.returncode == 2 and "stdin ('-') was empty" in p.stderr, p.stderr
+    assert p.returncode == 2 and "stdin ('-') is empty" in p.stderr, p.stderr
     assert_no_traceback(p)
+
+
+def test_text_that_is_not_utf8_exits_2():
+    """Bytes that are not UTF-8, on stdin or in an argument, whatever the locale: one line that
+    says where (they had reached the tokenizer: "TextInputSequence must be str")."""
+    p = run("generate", "--model", "unused", "-", stdin=b"ok \xff\xfe then")
+    assert p.returncode == 2 and "PROMPT: expected UTF-8 text; stdin ('-') is not (byte 3)" in p.stderr, p.stderr
+    assert_no_traceback(p)
+    if sys.platform != "win32":  # POSIX argv is bytes; Python hands undecodable ones over as surrogates
+        q = run("generate", "--model", "unused", "fine", b"ab\xff")
+        assert q.returncode == 2 and "PROMPT: expected UTF-8 text; prompt 2 is not (character 2)" in q.stderr, q.stderr
+        assert_no_traceback(q)
+
+
+@needs_tokenizer
+def test_stdin_reads_utf8_with_any_line_ends(model):
+    """stdin is read as bytes and decoded as UTF-8, with \\r\\n and \\r read as \\n as text mode does."""
+    counts = []
+    for data in ("caf\u00e9\n".encode(), b"caf\xc3\xa9\r\n", b"caf\xc3\xa9\r"):
+        p = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "1", "-", stdin=data)
+        assert p.returncode == 0, p.stderr
+        counts.append(p.stderr.strip().splitlines()[-1].split(" prompt token")[0])
+    assert counts == [counts[0]] * 3, counts  # "\r\n" unread as "\n" would be one token more
 
 
 def test_runtime_errors_exit_1(tmp_path):

@@ -130,7 +130,9 @@ def test_one_new_token_has_no_decode_rate(llm_ids):
     (dict(repetition_penalty=0), "repetition_penalty: expected a number > 0"),
     (dict(max_new_tokens=True), "max_new_tokens: expected an integer >= 1, got True"),  # bool is not a count
     (dict(top_k=2.5), "top_k: expected an integer >= 0, got 2.5"),
-    (dict(seed=False), "seed: expected an integer or None, got False"),
+    (dict(seed=False), r"seed: expected an integer in \[-2\*\*63, 2\*\*64\) .* or None, got False"),
+    (dict(seed=2 ** 64), r"seed: expected an integer in \[-2\*\*63, 2\*\*64\) .* got 18446744073709551616"),
+    (dict(seed=-2 ** 63 - 1), r"seed: expected .* got -9223372036854775809"),
 ])
 def test_sampling_params_validation(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -244,7 +244,8 @@ def test_context_check_says_how_much_fits():
     with pytest.raises(ContextLengthError, match=r"prompt of 101 tokens is longer than the model's context of 64 "
                        r"positions \(with max_new_tokens 10, at most 55 tokens\)"):
         check_context(101, 10, 64)
-    with pytest.raises(ContextLengthError, match=r"prompt of 65 tokens is longer .* \(with max_new_tokens 1, at most 64 tokens\)"):
+    with pytest.raises(ContextLengthError,
+                       match=r"prompt of 65 tokens is longer .* \(with max_new_tokens 1, at most 64 tokens\)"):
         check_context(65, 1, 64)
 
 
