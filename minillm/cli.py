@@ -262,6 +262,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("\n[minillm] interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the signal ended
     except Exception as e:  # one clear line; the traceback only when asked for
         if getattr(args, "verbose", False):
             raise

@@ -83,6 +83,23 @@ def test_bad_usage_exits_2(args, message):
     assert_no_traceback(p)
 
 
+@needs_tokenizer
+@pytest.mark.parametrize("batch", [[], ["-n", "2"]], ids=["streamed", "batch"])
+def test_reader_gone_exits_quietly(model, batch):
+    """`minillm generate ... | head`: the reader closes the pipe before any text arrives (here
+    at once, so the first write fails whatever the timing). The command stops with 141 (128 +
+    SIGPIPE, as a shell reports a tool the signal ended) and no error line or traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "generate", "--model", model, "--device", "cpu",
+                          "--max-new-tokens", "8", *batch, "Hi"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 @pytest.mark.parametrize("args,message", [
     (["--top-p", "0.9"], "--top-k/--top-p: expected --temperature > 0 with them"),
     (["--temperature", "-1"], "--temperature: expected a number >= 0"),
