@@ -27,8 +27,11 @@ def _ref(x, w, **kw):
     return ref.linear(x.double(), w.double(), **kw)
 
 
-# K off a power of two (the tile is masked past K), N off the 4-column block, K past 2048
-SHAPES = [(72, 100), (300, 37), (1024, 64), (3000, 5)]
+# K off a power of two (the tile is masked past K), N off the 4-column block, K past 2048. Not
+# fewer columns at K = 3000: with five, bfloat16's rounding alone (the folded weights, the
+# output), computed exactly, passed the norm's 1e-2 in only 99.75% of draws, as the kernel missed
+# it once on a GPU (1.155e-2, session 139); with 13 the largest of 2,000 draws was 7.0e-3
+SHAPES = [(72, 100), (300, 37), (1024, 64), (3000, 13)]
 
 
 @pytest.mark.parametrize("K,N", SHAPES)
