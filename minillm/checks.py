@@ -14,16 +14,17 @@ def check_context(prompt_len, max_new_tokens, n_positions):
     """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
     if prompt_len > n_positions:
         raise ContextLengthError(
-            f"prompt of {_tokens(prompt_len)} is longer than the model's context of {n_positions} positions "
-            f"(with max_new_tokens {max_new_tokens}, at most {_tokens(max(n_positions - max_new_tokens + 1, 0))})")
+            f"prompt of {count(prompt_len)} is longer than the model's context of {n_positions} positions "
+            f"(with max_new_tokens {max_new_tokens}, at most {count(max(n_positions - max_new_tokens + 1, 0))})")
     if prompt_len + max_new_tokens - 1 > n_positions:
         raise ContextLengthError(
-            f"prompt of {_tokens(prompt_len)} + max_new_tokens {max_new_tokens} exceeds "
+            f"prompt of {count(prompt_len)} + max_new_tokens {max_new_tokens} exceeds "
             f"the model's context of {n_positions} positions "
-            f"(at most {_tokens(n_positions - prompt_len + 1, 'new token')} for this prompt)")
+            f"(at most {count(n_positions - prompt_len + 1, 'new token')} for this prompt)")
 
 
-def _tokens(n, noun="token"):
+def count(n, noun="token"):
+    """'1 token', '2 tokens': a count with its noun."""
     return f"{n} {noun}{'s' * (n != 1)}"
 
 

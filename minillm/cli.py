@@ -8,6 +8,8 @@ import math
 import os
 import sys
 
+from .checks import count
+
 EPILOG_MAIN = """examples:
   minillm generate --model gpt2 "The meaning of life is"
   minillm generate --model ./weights/gpt2 --greedy --max-new-tokens 50 "Once upon a time"
@@ -30,10 +32,6 @@ first token, decode tokens/s.
 
 class UsageError(Exception):
     pass
-
-
-def _count(n, noun):
-    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _int_at_least(lo, below=None, below_text=None):
@@ -209,7 +207,7 @@ def cmd_generate(args):
     n_new = sum(r.metrics["new_tokens"] for r in results)
     rate = m["decode_tok_s"] * len(results)
     decode = "no decode step" if math.isnan(rate) else f"decode {rate:,.1f} tokens/s"
-    print(f"[minillm] {_count(n_prompt, 'prompt token')}, {_count(n_new, 'new token')}, time to first token "
+    print(f"[minillm] {count(n_prompt, 'prompt token')}, {count(n_new, 'new token')}, time to first token "
           f"{m['ttft_s'] * 1e3:.1f} ms, {decode} ({llm.backend} on {llm.device})", file=sys.stderr)
     return 0
 

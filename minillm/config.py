@@ -61,15 +61,15 @@ class GPTConfig:
                 raise ConfigError(f"{source}: {flag}=true is not supported")
         if not hf.get("scale_attn_weights", True):
             raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
-        n_embd, n_head = _count(hf, "n_embd", 768, source), _count(hf, "n_head", 12, source)
+        n_embd, n_head = _size(hf, "n_embd", 768, source), _size(hf, "n_head", 12, source)
         if n_embd % n_head:
             raise ConfigError(f"{source}: n_embd {n_embd} is not divisible by n_head {n_head}")
         eos = hf.get("eos_token_id", 50256)
         bos = hf.get("bos_token_id", 50256)
         return cls(
-            n_layer=_count(hf, "n_layer", 12, source), n_head=n_head, n_embd=n_embd,
-            n_positions=_count(hf, "n_positions" if "n_positions" in hf else "n_ctx", 1024, source),
-            vocab_size=_count(hf, "vocab_size", 50257, source),
+            n_layer=_size(hf, "n_layer", 12, source), n_head=n_head, n_embd=n_embd,
+            n_positions=_size(hf, "n_positions" if "n_positions" in hf else "n_ctx", 1024, source),
+            vocab_size=_size(hf, "vocab_size", 50257, source),
             layer_norm_epsilon=_epsilon(hf.get("layer_norm_epsilon", 1e-5), source),
             activation=SUPPORTED_ACTIVATIONS[act],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
@@ -87,7 +87,7 @@ class GPTConfig:
                 "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
 
 
-def _count(hf, key, default, source):
+def _size(hf, key, default, source):
     """A size from config.json: a positive integer (JSON may write it as 12.0)."""
     value = hf.get(key, default)
     if isinstance(value, float) and value.is_integer():
