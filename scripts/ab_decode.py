@@ -11,7 +11,8 @@ batch (prompt 32, 128 new tokens, greedy or with --temperature sampled from seed
 and reports the median decode tokens/s, the range, the median time to first token and a hash of
 the ids. The table gives each variant's median per round (tokens/s, or --metric ttft), the change
 against the first variant and whether the ids matched it. The worker finds minillm on PYTHONPATH
-first, so a variant's PYTHONPATH may name another copy of the tree.
+first, so a variant's PYTHONPATH may name another copy of the tree, an older commit's too (one
+from before minillm.bench.model_weights gets the same weights from its build).
 A process's speed is not all the variant's: at gpt2 batch 64 (H200, session 121) processes of
 one setting settled at two levels about 1.8% apart, each steady over its runs
 (bench/results/h200/session-121/). Within a process a lone engine kept its level over 24
@@ -103,7 +104,14 @@ def worker(args):
     import torch
 
     sys.path.append(str(ROOT))  # after PYTHONPATH: a variant may name another tree
-    from minillm.bench import model_weights
+    try:
+        from minillm.bench import model_weights
+    except ImportError:  # a tree from before model_weights (session 138): build's weights, the same ones
+        from minillm.bench import build
+
+        def model_weights(model, device, dtype):
+            cfg, _, weights = build(model, device, dtype)
+            return cfg, weights
     from minillm.generate import Engine
     from minillm.model import GPT
     from minillm.sampling import SamplingParams

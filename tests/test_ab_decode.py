@@ -2,6 +2,7 @@
 clear one-line error for a bad variant (on the CPU, plain-torch backend, a tiny checkpoint)."""
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,23 @@ def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
     assert [(r["variant"], r["batch"]) for r in rows] == [("(as set)", 1), ("(as set)", 2)]
     md = (tmp_path / "ab.md").read_text()
     assert "| (as set) | MINILLM_GEMV_FIXED=2 |" in md and md.rstrip().endswith("|  | - | - |")
+
+
+def test_a_tree_from_before_model_weights(ckpt, tmp_path):
+    """A variant's PYTHONPATH may name a copy of an older tree, whose minillm.bench has no
+    model_weights (before session 138): the worker takes build's weights there, the same ones,
+    so both variants run and their ids match."""
+    old = tmp_path / "old"
+    for pkg in ("minillm", "kernels"):
+        shutil.copytree(ROOT / pkg, old / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    bench = old / "minillm" / "bench.py"
+    bench.write_text(bench.read_text().replace("model_weights(", "_weights_of_old_tree("))
+    done = _run("--env", f"PYTHONPATH={ROOT}", "--env", f"PYTHONPATH={old}", "--model", ckpt, "--rounds", "1",
+                "--out", str(tmp_path), *CPU)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "ab.json").read_text())
+    assert [r["variant"] for r in rows] == [f"PYTHONPATH={ROOT}"] * 2 + [f"PYTHONPATH={old}"] * 2
+    assert [r["ids"] for r in rows[:2]] == [r["ids"] for r in rows[2:]]
 
 
 def test_a_value_may_hold_commas():
