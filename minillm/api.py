@@ -190,6 +190,9 @@ class LLM:
         decode_tok_s: NaN where the one new token came from prefill, batch_tok_s, total_s).
         """
         params = _params(params)
+        if params.stop and self.tokenizer is None:  # ignoring them would run on past where they end
+            raise MiniLLMError(f"{self.model_dir}: no tokenizer, so stop strings cannot be matched "
+                               "(generation still ends at the model's eos_token_id)")
         ids = self._prompt_ids(prompts)
         *_, (_, outs, timings) = self._run(ids, params, stream=False)
         return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]

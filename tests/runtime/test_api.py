@@ -157,6 +157,8 @@ def test_bad_prompts(llm_ids):
         llm.generate([[1], 3])
     with pytest.raises(MiniLLMError, match="no tokenizer, so prompts must be lists of token ids"):
         llm.generate("Hi")
+    with pytest.raises(MiniLLMError, match="no tokenizer, so stop strings cannot be matched"):
+        llm.generate([[1]], SamplingParams(max_new_tokens=2, stop=["x"]))  # had been ignored
     with pytest.raises(TypeError, match="^params: expected a SamplingParams or None, got dict$"):
         llm.generate([[1]], {"max_new_tokens": 2})
     with pytest.raises(TypeError, match="^params: expected a SamplingParams or None, got dict$"):
