@@ -202,6 +202,7 @@ def cmd_generate(args):
             head = f"--- prompt {i // args.num_samples + 1}" + (f", sample {i % args.num_samples + 1}"
                                                                  if args.num_samples > 1 else "")
             print(f"{head} ({r.finish_reason}) ---\n{batch[i]}{r.text}")
+        sys.stdout.flush()  # here, where a reader that left is handled (main), not at exit
     m = results[0].metrics
     n_prompt = sum(r.metrics["prompt_tokens"] for r in results)
     n_new = sum(r.metrics["new_tokens"] for r in results)
