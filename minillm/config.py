@@ -41,6 +41,7 @@ class GPTConfig:
     def from_hf(cls, hf: dict, source="config.json"):
         """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError."""
         archs = hf.get("architectures") or []
+        archs = [archs] if isinstance(archs, str) else archs  # a hand-written config's one name
         model_type = hf.get("model_type")
         if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
             got = f"architecture {', '.join(archs)}"

@@ -86,9 +86,13 @@ def read_config(model_dir):
     if not path.is_file():
         raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
     try:
-        return GPTConfig.from_hf(json.loads(path.read_text()), source=str(path))
+        hf = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object of settings, got a {type(hf).__name__}")
+    try:
+        return GPTConfig.from_hf(hf, source=str(path))
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
 

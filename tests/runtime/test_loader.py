@@ -143,6 +143,12 @@ def test_config_sizes_are_checked(tmp_path, field, value, expected):
     assert GPTConfig.from_hf({**hf, "n_layer": 2.0}).n_layer == 2
 
 
+def test_config_that_is_not_an_object(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"config.json: expected a JSON object of settings, got a list$"):
+        LLM(str(tmp_path), device="cpu")
+
+
 def test_bin_only_and_missing_config(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         LLM(str(tmp_path), device="cpu")
