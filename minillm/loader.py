@@ -155,7 +155,11 @@ def load_weights(model_dir, cfg: GPTConfig, device, dtype):
                     got = tuple(f.get_slice(key).get_shape())
                     if got != shapes[name]:
                         raise ModelLoadError(f"{path}: tensor {key} has shape {got}, expected {shapes[name]}")
-                    t = f.get_tensor(key).to(device=device, dtype=dtype)
+                    t = f.get_tensor(key)
+                    if not t.is_floating_point():  # as floats it would load as a wrong model, silently
+                        raise ModelLoadError(f"{path}: tensor {key} is stored as {str(t.dtype).removeprefix('torch.')}"
+                                             ", expected floating point (quantized checkpoints are not supported)")
+                    t = t.to(device=device, dtype=dtype)
                     if not torch.isfinite(t).all():  # NaN logits later, or garbage tokens: say it here
                         bad = int((~torch.isfinite(t)).sum())
                         raise ModelLoadError(f"{path}: tensor {key} holds {bad} NaN or inf value(s) in "

@@ -103,6 +103,20 @@ def test_wrong_shape(tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
+@pytest.mark.parametrize("stored", [torch.int8, torch.bool])
+def test_integer_weights_are_refused(tmp_path, stored):
+    """A tensor stored as integers (a quantized checkpoint's, without its scales) had been cast to
+    floats and run as a wrong model, silently."""
+    build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd["transformer.h.1.mlp.c_fc.weight"] = (sd["transformer.h.1.mlp.c_fc.weight"] * 100).to(stored)
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    name = str(stored).removeprefix("torch.")
+    with pytest.raises(ModelLoadError, match=rf"tensor transformer\.h\.1\.mlp\.c_fc\.weight is stored as {name}, "
+                       r"expected floating point \(quantized checkpoints are not supported\)$"):
+        LLM(str(tmp_path), device="cpu")
+
+
 @pytest.mark.parametrize("value,dtype", [(float("nan"), "float32"), (1e6, "float16")])
 def test_non_finite_weights(tmp_path, value, dtype):
     """A NaN in the file, or a value past float16's range, is named at load: no NaN logits later."""
