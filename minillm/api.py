@@ -134,7 +134,8 @@ class LLM:
         V = self.config.vocab_size
         out = []
         for i, p in enumerate(prompts):
-            if isinstance(p, str):
+            text = isinstance(p, str)
+            if text:
                 p = self.encode(p)
             ids = p.tolist() if hasattr(p, "tolist") else p  # a 1-D tensor too
             if not isinstance(ids, (list, tuple)):
@@ -142,6 +143,9 @@ class LLM:
             if not ids:
                 raise ValueError(f"prompts[{i}]: expected at least one token")
             bad = next((j for j, t in enumerate(ids) if not _token_id(t, V)), None)
+            if bad is not None and text:
+                raise MiniLLMError(f"prompts[{i}]: the tokenizer gives id {ids[bad]}, outside the model's vocabulary "
+                                   f"of {V}: the tokenizer files do not belong to this checkpoint")
             if bad is not None:
                 raise ValueError(f"prompts[{i}][{bad}]: expected a token id, an integer in [0, {V}), got {ids[bad]!r}")
             out.append(list(ids))

@@ -44,6 +44,16 @@ def test_text_prompts_batched_ragged(llm_hf):
         assert m["prompt_tokens"] == len(ids) and m["new_tokens"] == 12 and m["ttft_s"] > 0 and m["decode_tok_s"] > 0
 
 
+def test_tokenizer_of_another_vocabulary(llm_hf, monkeypatch):
+    """Text whose ids lie past the model's vocabulary: the tokenizer files are another model's,
+    said as such (not as a bad token id the caller never gave)."""
+    llm, _ = llm_hf
+    monkeypatch.setattr(llm, "config", type(llm.config)(**{**llm.config.to_dict(), "vocab_size": 1000}))
+    with pytest.raises(MiniLLMError, match=r"^prompts\[0\]: the tokenizer gives id 15496, outside the model's "
+                       r"vocabulary of 1000: the tokenizer files do not belong to this checkpoint$"):
+        llm.generate("Hello world", SamplingParams(max_new_tokens=2))
+
+
 def test_single_string_and_token_ids(llm_hf):
     llm, _ = llm_hf
     params = SamplingParams(max_new_tokens=4, temperature=0)
