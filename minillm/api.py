@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLengthError
+from .checks import ContextLengthError, is_integer
 from .generate import Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT
@@ -33,7 +33,7 @@ class MiniLLMError(RuntimeError):
 
 
 def _token_id(t, vocab_size):
-    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+    return is_integer(t) and 0 <= t < vocab_size
 
 
 def _params(params):
@@ -152,7 +152,7 @@ class LLM:
         return out
 
     def _stopper(self, params):
-        if not params.stop or self.tokenizer is None:
+        if not params.stop:  # generate() refuses stop strings without a tokenizer
             return None
         return lambda b, ids: any(s in self.decode(ids) for s in params.stop)
 

@@ -30,17 +30,12 @@ def _sync():
 def build(model, device, dtype):
     """(config, transformers model, minillm weights dict) on the same tensors: a preset name gets
     random weights (speed does not depend on values), anything else loads as a checkpoint."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     from .loader import resolve
 
     if model in PRESETS:
-        cfg = PRESETS[model]
-        torch.manual_seed(0)
-        hf = GPT2LMHeadModel(GPT2Config(**cfg.to_hf())).to(device=device, dtype=dtype).eval()
-        weights = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()
-                   if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
-        return cfg, hf, weights
+        return _random_preset(model, device, dtype)
     cfg, weights = model_weights(model, device, dtype)
     hf = GPT2LMHeadModel.from_pretrained(str(resolve(model)), dtype=dtype).to(device).eval()
     return cfg, hf, weights
@@ -53,11 +48,23 @@ def model_weights(model, device, dtype):
     from .loader import load_weights, read_config, resolve
 
     if model in PRESETS:
-        cfg, _, weights = build(model, device, dtype)
+        cfg, _, weights = _random_preset(model, device, dtype)
         return cfg, weights
     path = resolve(model)
     cfg = read_config(path)
     return cfg, load_weights(path, cfg, device, dtype)
+
+
+def _random_preset(model, device, dtype):
+    """A preset's transformers model from seed 0, and its weights as minillm names them."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = PRESETS[model]
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(**cfg.to_hf())).to(device=device, dtype=dtype).eval()
+    weights = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()
+               if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    return cfg, hf, weights
 
 
 def floor_seconds(cfg, batch, ctx, elt, copy_gbs):

@@ -1,5 +1,6 @@
 """What a generation call checks on the host: that prompt plus new tokens fit the context before
-anything runs, and that every id it hands back names a token."""
+anything runs, and that every id it hands back names a token; the type checks the arguments share."""
+import math
 
 
 class ContextLengthError(ValueError):
@@ -21,6 +22,16 @@ def check_context(prompt_len, max_new_tokens, n_positions):
             f"prompt of {count(prompt_len)} + max_new_tokens {max_new_tokens} exceeds "
             f"the model's context of {n_positions} positions "
             f"(at most {count(n_positions - prompt_len + 1, 'new token')} for this prompt)")
+
+
+def is_integer(x):
+    """An int that is not a bool (True is no count)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x):
+    """A finite int or float that is not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def count(n, noun="token"):

@@ -9,6 +9,7 @@ import os
 import sys
 
 from .checks import count
+from .sampling import SEED_END, SEED_MIN
 
 EPILOG_MAIN = """examples:
   minillm generate --model gpt2 "The meaning of life is"
@@ -34,15 +35,16 @@ class UsageError(Exception):
     pass
 
 
-def _int_at_least(lo, below=None, below_text=None):
-    """argparse type: an int >= lo (and < below), argparse naming the option in its message."""
+def _int_at_least(lo, below=None, range_text=None):
+    """argparse type: an int >= lo (and < below, said as range_text), argparse naming the option in
+    its message."""
     def parse(s):
         try:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
         if v < lo or (below is not None and v >= below):
-            rng = f">= {lo}" if below is None else f"in [{below_text[0]}, {below_text[1]})"
+            rng = f">= {lo}" if below is None else f"in {range_text}"
             raise argparse.ArgumentTypeError(f"expected an integer {rng}, got {v}")
         return v
     return parse
@@ -84,7 +86,7 @@ def build_parser():
                    help="nucleus sampling mass in (0, 1] (default: 1.0)")
     g.add_argument("--repetition-penalty", type=_number(lo=0, lo_open=True), default=1.0,
                    help="> 1 discourages repeats (default: 1.0)")
-    g.add_argument("--seed", type=_int_at_least(-2 ** 63, 2 ** 64, ("-2**63", "2**64")), default=None,
+    g.add_argument("--seed", type=_int_at_least(SEED_MIN, SEED_END, "[-2**63, 2**64)"), default=None,
                    help="random seed for reproducible samples")
     g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",

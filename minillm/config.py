@@ -1,6 +1,8 @@
 """Model configuration: a dataclass read from a Hugging Face config.json, with named presets."""
 from dataclasses import asdict, dataclass
 
+from .checks import is_integer, is_real
+
 SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel",)
 SUPPORTED_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                          "relu": "relu"}
@@ -93,13 +95,13 @@ def _size(hf, key, default, source):
     value = hf.get(key, default)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ConfigError(f"{source}: {key}: expected an integer >= 1, got {value!r}")
     return value
 
 
 def _epsilon(value, source):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+    if not is_real(value) or not 0 <= value < 1:
         raise ConfigError(f"{source}: layer_norm_epsilon: expected a number in [0, 1), got {value!r}")
     return float(value)
 

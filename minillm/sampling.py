@@ -6,11 +6,13 @@ draw `torch.multinomial(p, 1)` makes, so with the same seed the ids equal transf
 `generate(do_sample=True)`. Everything here is shape-static and sync-free, so it is captured in
 the decode step's CUDA graph.
 """
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
 
+from .checks import is_integer, is_real
+
+SEED_MIN, SEED_END = -2 ** 63, 2 ** 64  # torch.manual_seed's range
 # MINILLM_KERNEL_NOISE=0: draw q with torch's exponential_ on CUDA too (A/B timing, checks)
 KERNEL_NOISE = os.environ.get("MINILLM_KERNEL_NOISE", "1") != "0"
 
@@ -41,12 +43,12 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
-            ("max_new_tokens", _integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
-            ("temperature", _real(self.temperature) and self.temperature >= 0, "a number >= 0"),
-            ("top_k", _integer(self.top_k) and self.top_k >= 0, "an integer >= 0"),
-            ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
-            ("repetition_penalty", _real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
-            ("seed", self.seed is None or (_integer(self.seed) and -2 ** 63 <= self.seed < 2 ** 64),
+            ("max_new_tokens", is_integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("temperature", is_real(self.temperature) and self.temperature >= 0, "a number >= 0"),
+            ("top_k", is_integer(self.top_k) and self.top_k >= 0, "an integer >= 0"),
+            ("top_p", is_real(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
+            ("repetition_penalty", is_real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
+            ("seed", self.seed is None or (is_integer(self.seed) and SEED_MIN <= self.seed < SEED_END),
              "an integer in [-2**63, 2**64) (torch.manual_seed's range) or None"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
         ]
@@ -62,14 +64,6 @@ class SamplingParams:
         """What a captured decode step bakes in."""
         return (self.greedy, float(self.temperature), self.top_k, float(self.top_p),
                 float(self.repetition_penalty))
-
-
-def _integer(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _real(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def process_logits(logits, params: SamplingParams, seen=None):
