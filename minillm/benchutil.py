@@ -24,11 +24,22 @@ def ms(fn, warmup=25, rep=100):
 
 
 def copy_bandwidth(nbytes=1 << 30):
-    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written.
+
+    Its buffers go back to the driver before it returns. Kept in torch's cache, they could become
+    the home of what the caller allocates next (a benchmark's model), a heap no user's process
+    has, and one that decoded slower: on one H200 (session 140) gpt2 batch 1 read 8,398-8,447
+    tok/s in five processes that kept them against 8,566-8,601 in three that handed them back
+    (bench/results/h200/session-140/call4-5)."""
+    t = _copy_ms(nbytes)
+    torch.cuda.empty_cache()  # (the buffers died with _copy_ms' frame)
+    return 2 * nbytes / t / 1e6
+
+
+def _copy_ms(nbytes):
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    t = ms(lambda: dst.copy_(src))
-    return 2 * nbytes / t / 1e6
+    return ms(lambda: dst.copy_(src))
 
 
 def git_rev():

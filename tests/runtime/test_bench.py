@@ -124,3 +124,16 @@ def test_model_weights_load_a_checkpoint_without_transformers(tmp_path):
              "print(len(w), 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split() == [str(len(expect)), "False"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times a device-to-device copy: GPU only")
+def test_copy_bandwidth_hands_its_buffers_back():
+    """The copy test's 1 GiB must not stay in torch's cache, where the benchmark's model would be
+    allocated inside it (a layout that decodes slower than a user's process)."""
+    from minillm.benchutil import copy_bandwidth
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    gbs = copy_bandwidth(nbytes=1 << 28)
+    assert gbs > 0
+    assert torch.cuda.memory_reserved() - before < 1 << 26, "the copy test's buffers stayed cached"
