@@ -28,9 +28,9 @@ def copy_bandwidth(nbytes=1 << 30):
 
     Its buffers go back to the driver before it returns. Kept in torch's cache, they could become
     the home of what the caller allocates next (a benchmark's model), a heap no user's process
-    has, and one that decoded slower: on one H200 (session 140) gpt2 batch 1 read 8,398-8,447
-    tok/s in five processes that kept them against 8,566-8,601 in three that handed them back
-    (bench/results/h200/session-140/call4-5)."""
+    has, and one that decoded slower: on one H200 (session 140) gpt2 batch 1 read 8,399-8,434
+    tok/s (each process's median) in five processes that kept them against 8,565-8,596 in three
+    that handed them back (bench/results/h200/session-140/call4-5)."""
     t = _copy_ms(nbytes)
     torch.cuda.empty_cache()  # (the buffers died with _copy_ms' frame)
     return 2 * nbytes / t / 1e6
