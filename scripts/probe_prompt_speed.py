@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.bench import NEW_TOKENS, PROMPT_LEN, model_weights  # noqa: E402
 from minillm.benchutil import copy_bandwidth, require_cuda  # noqa: E402
+from minillm.config import PRESETS  # noqa: E402
 from minillm.generate import Engine  # noqa: E402
 from minillm.model import GPT  # noqa: E402
 from minillm.sampling import SamplingParams  # noqa: E402
@@ -37,7 +38,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gpt2", help="preset (random weights, as the bench's) or checkpoint folder")
+    p.add_argument("--model", default="gpt2", choices=sorted(PRESETS),
+                   help="preset, with the bench's random weights (default gpt2): the bench's prompt is drawn "
+                        "after them")
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument("--prompts", type=int, default=7, help="random prompts beside the bench's (default 7)")
     p.add_argument("--rounds", type=int, default=5, help="timed runs of every prompt, alternated (default 5)")
@@ -106,7 +109,7 @@ def main(argv=None):
     text = report(results, title)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"prompt-speed-{Path(args.model).name}-b{args.batch}.md").write_text(text)
+    (args.out / f"prompt-speed-{args.model}-b{args.batch}.md").write_text(text)
 
 
 if __name__ == "__main__":

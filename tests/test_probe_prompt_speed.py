@@ -33,6 +33,10 @@ def test_refuses_without_a_gpu(tmp_path):
     assert done.returncode != 0 and done.stderr.strip() == "probe_prompt_speed.py: needs a CUDA GPU"
 
 
+def test_refuses_a_model_that_is_not_a_preset():
+    assert_refused_in_one_line("probe_prompt_speed", ["--model", "weights/gpt2"], "--model: invalid choice")
+
+
 def test_prompts_are_the_bench_draw_then_ab_decodes_seeds(probe):
     cfg = PRESETS["gpt2"]
     torch.manual_seed(0)
