@@ -19,6 +19,12 @@ one setting settled at two levels about 1.8% apart, each steady over its runs
 recaptures, and the lower level inside one process came only with several models in it
 (session-123/). With two rounds a variant's two processes can both land high, so a difference
 under about 2% there needs more rounds (or the A/A beside it).
+AB_HEAP, the worker's own switch, prepares the process's memory around the model, to time where
+it lies (session 140: one GPU's processes read gpt2 batch 1 at 8,399-8,755 tok/s by what they had
+allocated before the model): "fresh" (unset) as a user's process; "copy-test" first allocates and
+frees what `minillm bench`'s copy test did before f5b5f74 (1 + 1 GiB and do_bench's 256 MiB, left
+in torch's cache); "arena" / "arena-2m" copy the model's weights into one allocation in the order
+a step reads them, each on a 256-byte / 2 MiB boundary (scripts/probe_cache_placement.py's arena).
 
   python3 scripts/ab_decode.py --env MINILLM_GEMV_FIXED=0 --env MINILLM_GEMV_FIXED=1 \\
       --model gpt2-medium gpt2-xl --batch 1 2 --rounds 2 --out $OUT
@@ -27,6 +33,7 @@ under about 2% there needs more rounds (or the A/A beside it).
   python3 scripts/ab_decode.py --env "" --env MINILLM_L2_AHEAD=0 --temperature 1   # sampled, top_k 50
   python3 scripts/ab_decode.py --env PYTHONPATH=. --env PYTHONPATH=/tmp/old --metric ttft \\
       --prompt-len 1024 --new-tokens 2   # time to first token (ms), two trees
+  python3 scripts/ab_decode.py --env AB_HEAP=fresh --env AB_HEAP=copy-test --env AB_HEAP=arena-2m --rounds 3
 """
 import argparse
 import hashlib
@@ -40,6 +47,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HEAPS = ("fresh", "copy-test", "arena", "arena-2m")  # AB_HEAP's values (see above)
+
+
+def heap_recipe():
+    """AB_HEAP's value, checked: how the worker lays out its process's memory."""
+    recipe = os.environ.get("AB_HEAP") or "fresh"
+    if recipe not in HEAPS:
+        raise ValueError(f"AB_HEAP: expected one of {', '.join(HEAPS)} (or unset), got {recipe!r}")
+    return recipe
 
 
 def variant(text):
@@ -116,9 +132,18 @@ def worker(args):
     from minillm.model import GPT
     from minillm.sampling import SamplingParams
 
+    heap = heap_recipe()
+    if heap == "copy-test":  # allocated and freed: they stay in torch's cache, where the model then goes
+        held = [torch.empty(n, dtype=torch.uint8, device=args.device) for n in (1 << 30, 1 << 30, 256 << 20)]
+        held.clear()
     for model in args.model:
         cfg, weights = model_weights(model, args.device, getattr(torch, args.dtype))
-        engine = Engine(GPT(cfg, weights, args.backend), use_cuda_graphs=not args.no_graphs)
+        gpt = GPT(cfg, weights, args.backend)
+        if heap.startswith("arena"):
+            from probe_cache_placement import arena  # (scripts/, this script's folder, leads sys.path)
+
+            arena(gpt, align=2 << 20 if heap == "arena-2m" else 256)  # (the weights' views keep it alive)
+        engine = Engine(gpt, use_cuda_graphs=not args.no_graphs)
         sampled = dict(temperature=args.temperature, top_k=args.top_k, seed=0) if args.temperature > 0 else \
             dict(temperature=0)
         params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, **sampled)
@@ -136,7 +161,7 @@ def worker(args):
             print(json.dumps({"model": model, "batch": B, "tok_s": statistics.median(rates), "min": min(rates),
                               "max": max(rates), "ttft_ms": statistics.median(ttfts),
                               "ids": hashlib.sha1(str(ids).encode()).hexdigest()[:10],
-                              "cold_s": round(cold, 2)}), flush=True)
+                              "cold_s": round(cold, 2), "heap": heap}), flush=True)
 
 
 def label(env):

@@ -106,16 +106,16 @@ def parse_args(argv=None):
 ARENA_ALIGN = 256  # bytes: every weight starts on a 256-byte boundary (TMA asks 16)
 
 
-def arena(model):
+def arena(model, align=ARENA_ALIGN):
     """Copy the model's weights (embeddings, each block's linears, the head) into one uint8
-    allocation, in the order a decode step reads them, and point the model at the copies
-    (same values, same strides). Returns the allocation."""
+    allocation, in the order a decode step reads them, each starting on an `align`-byte boundary,
+    and point the model at the copies (same values, same strides). Returns the allocation."""
     blocks = [(blk, name) for blk in model.blocks for name in ("attn", "attn_proj", "fc", "mlp_proj")]
     groups = [[model.wte], [model.wpe]] + [list(getattr(b, n)) for b, n in blocks] + [list(model.lm_head)]
     tensors = [t for g in groups for t in g if t is not None]
     if not all(t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous()) for t in tensors):
         raise ValueError("arena: expected dense weights (contiguous, or 2-D out-major)")
-    sizes = [-(-t.numel() * t.element_size() // ARENA_ALIGN) * ARENA_ALIGN for t in tensors]
+    sizes = [-(-t.numel() * t.element_size() // align) * align for t in tensors]
     buf = torch.empty(sum(sizes), dtype=torch.uint8, device=model.device)
     moved, off = {}, 0
     for t, n in zip(tensors, sizes):

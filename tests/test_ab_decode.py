@@ -78,6 +78,25 @@ def test_a_bad_variant_is_one_line():
                                    "MINILLM_GEMV_FIXED: expected one of auto, 0, 1 (or unset), got '2'")
 
 
+def test_a_bad_heap_recipe_is_one_line(ckpt):
+    done = _run("--env", "AB_HEAP=nope", "--env", "", "--model", ckpt, "--rounds", "1", *CPU)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("ab_decode: variant AB_HEAP=nope failed (exit 1): ValueError: AB_HEAP: "
+                                   "expected one of fresh, copy-test, arena, arena-2m (or unset), got 'nope'")
+
+
+def test_heap_recipes_run_the_same_model(ckpt, tmp_path):
+    """AB_HEAP lays the process's memory out otherwise (the copy test's buffers left cached, the
+    weights moved into one arena): each variant runs, says which recipe it ran, and its ids are
+    the fresh process's."""
+    heaps = ("fresh", "copy-test", "arena-2m")
+    done = _run(*[a for h in heaps for a in ("--env", f"AB_HEAP={h}")], "--model", ckpt, "--rounds", "1",
+                "--batch", "2", "--out", str(tmp_path), *CPU[:-3])
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "ab.json").read_text())
+    assert [r["heap"] for r in rows] == list(heaps) and len({r["ids"] for r in rows}) == 1
+
+
 def test_a_call_cut_short_keeps_the_rows_it_has(ckpt, tmp_path):
     """The records are written after every variant: the first variant's rows survive a later one
     that fails (as they would a device call's timeout)."""

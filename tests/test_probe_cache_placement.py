@@ -40,23 +40,24 @@ def test_refusals_are_one_line(argv, expect):
     assert_refused_in_one_line("probe_cache_placement", argv, expect)
 
 
-def test_arena_keeps_values_and_strides_in_one_allocation(tmp_path):
-    """arena(): every weight a view of one buffer, 256-byte aligned, in read order, with the
-    values and strides it had; the model's logits unchanged."""
+@pytest.mark.parametrize("align", [None, 2 << 20])
+def test_arena_keeps_values_and_strides_in_one_allocation(tmp_path, align):
+    """arena(): every weight a view of one buffer, 256-byte (or `align`) aligned, in read order,
+    with the values and strides it had; the model's logits unchanged."""
     build_checkpoint(tmp_path, seed=5, n_layer=2, n_head=2, n_embd=32, vocab_size=96, n_positions=32)
     m = LLM(str(tmp_path), dtype="float32", backend="torch", cuda_graphs=False).model
     ids = torch.tensor([[3, 9, 27, 81], [5, 1, 2, 2]], device=m.device)
     lens = torch.tensor([4, 1], dtype=torch.int32, device=m.device)
     before = m.prefill(ids, lens, m.new_cache(2, 8))
     old = [m.wte, m.wpe, *m.blocks[1].fc, *m.lm_head]
-    buf = probe.arena(m)
+    buf = probe.arena(m) if align is None else probe.arena(m, align=align)
     new = [m.wte, m.wpe, *m.blocks[1].fc, *m.lm_head]
     for a, b in zip(old, new):
         if a is None:
             assert b is None
             continue
         assert torch.equal(a, b) and a.stride() == b.stride() and b.untyped_storage().data_ptr() == buf.data_ptr()
-        assert (b.data_ptr() - buf.data_ptr()) % probe.ARENA_ALIGN == 0
+        assert (b.data_ptr() - buf.data_ptr()) % (align or probe.ARENA_ALIGN) == 0
     starts = [t.data_ptr() for blk in m.blocks for t in (*blk.attn, *blk.attn_proj, *blk.fc, *blk.mlp_proj)]
     assert starts == sorted(starts) and m.wte.data_ptr() == buf.data_ptr()
     assert torch.equal(m.prefill(ids, lens, m.new_cache(2, 8)), before)
