@@ -11,7 +11,7 @@ tokens/s, its range, how many distinct tokens the greedy continuation holds (a l
 and a hash of the ids. Run it with MINILLM_VOCAB_SCREEN=0 beside to see the head's share.
 Session 140 (call 3): 16 prompts within 0.3% of each other at gpt2 batch 1, with the screen and
 without, and 6 within 0.1% at gpt2-xl. The bench's gap was its process's heap: the copy test's
-1 GiB stayed in torch's cache (`minillm.benchutil.copy_bandwidth`, calls 4-5).
+2 GiB stayed in torch's cache (`minillm.benchutil.copy_bandwidth`, calls 4-5).
 
     python3 scripts/probe_prompt_speed.py --model gpt2 --batch 1 --prompts 7 --rounds 5 --out $OUT
     MINILLM_VOCAB_SCREEN=0 python3 scripts/probe_prompt_speed.py --out $OUT/no-screen
