@@ -1,7 +1,7 @@
 """What the tests of the Gluon probes in scripts/ share: a probe loaded as a module, the mark
 that keeps their kernels to Hopper GPUs, and the command line's two checks (a bad option is one
 line on stderr and exit status 2, checked in this process; the help shows an example, from a
-subprocess)."""
+subprocess, or its text read in this process)."""
 import contextlib
 import functools
 import importlib.util
@@ -46,6 +46,15 @@ def assert_refused_in_one_line(name, argv, expect):
         module.main()
     err = [line for line in stderr.getvalue().splitlines() if line.startswith(f"{name}.py: error")]
     assert done.value.code == 2 and len(err) == 1 and expect in err[0], stderr.getvalue()[-500:]
+
+
+def help_text(name):
+    """NAME's --help, printed by its parse_args in this process (exit status 0 asserted)."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit) as done:
+        _cli_module(name).parse_args(["--help"])
+    assert done.value.code == 0
+    return stdout.getvalue()
 
 
 def assert_help_has_example(name, example, timeout=120):
