@@ -97,7 +97,7 @@ def report(results, title):
 def main(argv=None):
     args = parse_args(argv)
     require_cuda("probe_prompt_speed.py")
-    bw = copy_bandwidth()  # as the bench does first (both hand its buffers back since f5b5f74)
+    bw = copy_bandwidth()  # as the bench does first; it hands its buffers back (f5b5f74)
     cfg, weights = model_weights(args.model, "cuda", torch.float16)
     named = prompts_for(cfg, args.batch, args.prompts, "cuda")
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True)
