@@ -16,20 +16,15 @@ ACTIVATIONS = (None, "gelu_tanh", "gelu", "relu", "leaky_relu")
 
 
 def _into(y, out):
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
+    return y if out is None else out.copy_(y)
 
 
 def layernorm(x, weight, bias, eps=1e-5, out=None):
-    y = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
-    return _into(y.to(x.dtype), out)
+    return _into(F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps).to(x.dtype), out)
 
 
 def add_layernorm(x, residual, weight, bias, eps=1e-5, out=None, sum_out=None):
-    """Returns (x + residual, layernorm(x + residual)); the sum is rounded to x's dtype first,
-    as the unfused pair of ops would do."""
+    """(h, layernorm(h)) with h = x + residual rounded to x's dtype, as the unfused ops round it."""
     h = _into((x.float() + residual.float()).to(x.dtype), sum_out)
     return h, layernorm(h, weight, bias, eps, out)
 
@@ -56,8 +51,7 @@ def new_row_stats(rows, cols, device):
 decode_row_stats = prefill_row_stats = new_row_stats  # the reference's linears all take statistics
 
 
-def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):
-    """None: the reference writes the float32 statistics everywhere."""
+def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):  # float32 ones everywhere
     return None
 
 
@@ -68,8 +62,8 @@ def fixed_stats_values(stats):
 
 
 def row_stats(y):
-    """(rows, 2, groups) fp32: the sum and the sum of squares of every STATS_GROUP columns of
-    each row of y (..., N): the partial statistics the kernels pass to a following layernorm."""
+    """The partial statistics (rows, 2, groups) fp32 the kernels pass to a following layernorm:
+    each row of y (..., N)'s sums and sums of squares per STATS_GROUP columns."""
     yf = y.reshape(-1, y.shape[-1]).float()
     rows, n = yf.shape
     groups = -(-n // STATS_GROUP)
@@ -78,20 +72,16 @@ def row_stats(y):
 
 
 def fold_layernorm(weight, bias, ln_weight, ln_bias):
-    """A layernorm's gain and shift folded into the linear after it, for `linear(ln_fold=...)`:
-    layernorm(x) @ W + c = rstd * (x @ (g * W) - mean * colsum(g * W)) + (b @ W + c), with W
-    (K, N), c (N,) or None, g and b (K,). Returns (g * W in W's dtype and memory layout,
-    b @ W + c in fp32, colsum in fp32). The column sums are of the rounded g * W the kernels
-    multiply, so the mean's share cancels exactly. b @ W is summed in fp64 too: an fp32 matrix
-    product rounds a column by where it sits (BLAS's edge blocks), so equal columns of W could
-    get shifts an ulp apart, and tied logits untied."""
-    w32 = weight.float()
-    folded = torch.empty_like(weight).copy_(ln_weight.float()[:, None] * w32)  # W's strides
+    """A layernorm folded into the linear after it (`linear(ln_fold=...)`): layernorm(x) @ W + c =
+    rstd * (x @ (g * W) - mean * colsum(g * W)) + (b @ W + c); W (K, N), c (N,) or None, g, b (K,).
+    Returns (g * W in W's dtype and layout, b @ W + c and colsum in fp32). colsum is of the rounded
+    g * W, so the mean's share cancels exactly; b @ W is summed in fp64, as fp32 BLAS rounds a
+    column by where it sits and would untie equal columns' logits."""
+    folded = torch.empty_like(weight).copy_(ln_weight.float()[:, None] * weight.float())  # W's strides
     shift = (ln_bias.double() @ weight.double()).float()
     if bias is not None:
         shift = shift + bias.float()
-    colsum = folded.double().sum(0).float()
-    return folded, shift, colsum
+    return folded, shift, folded.double().sum(0).float()  # colsum
 
 
 def _mean_rstd(x, stats, eps):
@@ -112,12 +102,10 @@ def _mean_rstd(x, stats, eps):
 def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=0.01,
            ln_fold=None, ln_eps=1e-5, out=None, ln_stats=None, stats_out=None, argmax_keys=None,
            prefetch_residual=False, early_launch=False, l2_ahead=(), keys_only=False):
-    """act(x @ weight + bias) + residual, computed in fp32, returned in x's dtype. With ln_fold
-    (fold_layernorm's column sums) weight and bias carry a layernorm's gain and shift and the
-    product is normalized per row: rstd * (x @ weight - mean * ln_fold), the mean and variance
-    from ln_stats' partial statistics or from x. stats_out receives row_stats of the output;
-    argmax_keys the max of its keys and each output row's argmax key (kernels.argmax_key), and
-    with keys_only nothing is returned. float64 inputs are computed in float64 (the tests' references)."""
+    """act(x @ weight + bias) + residual in fp32 (fp64 for fp64 inputs), returned in x's dtype.
+    With ln_fold (fold_layernorm's column sums) the product is rstd * (x @ weight - mean * ln_fold),
+    mean and variance from ln_stats' partial statistics or from x. stats_out gets row_stats of the
+    output; argmax_keys is max-ed with each row's argmax key (kernels.argmax_key); keys_only: no return."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     y = xf @ weight.to(xf.dtype)
     if ln_fold is not None:
@@ -136,15 +124,13 @@ def linear(x, weight, bias=None, activation=None, residual=None, negative_slope=
     return None if keys_only else y
 
 
-def screen_head(weight, bias, colsum):
-    """The torch backend screens no head: greedy decoding's argmax comes from the full logits."""
+def screen_head(weight, bias, colsum):  # no screened head here: greedy argmax from the full logits
     return None
 
 
 def screened_argmax(x, weight, bias, ln_fold, ln_eps, screen, argmax_keys, x_unit=None):
-    """The argmax key of linear(x, weight, bias, ln_fold=...) max-ed into argmax_keys: the
-    screened head's result (kernels.vocab_screen), here from the full logits. x_unit: x is int32
-    fixed-point words of that many each."""
+    """The screened head's result (kernels.vocab_screen) from the full logits: linear(x, ...)'s argmax
+    keys max-ed into argmax_keys. x_unit: x is int32 fixed-point words of that many each."""
     x = x if x_unit is None else x.float() * x_unit
     linear(x, weight, bias, ln_fold=ln_fold, ln_eps=ln_eps, argmax_keys=argmax_keys)
 
@@ -153,18 +139,15 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
     """q, k, v: (B, H, T, D). Keys at positions >= seq_lens[b] are masked out (right padding).
     k_out, v_out (B, H, T, D): receive copies of k and v (a KV cache's prefill rows)."""
     B, H, T, D = q.shape
-    if k_out is not None:
-        k_out.copy_(k)
-    if v_out is not None:
-        v_out.copy_(v)
+    _into(k, k_out)
+    _into(v, v_out)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = (q.float() @ k.float().transpose(-1, -2)) * scale  # (B, H, T, T)
     mask = torch.zeros(B, 1, T, T, dtype=torch.bool, device=q.device)
     if causal:
         mask |= torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     if seq_lens is not None:
-        keys = torch.arange(T, device=q.device)
-        mask |= (keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, None, :]
+        mask |= (torch.arange(T, device=q.device)[None, :] >= seq_lens.to(q.device)[:, None])[:, None, None, :]
     s = s.masked_fill(mask, float("-inf"))
     return _into((torch.softmax(s, dim=-1) @ v.float()).to(q.dtype), out)
 
@@ -178,10 +161,9 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
         rows = torch.arange(B, device=q.device)
         k_cache[rows, :, seq_lens.long() - 1] = k_new.to(k_cache.dtype)
         v_cache[rows, :, seq_lens.long() - 1] = v_new.to(v_cache.dtype)
-    L = k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = torch.einsum("bhd,bhld->bhl", q.float(), k_cache.float()) * scale
-    keys = torch.arange(L, device=q.device)
+    keys = torch.arange(k_cache.shape[2], device=q.device)
     hidden = (keys[None, :] >= seq_lens.to(q.device)[:, None])[:, None, :]  # (B, 1, L)
     s = s.masked_fill(hidden, float("-inf"))
     v = v_cache.float().masked_fill(hidden[..., None], 0.0)  # unwritten cache rows may hold NaN
@@ -191,16 +173,14 @@ def decode_attention(q, k_cache, v_cache, seq_lens, scale=None, k_new=None, v_ne
 def decode_attention_proj(q, k_cache, v_cache, seq_lens, k_new, v_new, weight, bias, residual, out=None,
                           stats_out=None, scale=None, prefetch=False, early_launch=False, positions=None,
                           l2_ahead=(), tma_stages=None, _layout=None):
-    """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions
-    (seq_lens - 1) and l2_ahead only tell the kernel what it may read early, tma_stages how many
-    cache tiles it keeps in flight: none changes the result."""
+    """residual + decode_attention(q, ..., k_new=, v_new=) @ weight + bias, (B, N). positions,
+    l2_ahead and tma_stages only steer the kernel's reads: none changes the result."""
     B, H, D = q.shape
     attn = decode_attention(q, k_cache, v_cache, seq_lens, scale, k_new, v_new)
     return linear(attn.reshape(B, H * D), weight, bias, residual=residual, out=out, stats_out=stats_out)
 
 
-def _table_rows(table, index):
-    """table[index] in fp32, zeros for an index outside the table (as the kernel reads them)."""
+def _table_rows(table, index):  # fp32; zeros outside the table, as the kernel reads them
     inside = (index >= 0) & (index < table.shape[0])
     return torch.where(inside[:, None], table[index.clamp(0, table.shape[0] - 1).long()].float(), 0.0)
 
@@ -209,8 +189,7 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     y = _into((_table_rows(wte, ids) + _table_rows(wpe, pos)).to(wte.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))
-    if lens_out is not None:
-        lens_out.copy_(pos + 1)
+    _into(pos + 1, lens_out)
     return y
 
 
@@ -247,10 +226,9 @@ SAMPLE_MAX_TOP_K = 2 ** 62  # plain torch takes any top_k
 
 
 def sampling_scores(logits, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, seen=None):
-    """transformers' logits processors in its order and formulas: repetition penalty (on the
-    columns seen (B, V) bool marks), temperature, top-k (scores below the k-th largest masked,
-    ties kept), top-p (the ascending running sum of the softmax <= 1 - top_p masked, the
-    largest kept). logits (B, V) -> fp32 scores (B, V), -inf where masked."""
+    """transformers' logits processors, its order and formulas: repetition penalty (on the columns
+    seen (B, V) marks), temperature, top-k (below the k-th largest masked, ties kept), top-p (the
+    ascending softmax cumsum <= 1 - top_p masked, the largest kept). (B, V) -> fp32, -inf masked."""
     scores = logits.float()
     if penalty != 1.0 and seen is not None:
         scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
@@ -280,8 +258,7 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     return _into(no_token_if_nan(logits, (probs / q).argmax(dim=-1)), out)
 
 
-def no_token_if_nan(logits, ids):
-    """ids (B,) with the rows of logits (B, V) that hold a NaN made V: no token (argmax_key.py)."""
+def no_token_if_nan(logits, ids):  # a row of logits holding a NaN names no token: id V (argmax_key.py)
     return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
 
 
@@ -303,11 +280,9 @@ def _philox4x32_10(c, key):
 
 
 def exponential(noise, shape, out=None):
-    """The float32 values torch's CUDA exponential_(1) gives a fresh contiguous tensor of shape
-    from the generator state noise.state = (seed bits, offset). On CUDA that is torch's own
-    draw. Elsewhere the same Philox words in noise's layout (kernels/noise.py has the
-    derivation), with an accurate log where CUDA takes __logf: q a few ulps off, never another
-    word."""
+    """The float32 draw torch's CUDA exponential_(1) makes for a fresh tensor of shape from
+    noise.state = (seed bits, offset): torch's own on CUDA; elsewhere the same Philox words in
+    noise's layout (kernels/noise.py), with an accurate log for CUDA's __logf (a few ulps off)."""
     seed, offset = (int(v) for v in noise.state.tolist())
     seed &= (1 << 64) - 1
     if noise.state.device.type == "cuda":
