@@ -189,7 +189,8 @@ def embedding(ids, pos, wte, wpe, out=None, stats_out=None, lens_out=None):
     y = _into((_table_rows(wte, ids) + _table_rows(wpe, pos)).to(wte.dtype), out)
     if stats_out is not None:
         stats_out.copy_(row_stats(y))
-    _into(pos + 1, lens_out)
+    if lens_out is not None:  # no pos + 1 to allocate per token otherwise
+        lens_out.copy_(pos + 1)
     return y
 
 
