@@ -51,7 +51,7 @@ def new_row_stats(rows, cols, device):
 decode_row_stats = prefill_row_stats = new_row_stats  # the reference's linears all take statistics
 
 
-def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):  # float32 ones everywhere
+def fixed_row_stats(layers, rows, n, cache_len, head_dim, heads, dtype, device):  # None: fp32 statistics everywhere
     return None
 
 
