@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# One batch of GPU work for the device machine; everything lands in $OUT as a tarball + summary.
-# Stage times on a fresh H200: tests ~330 s (59th session), checks ~385 s (four presets side by side, 116th),
-# bench-generate ~120 s, bench-xl ~105 s, bench-ttft ~25 s, coldwarm ~50 s, profile ~95 s; on an
-# H100: tests ~250 s, compile ~70 s, bench-generate ~165 s, bench-xl ~165 s, bench-ttft ~40 s.
-# A call holds at most 600 s.
-#   bash scripts/gpu_session.sh tests bench-kernels    # stages: see the case labels below
+# One batch of GPU work for the device machine; everything lands in $OUT as one tarball
+# (results.tgz: the device tool returns at most 8 files a call).
+# Stage times on an H200 (session 174): bench-ttft ~37 s, profile-ttft ~19 s, bench-generate
+# ~113 s, bench-xl ~158 s, bench-again ~85 s (the goal run, all five: ~412 s); kernel-tests ~300 s,
+# rest-tests ~170 s (the whole suite, ~470-545 s, no longer fits one call beside anything else);
+# checks ~385 s (116th), coldwarm ~50 s, profile ~95 s.
+# A call holds at most 600 s: every stage's timeout is cut to what is left of CALL_CAP_S (585 s)
+# since the script started, and a stage with under 30 s left is skipped.
+#   MINILLM_GIT_REV=<commit> bash scripts/gpu_session.sh bench-ttft profile-ttft bench-generate bench-xl bench-again
+#   MINILLM_GIT_REV=<commit> bash scripts/gpu_session.sh kernel-tests    # then, in a second call, rest-tests
 set -u
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export MINILLM_TOKENIZER_DIR=$PWD/.gpu_assets/gpt2-tokenizer
+STAGES="tests kernel-tests rest-tests runtime-tests compile bench-kernels checks sweeps stages
+  bench-generate bench-xl bench-ttft bench-again profile-ttft quick profile coldwarm"
+[ $# -gt 0 ] || { echo "usage: gpu_session.sh STAGE... (stages:" $STAGES")" >&2; exit 2; }
+for stage in "$@"; do
+  case " $(echo $STAGES) " in *" $stage "*) ;;
+    *) echo "gpu_session.sh: unknown stage '$stage' (expected one of:" $STAGES")" >&2; exit 2 ;; esac
+done
+t0=$(date +%s); CAP=${CALL_CAP_S:-585}
+cap() { local left=$(( CAP - $(date +%s) + t0 )); echo $(( $1 < left ? $1 : left )); }  # a stage's timeout
 OUT=${OUT:-/tmp/minillm-gpu}
 R=$(mktemp -d)/results
 mkdir -p "$R" "$OUT"
@@ -18,12 +31,13 @@ mkdir -p "$R" "$OUT"
 cat "$R/env.txt"
 for stage in "$@"; do
   start=$(date +%s)
+  if [ "$(cap 600)" -lt 30 ]; then echo "[stage $stage: skipped, under 30 s left of ${CAP} s]"; continue; fi
   case $stage in
-    tests) timeout 480 python3 -m pytest tests -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-tests.log"
-           tail -n 5 "$R/gpu-tests.log" ;;
-    kernel-tests) timeout 330 python3 -m pytest tests/kernels -n 8 -q -p no:cacheprovider -rfE 2>&1 | tail -n 80 > "$R/gpu-kernel-tests.log"
-           tail -n 5 "$R/gpu-kernel-tests.log" ;;
-    runtime-tests) timeout 200 python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
+    tests|kernel-tests|rest-tests)  # the whole suite, or its two halves for two calls
+      case $stage in tests) sel="tests" ;; kernel-tests) sel="tests/kernels" ;; *) sel="tests --ignore=tests/kernels" ;; esac
+      timeout "$(cap 585)" python3 -m pytest $sel -n 12 -q -p no:cacheprovider -rfEs --durations=25 > "$R/gpu-$stage.log" 2>&1
+      echo "pytest exit $?"; tail -n 3 "$R/gpu-$stage.log" ;;
+    runtime-tests) timeout "$(cap 200)" python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
     compile) timeout 400 python3 scripts/check_compile.py --models gpt2 gpt2-xl --dtypes float16 --out "$R/compile-sm90a.md" 2>&1 | tail -n 4 ;;
     bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
@@ -36,12 +50,17 @@ for stage in "$@"; do
     stages) timeout 300 python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log"
             timeout 150 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
     bench-generate)
-      timeout 300 python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
+      timeout "$(cap 300)" python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
     bench-xl)
-      timeout 270 python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
+      timeout "$(cap 270)" python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
-      timeout 200 python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
+      timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
+    bench-again)  # gpt2 batch 1 and 64 once more, in the same process tree as the first rows
+      timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 64 --out "$R/again" 2>&1 | tee "$R/bench-again.log" | tail -n 16 ;;
+    profile-ttft)
+      timeout "$(cap 100)" python3 scripts/profile_ttft.py --model gpt2 --prompt-len 1024 --repeats 50 --out "$R/prof" > "$R/profile-ttft.log" 2>&1
+      tail -n 5 "$R/profile-ttft.log" ;;
     quick)  # minillm alone, programmatic dependent launch on and off (A/B in one run)
       for pdl in 1 0; do
         MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
