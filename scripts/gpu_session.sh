@@ -39,16 +39,16 @@ for stage in "$@"; do
       echo "pytest exit $?"; tail -n 3 "$R/gpu-$stage.log" ;;
     runtime-tests) timeout "$(cap 200)" python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
            tail -n 5 "$R/gpu-runtime-tests.log" ;;
-    compile) timeout 400 python3 scripts/check_compile.py --models gpt2 gpt2-xl --dtypes float16 --out "$R/compile-sm90a.md" 2>&1 | tail -n 4 ;;
-    bench-kernels) timeout 400 python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
+    compile) timeout "$(cap 400)" python3 scripts/check_compile.py --models gpt2 gpt2-xl --dtypes float16 --out "$R/compile-sm90a.md" 2>&1 | tail -n 4 ;;
+    bench-kernels) timeout "$(cap 400)" python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
     checks)  # the four presets at full depth, side by side (one engine alive at a time in each)
       for m in gpt2 gpt2-medium gpt2-large gpt2-xl; do
-        timeout 560 python3 scripts/gpu_checks.py --models "$m" --out "$R" > "$R/gpu-checks-run-$m.out" 2>&1 & done
+        timeout "$(cap 560)" python3 scripts/gpu_checks.py --models "$m" --out "$R" > "$R/gpu-checks-run-$m.out" 2>&1 & done
       wait; cat "$R"/gpu-checks-gpt2*.md ;;
-    sweeps) timeout 330 python3 scripts/bench_gemv.py --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv.log"
-            timeout 120 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
-    stages) timeout 300 python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log"
-            timeout 150 python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
+    sweeps) timeout "$(cap 330)" python3 scripts/bench_gemv.py --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv.log"
+            timeout "$(cap 120)" python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
+    stages) timeout "$(cap 300)" python3 scripts/bench_gemv.py --stages 1 2 3 4 --shapes M=64 "lm_head M=1" --out "$R" 2>&1 | grep -v "^    " | tee "$R/bench-gemv-stages.log"
+            timeout "$(cap 150)" python3 scripts/bench_decode_attention.py --out "$R" 2>&1 | tee "$R/bench-decode-attention.log" ;;
     bench-generate)
       timeout "$(cap 300)" python3 -m minillm bench --model gpt2 --batch 1 8 64 --out "$R" 2>&1 | tee "$R/bench-gpt2.log" | tail -n 20
       cp "$R"/generate-*.json "$R/gpt2-rows.json" 2>/dev/null ;;
@@ -56,19 +56,19 @@ for stage in "$@"; do
       timeout "$(cap 270)" python3 -m minillm bench --model gpt2-xl --batch 1 --out "$R/xl" 2>&1 | tee "$R/bench-xl.log" | tail -n 12 ;;
     bench-ttft)
       timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 --prompt-len 1024 --new-tokens 1 --engines minillm hf-sdpa --out "$R/ttft" 2>&1 | tee "$R/bench-ttft.log" | tail -n 6 ;;
-    bench-again)  # gpt2 batch 1 and 64 once more, in the same process tree as the first rows
+    bench-again)  # gpt2 batch 1 and 64 once more: a second sample on the same machine
       timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 64 --out "$R/again" 2>&1 | tee "$R/bench-again.log" | tail -n 16 ;;
     profile-ttft)
       timeout "$(cap 100)" python3 scripts/profile_ttft.py --model gpt2 --prompt-len 1024 --repeats 50 --out "$R/prof" > "$R/profile-ttft.log" 2>&1
       tail -n 5 "$R/profile-ttft.log" ;;
     quick)  # minillm alone, programmatic dependent launch on and off (A/B in one run)
       for pdl in 1 0; do
-        MINILLM_PDL=$pdl timeout 200 python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
+        MINILLM_PDL=$pdl timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 64 --engines minillm --repeats 3 --out "$R/quick-pdl$pdl" 2>&1 | tail -n 4
       done
-      timeout 200 python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
+      timeout "$(cap 200)" python3 -m minillm bench --model gpt2-xl --batch 1 --engines minillm --repeats 3 --out "$R/quick-xl" 2>&1 | tail -n 3 ;;
     profile)  # critical-path shares of CUDA-graph replays, as in the README's table
       for mb in "gpt2 1" "gpt2 64" "gpt2-xl 1"; do read -r m b <<< "$mb"
-        timeout 120 python3 scripts/profile_decode.py --model "$m" --batch "$b" --graph --out "$R" 2>&1 | tail -n 14; done ;;
+        timeout "$(cap 120)" python3 scripts/profile_decode.py --model "$m" --batch "$b" --graph --out "$R" 2>&1 | tail -n 14; done ;;
     coldwarm)
       mkdir -p /tmp/cw && python3 -c "
 import sys; sys.path.insert(0, '.')
