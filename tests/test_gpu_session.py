@@ -1,6 +1,7 @@
 """scripts/gpu_session.sh: its stage names are checked before any work starts, and the call's
 time cap (CALL_CAP_S) skips a stage that has too little time left, still packing the tarball."""
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -39,3 +40,15 @@ def test_a_stage_past_the_call_cap_is_skipped_and_the_tarball_still_written(tmp_
         env_txt = tar.extractfile("results/env.txt").read().decode()
     assert names == ["results", "results/env.txt"]
     assert "git abc1234" in env_txt
+
+
+def test_every_listed_stage_has_commands_and_every_branch_is_listed():
+    """STAGES (what the script accepts) and the case labels (what it runs) are written apart: a
+    stage listed without a branch would pass the check and then do nothing, silently."""
+    text = SCRIPT.read_text()
+    listed = set(text.split('STAGES="', 1)[1].split('"', 1)[0].split())
+    body = text.split('  case $stage in\n', 1)[1].split("\n  esac", 1)[0]
+    labels = {name for line in body.splitlines()
+              if re.match(r"^    [a-z|-]+\)", line)
+              for name in line.strip().split(")", 1)[0].split("|")}
+    assert listed == labels
