@@ -33,12 +33,11 @@ for stage in "$@"; do
   start=$(date +%s)
   if [ "$(cap 600)" -lt 30 ]; then echo "[stage $stage: skipped, under 30 s left of ${CAP} s]"; continue; fi
   case $stage in
-    tests|kernel-tests|rest-tests)  # the whole suite, or its two halves for two calls
-      case $stage in tests) sel="tests" ;; kernel-tests) sel="tests/kernels" ;; *) sel="tests --ignore=tests/kernels" ;; esac
+    tests|kernel-tests|rest-tests|runtime-tests)  # the whole suite, its two halves for two calls, or runtime/
+      case $stage in tests) sel="tests" ;; kernel-tests) sel="tests/kernels" ;; runtime-tests) sel="tests/runtime" ;;
+        *) sel="tests --ignore=tests/kernels" ;; esac
       timeout "$(cap 585)" python3 -m pytest $sel -n 12 -q -p no:cacheprovider -rfEs --durations=25 > "$R/gpu-$stage.log" 2>&1
       echo "pytest exit $?"; tail -n 3 "$R/gpu-$stage.log" ;;
-    runtime-tests) timeout "$(cap 200)" python3 -m pytest tests/runtime -n 4 -q -p no:cacheprovider -rfE 2>&1 | tail -n 60 > "$R/gpu-runtime-tests.log"
-           tail -n 5 "$R/gpu-runtime-tests.log" ;;
     compile) timeout "$(cap 400)" python3 scripts/check_compile.py --models gpt2 gpt2-xl --dtypes float16 --out "$R/compile-sm90a.md" 2>&1 | tail -n 4 ;;
     bench-kernels) timeout "$(cap 400)" python3 scripts/bench_kernels.py --out "$R" 2>&1 | tee "$R/bench-kernels.log" | tail -n 40 ;;
     checks)  # the four presets at full depth, side by side (one engine alive at a time in each)
