@@ -44,6 +44,15 @@ def _params(params):
     return params
 
 
+def _count(n):
+    """A parameter count in three figures: 35.7K, 124M, 1.56B."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        figures = f"{n / scale:.3g}"
+        if float(figures) >= 1:  # on the rounded value: 999,999 is 1M, not 1e+03K
+            return figures + unit
+    return str(n)
+
+
 def _pick_device(device):
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -110,7 +119,7 @@ class LLM:
 
     def __repr__(self):
         c = self.config
-        return (f"LLM({self.model_dir.name}: {c.n_layer} layers, {c.n_embd} wide, {c.n_params / 1e6:.0f}M params; "
+        return (f"LLM({self.model_dir.name}: {c.n_layer} layers, {c.n_embd} wide, {_count(c.n_params)} params; "
                 f"device={self.device}, dtype={str(self.dtype).replace('torch.', '')}, backend={self.backend}, "
                 f"cuda_graphs={self.engine.use_cuda_graphs})")
 

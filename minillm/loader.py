@@ -119,9 +119,13 @@ def _weight_files(model_dir):
     index = d / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelLoadError(f"{index}: unreadable shard index ({e})") from None
+            parsed = json.loads(index.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{index}: not valid JSON ({e})") from None
+        weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(f, str) and f for f in weight_map.values()):
+            raise ModelLoadError(f"{index}: expected a \"weight_map\" object from tensor names to shard file names")
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (d / f).is_file()]
         if missing:

@@ -88,4 +88,8 @@ def load_tokenizer(model_dir):
         return tok
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(d))
+    try:
+        return AutoTokenizer.from_pretrained(str(d))
+    except Exception as e:  # noqa: BLE001 - a broken file surfaces as KeyError, ValueError, OSError...
+        raise ModelLoadError(f"{d}: could not load its tokenizer files ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'no message'})") from e

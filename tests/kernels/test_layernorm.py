@@ -55,6 +55,16 @@ def test_layernorm_errors(device):
         kernels.layernorm(randn(8, 4, device=device).t(), w, w)
     with pytest.raises(ValueError, match="residual: expected shape"):
         kernels.add_layernorm(x, randn(4, 7, device=device), w, w)
+    wide = randn(8200, device=device)  # one program holds a row: past 8192 it would spill
+    with pytest.raises(ValueError, match="^x: expected a last dim of at most 8192, got 8200$"):
+        kernels.layernorm(randn(2, 8200, device=device), wide, wide)
+
+
+def test_layernorm_empty_batch(device):
+    w, b = randn(8, device=device), randn(8, device=device)
+    assert kernels.layernorm(randn(0, 8, device=device), w, b).shape == (0, 8)
+    h, y = kernels.add_layernorm(randn(2, 0, 8, device=device), randn(2, 0, 8, device=device), w, b)
+    assert h.shape == y.shape == (2, 0, 8)
 
 
 @pytest.mark.parametrize("M,N", [(3, 768), (130, 1100)])

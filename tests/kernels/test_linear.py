@@ -118,6 +118,17 @@ def test_linear_errors(device):
         kernels.linear(x, w, ln_fold=randn(8, device=device))
     with pytest.raises(ValueError, match=r"^x: expected at least one feature in its last dim, got shape \(2, 0\)"):
         kernels.linear(x[:, :0], w[:0])
+    with pytest.raises(ValueError, match="^out: expected a contiguous tensor$"):  # the kernel writes (M, N) rows
+        kernels.linear(x, w, out=torch.empty(4, 2, device=device).t())
+    keys = torch.empty(2, 2, dtype=torch.int64, device=device)[:, 0]
+    with pytest.raises(ValueError, match="^argmax_keys: expected a contiguous tensor$"):
+        kernels.linear(x, w, argmax_keys=keys)
+
+
+def test_linear_empty_batch(device):
+    w, b = randn(8, 4, device=device), randn(4, device=device)
+    assert kernels.linear(randn(0, 8, device=device), w, b).shape == (0, 4)
+    assert kernels.linear(randn(2, 0, 8, device=device), w, b, activation="gelu_tanh").shape == (2, 0, 4)
 
 
 def _embedding_layer(V, P, C, N, dtype, device):

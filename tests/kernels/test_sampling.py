@@ -152,6 +152,12 @@ def test_sample_logits_errors(device):
             kernels.sample_logits(**args)
 
 
+def test_sample_logits_empty_batch(device):
+    logits, q, _ = _inputs(0, 100, device)
+    got = kernels.sample_logits(logits, q, 50, 1.0, 0.9, 1.0, None)
+    assert got.shape == (0,) and got.dtype == torch.int64
+
+
 def test_sample_logits_repeated_calls(device):
     """Up to MAX_MERGED_ROWS rows, each row's last tile program to arrive draws the row and resets
     its arrival counter: later calls (other batch sizes, other tile counts, a second launch past

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import kernels
+from kernels.softmax import MAX_N
 from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, randn
 
@@ -27,3 +28,10 @@ def test_softmax_large_logits(device):
 def test_softmax_errors(device):
     with pytest.raises(ValueError, match="x: expected dtype"):
         kernels.softmax(torch.ones(3, 4, dtype=torch.int64, device=device))
+    for n in (0, MAX_N + 1):
+        with pytest.raises(ValueError, match=rf"^x: expected a last dim from 1 to {MAX_N}, got {n}$"):
+            kernels.softmax(randn(3, n, device=device))
+
+
+def test_softmax_empty_batch(device):
+    assert kernels.softmax(randn(0, 5, device=device)).shape == (0, 5)

@@ -124,6 +124,15 @@ def test_out_of_memory_names_the_cache(llm_ids, monkeypatch, pad, gib):
         llm.generate([[1, 2]] * 40, SamplingParams(max_new_tokens=2))
 
 
+def test_repr_says_what_was_loaded(llm_ids):
+    """The parameter count in three figures (this model, 2 layers 32 wide with an untied head,
+    had printed as "0M")."""
+    llm, hf = llm_ids
+    assert sum(p.numel() for p in hf.parameters()) == 60_288
+    assert repr(llm) == (f"LLM({llm.model_dir.name}: 2 layers, 32 wide, 60.3K params; device=cpu, dtype=float32, "
+                         "backend=torch, cuda_graphs=False)")
+
+
 def test_one_new_token_has_no_decode_rate(llm_ids):
     llm, hf = llm_ids
     r = llm.generate([[5, 6]], SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True))[0]

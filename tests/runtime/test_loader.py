@@ -142,21 +142,6 @@ def test_unsupported_architecture(tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
-@pytest.mark.parametrize("field,value,expected", [
-    ("n_head", 0, "an integer >= 1"), ("n_layer", 0, "an integer >= 1"), ("vocab_size", -5, "an integer >= 1"),
-    ("n_positions", "1024", "an integer >= 1"), ("n_embd", True, "an integer >= 1"),
-    ("layer_norm_epsilon", -1e-5, r"a number in \[0, 1\)"),
-])
-def test_config_sizes_are_checked(tmp_path, field, value, expected):
-    """A size that is no positive integer is named with what was expected (n_head 0 had been a
-    ZeroDivisionError); an integer written as 12.0 still reads."""
-    hf = GPTConfig(**SMALL).to_hf()
-    (tmp_path / "config.json").write_text(json.dumps({**hf, field: value}))
-    with pytest.raises(ModelLoadError, match=rf"config.json: {field}: expected {expected}, got {value!r}$"):
-        LLM(str(tmp_path), device="cpu")
-    assert GPTConfig.from_hf({**hf, "n_layer": 2.0}).n_layer == 2
-
-
 def test_config_that_is_not_an_object(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelLoadError, match=r"config.json: expected a JSON object of settings, got a list$"):
@@ -169,6 +154,54 @@ def test_bin_only_and_missing_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(GPTConfig(**{**SMALL}).to_hf()))
     (tmp_path / "pytorch_model.bin").write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="only PyTorch .bin weights"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_paths_that_are_no_model_folder(tmp_path):
+    """A file, or a path that cannot be a hub id, is named as such, not looked up on the hub."""
+    (tmp_path / "config.json").write_text("{}")
+    cases = [(tmp_path / "config.json", "expected a model folder, got a file"), ("./no-such-dir", "no such folder"),
+             (tmp_path / "missing", "no such folder"), ("a/b/c", "no such folder")]
+    for path, message in cases:
+        with pytest.raises(ModelLoadError, match=f"^{path}: {message}$"):
+            LLM(str(path), device="cpu")
+
+
+def test_config_that_is_not_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"n_layer": 2,')
+    with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \(Expecting property name"):
+        LLM(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize("index", ["{", "[]", "{}", '{"weight_map": []}', '{"weight_map": {}}',
+                                   '{"weight_map": {"wte.weight": 3}}', '{"weight_map": {"wte.weight": ""}}'])
+def test_unreadable_shard_index(tmp_path, index):
+    """Each had been an AttributeError, a TypeError, or "tensor wte.weight is missing from " (no file)."""
+    build_checkpoint(tmp_path, **SMALL)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    expected = "not valid JSON" if index == "{" else 'expected a "weight_map" object from tensor names to shard'
+    with pytest.raises(ModelLoadError, match=rf"model.safetensors.index.json: {expected}"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_missing_shard_and_weights(tmp_path):
+    build_checkpoint(tmp_path, **SMALL)
+    (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00002.safetensors")
+    with pytest.raises(ModelLoadError, match=rf"^{tmp_path}: no model.safetensors or model.safetensors.index.json$"):
+        LLM(str(tmp_path), device="cpu")
+    names = {"wte.weight": "model-00001-of-00002.safetensors", "h.0.ln_1.weight": "model-00002-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
+    with pytest.raises(ModelLoadError, match="index.json: shard model-00002-of-00002.safetensors is missing$"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_tensor_of_a_deeper_model_is_refused(tmp_path):
+    """Weights of three layers under a config of two are not silently cut to two."""
+    build_checkpoint(tmp_path, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd["transformer.h.2.ln_1.weight"] = torch.randn(32)
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"unexpected tensor transformer\.h\.2\.ln_1\.weight for a 2-layer GPT-2$"):
         LLM(str(tmp_path), device="cpu")
 
 

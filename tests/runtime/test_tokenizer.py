@@ -91,6 +91,24 @@ def test_other_folders_fall_back(tok_dir, tmp_path):
     assert load_tokenizer(tmp_path) is None
 
 
+def test_tokenizer_json_alone(tok_dir, tmp_path):
+    """No tokenizer_config.json: transformers reads tokenizer.json as it stands, so the fast path does."""
+    (tmp_path / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes())
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, Tokenizer) and repr(tok) == f"Tokenizer({tmp_path}, 50257 tokens)"
+    assert tok.encode(TEXTS[1]) == load_tokenizer(tok_dir).encode(TEXTS[1])
+
+
+def test_broken_tokenizer_json(tok_dir, tmp_path):
+    """One the `tokenizers` library cannot read goes to transformers, which cannot either: its error
+    (transformers 5.24 raises a bare KeyError: 'added_tokens') comes back as one line that names
+    the folder and the error."""
+    d = _copy(tok_dir, tmp_path / "broken")
+    (d / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "Nope"}}))
+    with pytest.raises(ModelLoadError, match=rf"^{d}: could not load its tokenizer files \(\w+: .+\)$"):
+        load_tokenizer(d)
+
+
 def test_loading_a_model_does_not_import_transformers(tok_dir, tmp_path):
     build_checkpoint(tmp_path, n_layer=1, n_head=2, n_embd=32, vocab_size=50257, n_positions=32, with_tokenizer=True)
     code = ("import sys; from minillm import LLM; llm = LLM(sys.argv[1], device='cpu', backend='torch'); "

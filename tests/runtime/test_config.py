@@ -1,0 +1,64 @@
+"""GPTConfig (minillm/config.py): the config.json settings it refuses, and its parameter count."""
+import pytest
+import torch
+
+from minillm.config import PRESETS, ConfigError, GPTConfig
+
+SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("n_head", 0, "an integer >= 1"), ("n_layer", 0, "an integer >= 1"), ("vocab_size", -5, "an integer >= 1"),
+    ("n_positions", "1024", "an integer >= 1"), ("n_embd", True, "an integer >= 1"),
+    ("layer_norm_epsilon", -1e-5, r"a number in \[0, 1\)"),
+])
+def test_sizes_are_checked(field, value, expected):
+    """A size that is no positive integer is named with what was expected (n_head 0 had been a
+    ZeroDivisionError); an integer written as 12.0 still reads."""
+    with pytest.raises(ConfigError, match=rf"^cfg.json: {field}: expected {expected}, got {value!r}$"):
+        GPTConfig.from_hf({**SMALL.to_hf(), field: value}, source="cfg.json")
+    assert GPTConfig.from_hf({**SMALL.to_hf(), "n_layer": 2.0}).n_layer == 2
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"activation_function": "swish"},
+     r"activation_function 'swish' is not supported; expected one of \['gelu', 'gelu_new', 'gelu_pytorch_tanh', "
+     r"'relu'\]"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true is not supported"),
+    ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn=true is not supported"),
+    ({"scale_attn_weights": False}, "scale_attn_weights=false is not supported"),
+    ({"n_head": 3}, "n_embd 32 is not divisible by n_head 3"),
+])
+def test_settings_it_cannot_run_are_refused(setting, message):
+    """Each one would change the model's arithmetic, so reading past it would give wrong tokens."""
+    with pytest.raises(ConfigError, match=f"^cfg.json: {message}$"):
+        GPTConfig.from_hf({**SMALL.to_hf(), **setting}, source="cfg.json")
+
+
+def test_those_settings_at_gpt2s_values_read():
+    hf = {**SMALL.to_hf(), "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+          "scale_attn_weights": True, "activation_function": "gelu_pytorch_tanh"}
+    assert GPTConfig.from_hf(hf) == SMALL
+
+
+def _hf_count(cfg):
+    """transformers' parameter count for the GPT2LMHeadModel of cfg (built on the meta device:
+    no memory, so gpt2-xl costs nothing)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(**cfg.to_hf()))
+    return sum(p.numel() for p in model.parameters())  # a tied head is one parameter, counted once
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_n_params_of_the_presets(name):
+    published = {"distilgpt2": 81_912_576, "gpt2": 124_439_808, "gpt2-medium": 354_823_168,
+                 "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+    assert PRESETS[name].n_params == published[name] == _hf_count(PRESETS[name])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_n_params_with_an_untied_head(tie):
+    cfg = GPTConfig(**{**SMALL.to_dict(), "tie_word_embeddings": tie})
+    assert cfg.n_params == _hf_count(cfg) == SMALL.n_params + (0 if tie else 128 * 32)
