@@ -189,7 +189,8 @@ def cmd_generate(args):
         llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                   cuda_graphs=False if args.no_cuda_graphs else None)
     if llm.tokenizer is None:
-        raise RuntimeError(f"{llm.model_dir}: no tokenizer files, so text prompts cannot be encoded")
+        raise RuntimeError(f"{llm.model_dir}: no tokenizer files (tokenizer.json, or vocab.json and merges.txt), "
+                           "so text prompts cannot be encoded")
     print(f"[minillm] {llm!r}", file=sys.stderr)
     batch = [p for p in prompts for _ in range(args.num_samples)]
     if len(batch) == 1:

@@ -71,6 +71,7 @@ def test_stdin_prompt_and_batch(model):
     (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
     (["--temperature", "inf"], "--temperature: expected a number >= 0, got inf"),
+    (["--temperature", "warm"], "--temperature: expected a number, got 'warm'"),
     (["--seed", str(2 ** 64)], "--seed: expected an integer in [-2**63, 2**64), got 18446744073709551616"),
     (["--seed", "1.5"], "--seed: expected an integer, got '1.5'"),
     (["--dtype", "int8"], "invalid choice"),
@@ -148,6 +149,15 @@ def test_runtime_errors_exit_1(tmp_path):
     assert q.returncode == 1 and "no config.json" in q.stderr
     assert_no_traceback(q)
     assert len(q.stderr.strip().splitlines()) == 1
+    build_checkpoint(tmp_path / "no-tok", n_layer=1, n_head=2, n_embd=32, vocab_size=128, n_positions=32)
+    t = run("generate", "--model", str(tmp_path / "no-tok"), "--device", "cpu", "x")
+    assert t.returncode == 1 and t.stderr == (f"minillm: error: {tmp_path / 'no-tok'}: no tokenizer files "
+                                              "(tokenizer.json, or vocab.json and merges.txt), so text prompts "
+                                              "cannot be encoded\n")
+    d = run("download", "gpt2", "--dir", str(tmp_path / "dl"))  # HF_HUB_OFFLINE=1 (run's environment)
+    assert d.returncode == 1 and "gpt2: not a local folder and not in the Hugging Face cache" in d.stderr
+    assert_no_traceback(d)
+    assert not (tmp_path / "dl").exists()
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the message on a machine without CUDA")
