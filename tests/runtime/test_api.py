@@ -69,6 +69,10 @@ def test_stream_pieces_join_to_the_text(llm_hf):
     assert len(pieces) > 1
     assert "".join(pieces) == llm.last_result.text == llm.generate("Once upon a time", params)[0].text
     assert "".join(llm.stream(llm.tokenizer.encode("Once upon a time"), params)) == llm.last_result.text
+    # a stop string that never comes: its length less one is held back each step, then flushed
+    held = SamplingParams(max_new_tokens=15, temperature=0, ignore_eos=True, stop=["\x00never in this text"])
+    joined = "".join(llm.stream("Once upon a time", held))
+    assert joined == llm.last_result.text == llm.generate("Once upon a time", params)[0].text
     with pytest.raises(ValueError, match=r"prompt: stream\(\) takes one prompt .*, got 2; use generate\(\)"):
         next(llm.stream(["Once", "upon"], params))
 
@@ -95,9 +99,12 @@ def test_eos_finish_reason(llm_hf):
     llm.model.config = llm.config = type(old)(**{**old.to_dict(), "eos_token_id": expect[2]})
     try:
         r = llm.generate([ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
+        streamed = "".join(llm.stream(ids, SamplingParams(max_new_tokens=6, temperature=0)))
+        assert llm.last_result.finish_reason == "stop" and llm.last_result.token_ids == r.token_ids
     finally:
         llm.model.config = llm.config = old
     assert r.finish_reason == "stop" and r.token_ids == expect[:expect.index(expect[2]) + 1]
+    assert streamed == r.text == llm.tokenizer.decode(r.token_ids[:-1])  # the eos token is not text
 
 
 def test_context_length_error_before_work(llm_ids):
