@@ -114,6 +114,27 @@ def test_greedy_stops_at_eos_like_transformers(engines):
     assert got.token_ids == expect[:expect.index(eos) + 1] and got.finish_reason == "stop"
 
 
+def test_greedy_with_repetition_penalty_matches_transformers(engines):
+    """Greedy decoding with a repetition penalty (transformers' processor over the prompt and the
+    ids so far, then the argmax): the ids token by token. The margin is taken on the penalized
+    scores, against the engines' logit difference times the penalty (the most it scales one by)."""
+    llm, hf, prompts, _ = engines
+    penalty, new, prompt = 2.0, llm.short, prompts[1]
+    expect = hf_generate(hf, prompt, max_new_tokens=new, do_sample=False, repetition_penalty=penalty)
+    assert expect != hf_generate(hf, prompt, max_new_tokens=new, do_sample=False), "the penalty changed nothing"
+    ids = prompt + expect
+    ref, proc = _hf_logits(hf, ids), RepetitionPenaltyLogitsProcessor(penalty)
+    steps = range(len(prompt) - 1, len(ids) - 1)
+    scores = torch.cat([proc(torch.tensor([ids[:t + 1]]), ref[t:t + 1]) for t in steps])  # (new, V)
+    assert scores.argmax(-1).tolist() == expect  # the scores are the ones transformers' argmax took
+    top2 = scores.topk(2, dim=-1).values
+    margin, (_, diff, _) = (top2[:, 0] - top2[:, 1]).min().item(), _margin_and_diff(hf, llm, ids)
+    assert margin > 20 * penalty * diff, f"test model too flat: margin {margin:.2e} vs logit diff {diff:.2e}"
+    got = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0, repetition_penalty=penalty,
+                                                ignore_eos=True))[0]
+    assert got.token_ids == expect
+
+
 SAMPLING = [dict(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0),
             dict(temperature=1.3, top_k=20, top_p=1.0, repetition_penalty=1.0),
             dict(temperature=1.0, top_k=0, top_p=0.8, repetition_penalty=1.0),
