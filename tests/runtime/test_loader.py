@@ -265,18 +265,28 @@ def test_download_gated_and_missing_repos(monkeypatch):
             loader.download("someone/model")
 
 
-def test_download_refuses_bin_only_repos(monkeypatch, tmp_path):
-    """Online, a hub repo with only .bin weights is refused before anything downloads."""
+def test_download_refuses_repos_without_safetensors(monkeypatch, tmp_path):
+    """Online, a hub repo with only .bin weights, with no weights, or that the hub does not know
+    is refused before anything downloads."""
     import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     from minillm import loader
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", _fake_model_info("config.json", "pytorch_model.bin"))
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda *a, **k: pytest.fail("must not download"))
-    with pytest.raises(ModelLoadError, match="only PyTorch .bin weights; minillm loads safetensors only"):
-        loader.download("someone/bin-only")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("must not download"))
+    for files, message in ((("config.json", "pytorch_model.bin"), "the repo has only PyTorch .bin weights; "),
+                           (("config.json", "README.md"), "the repo has no safetensors weights$")):
+        monkeypatch.setattr(huggingface_hub.HfApi, "model_info", _fake_model_info(*files))
+        with pytest.raises(ModelLoadError, match=f"^someone/repo: {message}"):
+            loader.download("someone/repo")
+
+    def unknown(*a, **k):
+        raise RepositoryNotFoundError.__new__(RepositoryNotFoundError)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unknown)
+    with pytest.raises(ModelLoadError, match=r"^someone/repo: no such model on the Hugging Face hub \(or it is "
+                                             r"private\)$"):
+        loader.download("someone/repo")
 
 
 def test_download_fetches_safetensors_and_tokenizer_only(monkeypatch, tmp_path):
