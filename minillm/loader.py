@@ -81,14 +81,18 @@ def resolve(name_or_path):
     return download(str(name_or_path))
 
 
+def _read_json(path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
 def read_config(model_dir):
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    hf = _read_json(path)
     if not isinstance(hf, dict):
         raise ModelLoadError(f"{path}: expected a JSON object of settings, got a {type(hf).__name__}")
     try:
@@ -118,10 +122,7 @@ def _weight_files(model_dir):
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            parsed = json.loads(index.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{index}: not valid JSON ({e})") from None
+        parsed = _read_json(index)
         weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(f, str) and f for f in weight_map.values()):

@@ -171,6 +171,9 @@ def test_config_that_is_not_json(tmp_path):
     (tmp_path / "config.json").write_text('{"n_layer": 2,')
     with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \(Expecting property name"):
         LLM(str(tmp_path), device="cpu")
+    (tmp_path / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff")  # not text at all
+    with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \('utf-8' codec can't decode"):
+        LLM(str(tmp_path), device="cpu")
 
 
 @pytest.mark.parametrize("index", ["{", "[]", "{}", '{"weight_map": []}', '{"weight_map": {}}',
