@@ -89,7 +89,7 @@ def build_parser():
     g.add_argument("--seed", type=_int_at_least(SEED_MIN, SEED_END, "[-2**63, 2**64)"), default=None,
                    help="random seed for reproducible samples")
     g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", type=_stop_text,
                    help="stop when TEXT appears (repeatable; not printed)")
     g.add_argument("-n", "--num-samples", type=_int_at_least(1), default=1,
                    help="samples per prompt, run as one batch (default: 1)")
@@ -135,6 +135,13 @@ def build_parser():
     for sp in sub.choices.values():  # a command's usage errors print that command's usage
         sp.set_defaults(usage_error=sp.error)
     return p
+
+
+def _stop_text(s):
+    """argparse type for --stop: text that can appear in the output (an empty one would stop at once)."""
+    if not s:
+        raise argparse.ArgumentTypeError("expected non-empty text")
+    return s
 
 
 def _add_runtime_args(p):

@@ -27,7 +27,7 @@ class SamplingParams:
     top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
     repetition_penalty: > 1 discourages tokens already in the prompt or output (1 disables).
     seed: seeds torch's generators before generating, for reproducible samples.
-    stop: strings that end a sequence (not included in the text).
+    stop: a string or strings that end a sequence (not included in the text); None: none.
     ignore_eos: keep generating past the end-of-sequence token (benchmarks).
     """
     max_new_tokens: int = 64
@@ -40,8 +40,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, (str, tuple)):
+            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         checks = [
             ("max_new_tokens", is_integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
             ("temperature", is_real(self.temperature) and self.temperature >= 0, "a number >= 0"),
@@ -50,7 +52,8 @@ class SamplingParams:
             ("repetition_penalty", is_real(self.repetition_penalty) and self.repetition_penalty > 0, "a number > 0"),
             ("seed", self.seed is None or (is_integer(self.seed) and SEED_MIN <= self.seed < SEED_END),
              "an integer in [-2**63, 2**64) (torch.manual_seed's range) or None"),
-            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+            ("stop", isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+             "a non-empty string, a list of them, or None"),
         ]
         for name, ok, expected in checks:
             if not ok:

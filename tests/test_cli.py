@@ -72,6 +72,7 @@ def test_stdin_prompt_and_batch(model):
     (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
     (["--temperature", "inf"], "--temperature: expected a number >= 0, got inf"),
     (["--temperature", "warm"], "--temperature: expected a number, got 'warm'"),
+    (["--stop", ""], "argument --stop: expected non-empty text"),
     (["--seed", str(2 ** 64)], "--seed: expected an integer in [-2**63, 2**64), got 18446744073709551616"),
     (["--seed", "1.5"], "--seed: expected an integer, got '1.5'"),
     (["--dtype", "int8"], "invalid choice"),

@@ -159,10 +159,18 @@ def test_one_new_token_has_no_decode_rate(llm_ids):
     (dict(seed=False), r"seed: expected an integer in \[-2\*\*63, 2\*\*64\) .* or None, got False"),
     (dict(seed=2 ** 64), r"seed: expected an integer in \[-2\*\*63, 2\*\*64\) .* got 18446744073709551616"),
     (dict(seed=-2 ** 63 - 1), r"seed: expected .* got -9223372036854775809"),
+    (dict(stop=[""]), r"stop: expected a non-empty string, a list of them, or None, got \[''\]"),
+    (dict(stop=["ok", 3]), r"stop: expected a non-empty string, .* got \['ok', 3\]"),
+    (dict(stop=5), r"stop: expected a non-empty string, .* got 5"),  # had been a TypeError
 ])
 def test_sampling_params_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+def test_stop_strings_as_given():
+    """One string, a tuple, or None (no stop strings; had been a TypeError) read as a list."""
+    assert [SamplingParams(stop=s).stop for s in ("END", ("a", "b"), None)] == [["END"], ["a", "b"], []]
 
 
 def test_bad_prompts(llm_ids):
