@@ -197,6 +197,17 @@ def test_bad_prompts(llm_ids):
         llm.generate([[1]], {"max_new_tokens": 2})
     with pytest.raises(TypeError, match="^params: expected a SamplingParams or None, got dict$"):
         next(llm.stream([1], {"max_new_tokens": 2}))
+    with pytest.raises(MiniLLMError, match="stream\\(\\) needs a tokenizer to produce text$"):
+        next(llm.stream([1]))
+
+
+def test_setup_errors(llm_ids, monkeypatch):
+    llm, _ = llm_ids
+    with pytest.raises(ValueError, match="^dtype: expected float16, bfloat16 or float32, got torch.int8$"):
+        LLM(str(llm.model_dir), device="cpu", dtype=torch.int8)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # unset: compiled Triton kernels need a GPU
+    with pytest.raises(MiniLLMError, match="^backend: triton on the CPU needs TRITON_INTERPRET=1 set before start"):
+        LLM(str(llm.model_dir), device="cpu", backend="triton")
 
 
 def test_tensor_prompts(llm_ids):

@@ -167,6 +167,21 @@ def test_paths_that_are_no_model_folder(tmp_path):
             LLM(str(path), device="cpu")
 
 
+def test_a_name_under_weights(tmp_path, monkeypatch):
+    """A bare name is a folder under ./weights, then under MINILLM_WEIGHTS_DIR's (the repo's
+    weights/ by default), before it is taken for a hub id."""
+    from minillm import loader
+
+    build_checkpoint(tmp_path / "cwd" / "weights" / "tiny", **SMALL)
+    build_checkpoint(tmp_path / "store" / "small", **SMALL)
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setattr(loader, "WEIGHTS_DIR", tmp_path / "store")
+    assert loader.resolve("tiny") == tmp_path / "cwd" / "weights" / "tiny"
+    assert loader.resolve("small") == tmp_path / "store" / "small"
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        assert LLM("small", device="cpu").model_dir == tmp_path / "store" / "small"
+
+
 def test_config_that_is_not_json(tmp_path):
     (tmp_path / "config.json").write_text('{"n_layer": 2,')
     with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \(Expecting property name"):
