@@ -81,18 +81,19 @@ def resolve(name_or_path):
     return download(str(name_or_path))
 
 
-def _read_json(path):
+def read_json(path):
+    """A model folder's JSON file (config, shard index, tokenizer config), parsed."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, and UnicodeDecodeError for non-text bytes
+        raise ModelLoadError(f"{path}: not a readable JSON file ({e})") from None
 
 
 def read_config(model_dir):
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
-    hf = _read_json(path)
+    hf = read_json(path)
     if not isinstance(hf, dict):
         raise ModelLoadError(f"{path}: expected a JSON object of settings, got a {type(hf).__name__}")
     try:
@@ -122,7 +123,7 @@ def _weight_files(model_dir):
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        parsed = _read_json(index)
+        parsed = read_json(index)
         weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(f, str) and f for f in weight_map.values()):

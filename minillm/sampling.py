@@ -42,8 +42,10 @@ class SamplingParams:
     def __post_init__(self):
         if self.stop is None:
             self.stop = []
-        elif isinstance(self.stop, (str, tuple)):
-            self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         checks = [
             ("max_new_tokens", is_integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
             ("temperature", is_real(self.temperature) and self.temperature >= 0, "a number >= 0"),

@@ -7,10 +7,9 @@ tokenizer.json in about 0.1 s. The fast path is taken only for a folder whose to
 holds the whole pipeline and whose tokenizer_config.json asks for nothing transformers adds on
 top of it (FALLBACK_KEYS, unknown added tokens, another tokenizer class).
 """
-import json
 from pathlib import Path
 
-from .loader import ModelLoadError
+from .loader import ModelLoadError, read_json
 
 # tokenizer_config.json settings transformers applies beyond tokenizer.json; any of them true
 # sends the folder to AutoTokenizer
@@ -44,10 +43,7 @@ def _config(d):
     f = d / "tokenizer_config.json"
     if not f.is_file():
         return {}
-    try:
-        return json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{f}: not a readable JSON file ({e})") from None
+    return read_json(f)
 
 
 def fast_tokenizer(model_dir):

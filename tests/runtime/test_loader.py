@@ -184,10 +184,10 @@ def test_a_name_under_weights(tmp_path, monkeypatch):
 
 def test_config_that_is_not_json(tmp_path):
     (tmp_path / "config.json").write_text('{"n_layer": 2,')
-    with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \(Expecting property name"):
+    with pytest.raises(ModelLoadError, match=r"config.json: not a readable JSON file \(Expecting property name"):
         LLM(str(tmp_path), device="cpu")
     (tmp_path / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\xff")  # not text at all
-    with pytest.raises(ModelLoadError, match=r"config.json: not valid JSON \('utf-8' codec can't decode"):
+    with pytest.raises(ModelLoadError, match=r"config.json: not a readable JSON file \('utf-8' codec can't decode"):
         LLM(str(tmp_path), device="cpu")
 
 
@@ -197,7 +197,8 @@ def test_unreadable_shard_index(tmp_path, index):
     """Each had been an AttributeError, a TypeError, or "tensor wte.weight is missing from " (no file)."""
     build_checkpoint(tmp_path, **SMALL)
     (tmp_path / "model.safetensors.index.json").write_text(index)
-    expected = "not valid JSON" if index == "{" else 'expected a "weight_map" object from tensor names to shard'
+    expected = ("not a readable JSON file" if index == "{"
+                else 'expected a "weight_map" object from tensor names to shard')
     with pytest.raises(ModelLoadError, match=rf"model.safetensors.index.json: {expected}"):
         LLM(str(tmp_path), device="cpu")
 
