@@ -1,4 +1,5 @@
 """The Python API: `LLM` loads a model once; `generate` runs batches; `stream` yields text."""
+import numbers
 import os
 import time
 import warnings
@@ -135,7 +136,8 @@ class LLM:
     def _prompt_ids(self, prompts):
         if hasattr(prompts, "tolist"):  # a tensor or array: (T,) or (B, T)
             prompts = prompts.tolist()
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], numbers.Integral)):  # numpy's ints too
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             got = "an empty list" if isinstance(prompts, (list, tuple)) else type(prompts).__name__
@@ -157,7 +159,7 @@ class LLM:
                                    f"of {V}: the tokenizer files do not belong to this checkpoint")
             if bad is not None:
                 raise ValueError(f"prompts[{i}][{bad}]: expected a token id, an integer in [0, {V}), got {ids[bad]!r}")
-            out.append(list(ids))
+            out.append([int(t) for t in ids])
         return out
 
     def _stopper(self, params):
@@ -165,12 +167,16 @@ class LLM:
             return None
         return lambda b, ids: any(s in self.decode(ids) for s in params.stop)
 
+    def _eos_ids(self, params):
+        return frozenset() if params.ignore_eos else frozenset(self.config.eos_token_ids)
+
     def _finish(self, prompt, ids, params, timings, n_seq):
-        eos = None if params.ignore_eos else self.config.eos_token_id
+        eos = self._eos_ids(params)
         reason = "length"
-        if eos is not None and eos in ids:
-            ids, reason = ids[:ids.index(eos) + 1], "stop"
-        text = self.decode([t for t in ids if t != eos] if reason == "stop" else ids)
+        end = next((i for i, t in enumerate(ids) if t in eos), None)
+        if end is not None:
+            ids, reason = ids[:end + 1], "stop"
+        text = self.decode(ids[:-1] if reason == "stop" else ids)  # the end-of-sequence token is no text
         if text is not None and params.stop:
             cut = min((text.find(s) for s in params.stop if s in text), default=-1)
             if cut >= 0:
@@ -221,7 +227,7 @@ class LLM:
             raise ValueError(f"prompt: stream() takes one prompt (a str or a list of token ids), got {len(prompts)}; "
                              "use generate() for a batch")
         (ids,) = prompts
-        eos = None if params.ignore_eos else self.config.eos_token_id
+        eos = self._eos_ids(params)
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
         got, emitted = [], 0
         for event in self._run([ids], params, stream=True):
@@ -229,7 +235,7 @@ class LLM:
                 self.last_result = self._finish(ids, event[1][0], params, event[2], 1)
                 break
             tok = event[1][0]
-            if eos is not None and tok == eos:
+            if tok in eos:
                 continue
             got.append(tok)
             text = self.decode(got)

@@ -1,6 +1,7 @@
 """What a generation call checks on the host: that prompt plus new tokens fit the context before
 anything runs, and that every id it hands back names a token; the type checks the arguments share."""
 import math
+import numbers
 
 
 class ContextLengthError(ValueError):
@@ -25,13 +26,19 @@ def check_context(prompt_len, max_new_tokens, n_positions):
 
 
 def is_integer(x):
-    """An int that is not a bool (True is no count)."""
-    return isinstance(x, int) and not isinstance(x, bool)
+    """An integer that is not a bool (True is no count): an int, or a numpy integer scalar (the
+    numbers ABCs hold numpy's scalar types; numpy's bool is no Integral)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def is_real(x):
-    """A finite int or float that is not a bool."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite real number that is not a bool: an int or float, or a numpy scalar of either."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def count(n, noun="token"):

@@ -22,8 +22,15 @@ class GPTConfig:
     layer_norm_epsilon: float = 1e-5
     activation: str = "gelu_tanh"  # a kernels.ACTIVATIONS name
     tie_word_embeddings: bool = True
-    bos_token_id: int = 50256
-    eos_token_id: int = 50256
+    bos_token_id: int | None = 50256
+    # every id that ends a sequence, as transformers' generate takes them (its generation config's,
+    # else config.json's); () where there is none: generation runs to max_new_tokens
+    eos_token_ids: tuple[int, ...] = (50256,)
+
+    @property
+    def eos_token_id(self):
+        """The first end-of-sequence id, which the decode step flags on the device (None: none)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
     def head_dim(self):
@@ -40,8 +47,11 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_hf(cls, hf: dict, source="config.json"):
-        """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError."""
+    def from_hf(cls, hf: dict, source="config.json", generation=None, generation_source="generation_config.json"):
+        """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError.
+        generation: the parsed generation_config.json beside it, if any. Where there is one,
+        transformers' generate stops at its eos_token_id alone (none where it names none), and so
+        does this engine."""
         archs = hf.get("architectures") or []
         archs = [archs] if isinstance(archs, str) else archs  # a hand-written config's one name
         model_type = hf.get("model_type")
@@ -67,8 +77,10 @@ class GPTConfig:
         n_embd, n_head = _size(hf, "n_embd", 768, source), _size(hf, "n_head", 12, source)
         if n_embd % n_head:
             raise ConfigError(f"{source}: n_embd {n_embd} is not divisible by n_head {n_head}")
-        eos = hf.get("eos_token_id", 50256)
-        bos = hf.get("bos_token_id", 50256)
+        bos = _token_ids(hf, "bos_token_id", source)
+        eos = _token_ids(hf, "eos_token_id", source)
+        if generation is not None:
+            eos = _token_ids(generation, "eos_token_id", generation_source, default=None)
         return cls(
             n_layer=_size(hf, "n_layer", 12, source), n_head=n_head, n_embd=n_embd,
             n_positions=_size(hf, "n_positions" if "n_positions" in hf else "n_ctx", 1024, source),
@@ -76,8 +88,7 @@ class GPTConfig:
             layer_norm_epsilon=_epsilon(hf.get("layer_norm_epsilon", 1e-5), source),
             activation=SUPPORTED_ACTIVATIONS[act],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            bos_token_id=int(bos[0] if isinstance(bos, list) else bos if bos is not None else 50256),
-            eos_token_id=int(eos[0] if isinstance(eos, list) else eos if eos is not None else 50256),
+            bos_token_id=bos[0] if bos else None, eos_token_ids=eos,
         )
 
     def to_hf(self):
@@ -87,7 +98,8 @@ class GPTConfig:
                 "n_head": self.n_head, "n_embd": self.n_embd, "n_positions": self.n_positions,
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon,
                 "activation_function": act, "tie_word_embeddings": self.tie_word_embeddings,
-                "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id}
+                "bos_token_id": self.bos_token_id,
+                "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id}
 
 
 def _size(hf, key, default, source):
@@ -98,6 +110,17 @@ def _size(hf, key, default, source):
     if not is_integer(value) or value < 1:
         raise ConfigError(f"{source}: {key}: expected an integer >= 1, got {value!r}")
     return value
+
+
+def _token_ids(hf, key, source, default=50256):
+    """A special token's ids: an id, a list of them (transformers stops at any of several
+    end-of-sequence ids), or null for none; default where the key is absent (GPT-2's 50256)."""
+    value = hf.get(key, default)
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(is_integer(t) for t in ids):
+        raise ConfigError(f"{source}: {key}: expected a token id (an integer), a list of them, or null, "
+                          f"got {value!r}")
+    return tuple(dict.fromkeys(int(t) for t in ids))  # in order, each once
 
 
 def _epsilon(value, source):

@@ -38,6 +38,11 @@ def padded_ids(prompts, T):
     return torch.frombuffer(flat, dtype=torch.int64).view(len(prompts), T)
 
 
+def _also_at(ids, stop_check):
+    """stop_check(b, ids) that also ends a sequence holding any of these ids."""
+    return lambda b, seq: not ids.isdisjoint(seq) or (stop_check is not None and stop_check(b, seq))
+
+
 class Engine:
     def __init__(self, model, use_cuda_graphs=None):
         self.model = model
@@ -200,7 +205,10 @@ class Engine:
         B = len(prompts)
         longest = max(len(p) for p in prompts)
         check_context(longest, params.max_new_tokens, c.n_positions)
-        eos = None if params.ignore_eos else c.eos_token_id
+        eos_ids = () if params.ignore_eos else c.eos_token_ids
+        eos = eos_ids[0] if eos_ids else None  # flagged on the device; any further ones on the host
+        if len(eos_ids) > 1:
+            stop_check = _also_at(set(eos_ids[1:]), stop_check)
         Bp = batch_bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)

@@ -89,15 +89,22 @@ def read_json(path):
         raise ModelLoadError(f"{path}: not a readable JSON file ({e})") from None
 
 
+def _read_settings(path):
+    settings = read_json(path)
+    if not isinstance(settings, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object of settings, got a {type(settings).__name__}")
+    return settings
+
+
 def read_config(model_dir):
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
-    hf = read_json(path)
-    if not isinstance(hf, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object of settings, got a {type(hf).__name__}")
+    hf = _read_settings(path)
+    gen_path = path.with_name("generation_config.json")  # where transformers' generate reads eos
+    generation = _read_settings(gen_path) if gen_path.is_file() else None
     try:
-        return GPTConfig.from_hf(hf, source=str(path))
+        return GPTConfig.from_hf(hf, source=str(path), generation=generation, generation_source=str(gen_path))
     except ConfigError as e:
         raise ModelLoadError(str(e)) from None
 

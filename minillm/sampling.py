@@ -56,10 +56,16 @@ class SamplingParams:
              "an integer in [-2**63, 2**64) (torch.manual_seed's range) or None"),
             ("stop", isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
              "a non-empty string, a list of them, or None"),
+            ("ignore_eos", isinstance(self.ignore_eos, bool), "True or False"),
         ]
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
+        # numpy scalars pass the checks: hold Python numbers (the kernels' arguments, graph keys)
+        self.max_new_tokens, self.top_k = int(self.max_new_tokens), int(self.top_k)
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+        self.repetition_penalty = float(self.repetition_penalty)
+        self.seed = None if self.seed is None else int(self.seed)
 
     @property
     def greedy(self):

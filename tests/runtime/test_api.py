@@ -1,5 +1,8 @@
 """The Python API: batches, stream(), finish reasons, stop strings (with the real GPT-2 tokenizer,
 skipped without it), and prompts as token ids and argument checks (without a tokenizer)."""
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -91,12 +94,17 @@ def test_stop_string(llm_hf):
     assert streamed == r.text
 
 
-def test_eos_finish_reason(llm_hf):
+@pytest.mark.parametrize("second", [False, True])
+def test_eos_finish_reason(llm_hf, second):
+    """generate and stream stop at the end-of-sequence id, and where there are several, at the
+    second (which the host looks for; the device flags the first) as well."""
     llm, hf = llm_hf
     ids = llm.tokenizer.encode("Hi")
     expect = hf_generate(hf, ids, max_new_tokens=6, do_sample=False)
+    unseen = next(t for t in range(llm.config.vocab_size) if t not in expect)
     old = llm.config
-    llm.model.config = llm.config = type(old)(**{**old.to_dict(), "eos_token_id": expect[2]})
+    llm.model.config = llm.config = dataclasses.replace(old, eos_token_ids=(unseen, expect[2]) if second
+                                                        else (expect[2],))
     try:
         r = llm.generate([ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
         streamed = "".join(llm.stream(ids, SamplingParams(max_new_tokens=6, temperature=0)))
@@ -162,10 +170,35 @@ def test_one_new_token_has_no_decode_rate(llm_ids):
     (dict(stop=[""]), r"stop: expected a non-empty string, a list of them, or None, got \[''\]"),
     (dict(stop=["ok", 3]), r"stop: expected a non-empty string, .* got \['ok', 3\]"),
     (dict(stop=5), r"stop: expected a non-empty string, .* got 5"),  # had been a TypeError
+    (dict(ignore_eos="no"), "ignore_eos: expected True or False, got 'no'"),  # had been read as True
+    (dict(temperature=10 ** 400), "temperature: expected a number >= 0, got 1000"),  # had been an OverflowError
+    (dict(top_k=np.bool_(True)), "top_k: expected an integer >= 0, got np.True_"),
 ])
 def test_sampling_params_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+def test_numpy_scalars_are_numbers():
+    """numpy's ints and floats read as the Python numbers they hold (they had been refused as
+    "expected an integer >= 1, got np.int64(5)")."""
+    p = SamplingParams(max_new_tokens=np.int64(5), temperature=np.float32(0.5), top_k=np.int32(3),
+                       top_p=np.float16(0.5), repetition_penalty=np.float64(1.5), seed=np.uint64(2 ** 63 + 5))
+    assert p == SamplingParams(max_new_tokens=5, temperature=0.5, top_k=3, top_p=0.5, repetition_penalty=1.5,
+                               seed=2 ** 63 + 5)
+    assert [type(v) for v in (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed)] == [int, float, int, float, int]
+
+
+def test_numpy_token_ids_are_a_prompt(llm_ids):
+    """A list of numpy ints is one prompt, as a list of ints is (it had been taken for a batch of
+    one-token prompts, each refused); the ids come back as Python ints."""
+    llm, _ = llm_ids
+    params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+    expect = llm.generate([5, 7, 11], params)[0]
+    for ids in (list(np.array([5, 7, 11])), [list(np.array([5, 7, 11], dtype=np.int32))]):
+        got = llm.generate(ids, params)[0]
+        assert got.token_ids == expect.token_ids and got.prompt_token_ids == [5, 7, 11]
+        assert all(type(t) is int for t in got.prompt_token_ids)
 
 
 def test_stop_strings_as_given():

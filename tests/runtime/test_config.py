@@ -1,4 +1,6 @@
 """GPTConfig (minillm/config.py): the config.json settings it refuses, and its parameter count."""
+import re
+
 import pytest
 import torch
 
@@ -39,6 +41,32 @@ def test_those_settings_at_gpt2s_values_read():
     hf = {**SMALL.to_hf(), "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
           "scale_attn_weights": True, "activation_function": "gelu_pytorch_tanh"}
     assert GPTConfig.from_hf(hf) == SMALL
+
+
+@pytest.mark.parametrize("value,ids", [(7, (7,)), ([7, 9, 7], (7, 9)), ([], ()), (None, ()), ("absent", (50256,))])
+def test_eos_token_ids(value, ids):
+    """One id, several (each once, in order), or none; GPT-2's where config.json names none."""
+    hf = {k: v for k, v in {**SMALL.to_hf(), "eos_token_id": value}.items() if v != "absent"}
+    cfg = GPTConfig.from_hf(hf)
+    assert cfg.eos_token_ids == ids and cfg.eos_token_id == (ids[0] if ids else None)
+    assert GPTConfig.from_hf(cfg.to_hf()) == cfg
+
+
+@pytest.mark.parametrize("key", ["bos_token_id", "eos_token_id"])
+@pytest.mark.parametrize("value", ["50256", 1.5, True, [1, "a"], [[1]], {"id": 1}])
+def test_token_ids_that_are_no_ids_are_refused(key, value):
+    """Each had been an IndexError, a bare int() error, or silently another id (1.5 read as 1)."""
+    with pytest.raises(ConfigError, match=rf"^cfg.json: {key}: expected a token id \(an integer\), a list of them, "
+                                          rf"or null, got {re.escape(repr(value))}$"):
+        GPTConfig.from_hf({**SMALL.to_hf(), key: value}, source="cfg.json")
+
+
+def test_generation_config_names_the_eos_ids():
+    hf = SMALL.to_hf()
+    assert GPTConfig.from_hf(hf, generation={"eos_token_id": [3, 4]}).eos_token_ids == (3, 4)
+    assert GPTConfig.from_hf(hf, generation={"max_length": 9}).eos_token_ids == ()
+    with pytest.raises(ConfigError, match=r"^gen.json: eos_token_id: expected a token id"):
+        GPTConfig.from_hf(hf, generation={"eos_token_id": 2.5}, generation_source="gen.json")
 
 
 def _hf_count(cfg):

@@ -123,8 +123,9 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     prompts = [prompt] + [p for i, p in enumerate(candidates) if i != row0][:2]
     eos_dir = tmp_path / "eos"
     shutil.copytree(path, eos_dir)
-    cfg = json.loads((eos_dir / "config.json").read_text())
-    (eos_dir / "config.json").write_text(json.dumps({**cfg, "eos_token_id": first[k]}))
+    for name in ("config.json", "generation_config.json"):  # generate stops at the latter's eos
+        cfg = json.loads((eos_dir / name).read_text())
+        (eos_dir / name).write_text(json.dumps({**cfg, "eos_token_id": first[k]}))
     on = LLM(str(eos_dir), dtype="float16")
     off = LLM(str(eos_dir), dtype="float16", cuda_graphs=False)
     params = SamplingParams(max_new_tokens=40, temperature=0)

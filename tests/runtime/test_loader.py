@@ -2,6 +2,7 @@
 (hub downloads: test_download.py)."""
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -180,6 +181,45 @@ def test_a_name_under_weights(tmp_path, monkeypatch):
     assert loader.resolve("small") == tmp_path / "store" / "small"
     with pytest.warns(UserWarning, match="no tokenizer"):
         assert LLM("small", device="cpu").model_dir == tmp_path / "store" / "small"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    build_checkpoint(path, n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16)
+    return path
+
+
+@pytest.mark.parametrize("generation", [None, {}, {"eos_token_id": None}, {"eos_token_id": 5},
+                                        {"eos_token_id": [5, 7]}, {"max_length": 20, "bos_token_id": 63}])
+@pytest.mark.parametrize("config_eos", [63, None, [3, 4]])
+def test_eos_ids_are_the_ones_transformers_generate_stops_at(tiny_checkpoint, tmp_path, config_eos, generation):
+    """generate stops at generation_config.json's eos_token_id where that file is (none where it
+    names none: config.json's is then not read), else at config.json's."""
+    from transformers import GPT2LMHeadModel
+
+    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "eos_token_id": config_eos}))
+    gen_file = tmp_path / "generation_config.json"
+    gen_file.unlink()
+    if generation is not None:
+        gen_file.write_text(json.dumps(generation))
+    expect = GPT2LMHeadModel.from_pretrained(tmp_path).generation_config.eos_token_id
+    expect = () if expect is None else tuple(expect) if isinstance(expect, list) else (expect,)
+    assert read_config(tmp_path).eos_token_ids == expect
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[5]", "expected a JSON object of settings, got a list"), ('{"eos_token_id": ', "not a readable JSON file"),
+    ('{"eos_token_id": "</s>"}', "eos_token_id: expected a token id \\(an integer\\), a list of them, or null, "
+                                 "got '</s>'"),
+])
+def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
+    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=f"^{re.escape(str(tmp_path))}/generation_config.json: {message}"):
+        read_config(tmp_path)
 
 
 def test_config_that_is_not_json(tmp_path):

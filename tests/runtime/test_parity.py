@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 on the CPU) on the smallest one. Each test model's logits are
 every greedy comparison first checks that the top-1/top-2 margin at each step is far larger than
 the logit difference between the two engines, so an agreement cannot be luck.
 """
+import dataclasses
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from minillm import LLM, SamplingParams
+from minillm.generate import SYNC_EVERY
 from minillm.sampling import process_logits
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint, hf_generate
@@ -106,12 +108,41 @@ def test_greedy_stops_at_eos_like_transformers(engines):
     expect = hf_generate(hf, prompt, max_new_tokens=8, do_sample=False)
     eos = expect[3]  # pretend the 4th generated token is the end of sequence
     old = llm.config
-    llm.model.config = llm.config = type(old)(**{**old.to_dict(), "eos_token_id": eos})
+    llm.model.config = llm.config = dataclasses.replace(old, eos_token_ids=(eos,))
     try:
         got = llm.generate([prompt], SamplingParams(max_new_tokens=8, temperature=0))[0]
     finally:
         llm.model.config = llm.config = old
     assert got.token_ids == expect[:expect.index(eos) + 1] and got.finish_reason == "stop"
+
+
+def test_several_eos_ids_like_transformers(engines):
+    """A generation config naming several end-of-sequence ids: transformers stops a sequence at
+    any of them. The decode step flags the first on the device, the host looks for the rest: in
+    one batch, prompt 0 ends at the second id and prompt 1 at the first, each as transformers ends
+    it alone."""
+    llm, hf, prompts, full = engines
+    new = llm.short
+    runs = [_greedy_alone(llm, p, full).token_ids[:new] for p in prompts[:2]]
+    second = runs[0][2]
+    first = next(t for t in runs[1][1:] if t not in runs[0][:3] and t != second)
+    old, old_hf = llm.config, hf.generation_config.eos_token_id
+    llm.model.config = llm.config = dataclasses.replace(old, eos_token_ids=(first, second))
+    hf.generation_config.eos_token_id = [first, second]
+    params = SamplingParams(max_new_tokens=new, temperature=0)
+    try:
+        expect = [hf_generate(hf, p, ignore_eos=False, max_new_tokens=new, do_sample=False) for p in prompts[:2]]
+        got = llm.generate(prompts[:2], params)
+        # the engine stops at the first check after both have ended (every SYNC_EVERY steps)
+        steps = llm.engine.generate(prompts[:2], params)[1]["steps"] if new > SYNC_EVERY else None
+    finally:
+        llm.model.config, hf.generation_config.eos_token_id = old, old_hf
+        llm.config = old
+    assert [e[-1] for e in expect] == [second, first], "the ids do not end the two prompts as meant"
+    assert [r.token_ids for r in got] == expect
+    assert [r.finish_reason for r in got] == ["stop", "stop"]
+    if steps is not None:
+        assert steps == min(-(-max(map(len, expect)) // SYNC_EVERY) * SYNC_EVERY, new)
 
 
 def test_greedy_with_repetition_penalty_matches_transformers(engines):
