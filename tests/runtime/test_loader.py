@@ -45,6 +45,24 @@ def test_conv1d_weights_are_used_in_place(tmp_path):
     assert w["h.0.attn.c_attn.weight"].shape == (32, 96)  # (in, out), no transposed copy
 
 
+def test_mask_buffers_and_a_tied_heads_copy_are_skipped(tmp_path):
+    """The hub's gpt2 file stores each layer's causal-mask buffers (attn.bias, attn.masked_bias), and
+    a tied checkpoint may store its head too: none is a weight to load, and the logits stay
+    transformers'."""
+    hf = build_checkpoint(tmp_path, prefix=False, tie=True, **SMALL)
+    sd = load_file(tmp_path / "model.safetensors")
+    T = SMALL["n_positions"]
+    for i in range(SMALL["n_layer"]):
+        sd[f"h.{i}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+        sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    sd["lm_head.weight"] = torch.randn_like(sd["wte.weight"])  # not what the tie reads
+    save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        llm = LLM(str(tmp_path), device="cpu", backend="torch")
+    ids = [3, 9, 27, 81, 5]
+    torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
 def test_sharded_checkpoint(tmp_path):
     hf = build_checkpoint(tmp_path, **SMALL)
     sd = load_file(tmp_path / "model.safetensors")
