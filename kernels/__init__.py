@@ -33,7 +33,7 @@ from ._screen_head import screen_head
 from ._tuning import compile_ahead
 from . import argmax_key
 from .activations import ACTIVATIONS, gelu
-from .attention import attention
+from .attention import MAX_HEAD_DIM, attention
 from .decode_attention import decode_attention
 from .decode_attention_proj import decode_attention_proj
 from .decode_attention_proj_config import fixed_row_stats
@@ -49,7 +49,7 @@ from .sampling import sample_logits
 from .softmax import softmax
 from .vocab_screen import screened_argmax
 
-__all__ = ["ACTIVATIONS", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
+__all__ = ["ACTIVATIONS", "MAX_HEAD_DIM", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
            "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear",
            "exponential", "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm",
            "linear", "new_exponential_noise", "new_row_stats", "prefill_row_stats", "SAMPLE_MAX_TOP_K",

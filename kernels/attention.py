@@ -22,6 +22,9 @@ from ._checks import check_device_usable, check_shape, check_tensor
 from ._tuning import INTERPRET, autotune, launch, pick, sm_count
 
 LOG2E = 1.4426950408889634
+# a program holds q and its fp32 accumulator as (BLOCK_M, BLOCK_D) tiles: wider heads would spill
+# (GPT-2's are 64); narrower ones pad to the 16 columns tl.dot needs
+MAX_HEAD_DIM = 256
 
 
 # Every config streams the keys in blocks of BLOCK_N = 64: the online softmax rescales at block
@@ -151,7 +154,7 @@ def heads_first(causal, pairs, sms):
 def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=None, v_out=None, _config=None):
     """softmax(q k^T * scale [+ causal / length masks]) v without materializing the scores.
 
-    q, k, v: (B, H, T, D), any strides but a contiguous head dim; D from 16 to 256.
+    q, k, v: (B, H, T, D), any strides but a contiguous head dim; D from 1 to MAX_HEAD_DIM.
     seq_lens: optional (B,) int tensor of valid lengths (>= 1) for right-padded batches.
     out: optional (B, H, T, D) destination, e.g. a transposed view of a (B, T, H, D) buffer.
     k_out, v_out: optional (B, H, T, D) tensors (views of a KV cache) that receive copies of k
@@ -166,8 +169,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, k_out=N
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"k, v: expected the shape of q {tuple(q.shape)}, got {tuple(k.shape)} and {tuple(v.shape)}")
     B, H, T, D = q.shape
-    if not 16 <= D <= 256:
-        raise ValueError(f"q: expected a head_dim from 16 to 256, got {D}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: expected a head_dim from 1 to {MAX_HEAD_DIM}, got {D}")
     if seq_lens is not None:
         check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64), device=q.device)
         if seq_lens.shape[0] != B:

@@ -10,7 +10,7 @@ import torch
 from .checks import ContextLengthError, is_integer
 from .generate import Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
-from .model import BACKENDS, GPT
+from .model import BACKENDS, GPT, check_backend
 from .sampling import SamplingParams
 from .tokenizer import load_tokenizer
 
@@ -109,6 +109,7 @@ class LLM:
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
         self.config = read_config(self.model_dir)
+        check_backend(self.config, backend)  # before the weights load
         weights = load_weights(self.model_dir, self.config, self.device, dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
         if self.tokenizer is None:

@@ -97,10 +97,20 @@ class Block:
         self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
 
 
+def check_backend(config, backend):
+    """That the backend runs this model: one ValueError naming what it cannot (LLM calls this before
+    it loads the weights)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+    if backend == "triton" and config.head_dim > kernels.MAX_HEAD_DIM:
+        raise ValueError(f"backend: triton's attention takes heads up to {kernels.MAX_HEAD_DIM} wide, and this "
+                         f"model's are {config.head_dim} (n_embd {config.n_embd} / n_head {config.n_head}); "
+                         "backend torch runs it")
+
+
 class GPT:
     def __init__(self, config, weights, backend="triton"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+        check_backend(config, backend)
         self.config = config
         self.backend = backend
         self.ops = BACKENDS[backend]

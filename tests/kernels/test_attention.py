@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import kernels
+from kernels import MAX_HEAD_DIM
 from kernels import reference as ref
 from kernels._tuning import config_kwargs
 from tests.conftest import ON_GPU
@@ -12,7 +13,8 @@ from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 ATTENTION_MODULE = importlib.import_module("kernels.attention")  # `kernels.attention` is the function
 
 # (B, H, T, D)
-SHAPES = [(1, 2, 1, 16), (2, 3, 7, 64), (1, 2, 129, 32), (2, 1, 33, 80)]
+# heads under 16 wide (8, 1) pad to the 16 tl.dot needs, as 80 pads to 128
+SHAPES = [(1, 2, 1, 16), (2, 3, 7, 64), (1, 2, 129, 32), (2, 1, 33, 80), (2, 3, 19, 8), (1, 2, 5, 1)]
 if ON_GPU:
     SHAPES += [(16, 12, 1024, 64), (2, 25, 1024, 64), (3, 4, 129, 96), (2, 4, 300, 128), (1, 12, 7, 64)]
 
@@ -108,9 +110,10 @@ def test_attention_errors(device):
     q = randn(1, 2, 4, 16, device=device)
     with pytest.raises(ValueError, match="k, v: expected the shape of q"):
         kernels.attention(q, randn(1, 2, 5, 16, device=device), q)
-    with pytest.raises(ValueError, match="head_dim"):
-        x = randn(1, 2, 4, 8, device=device)
-        kernels.attention(x, x, x)
+    for D in (0, MAX_HEAD_DIM + 8):
+        x = randn(1, 2, 4, D, device=device)
+        with pytest.raises(ValueError, match=rf"^q: expected a head_dim from 1 to {MAX_HEAD_DIM}, got {D}$"):
+            kernels.attention(x, x, x)
     with pytest.raises(ValueError, match="seq_lens: expected shape"):
         kernels.attention(q, q, q, seq_lens=torch.ones(3, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="k: expected dtype"):

@@ -8,7 +8,8 @@ from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn, without_env_switches
 
 # (B, H, L, D) with per-sequence lengths drawn in [1, L]
-SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80), (1, 2, 200, 64)]  # 200: one 256-row tile
+SHAPES = [(1, 2, 1, 16), (3, 2, 100, 64), (2, 3, 129, 80), (1, 2, 200, 64),  # 200: one 256-row tile
+          (2, 4, 37, 8)]
 if ON_GPU:
     SHAPES += [(1, 12, 1024, 64), (64, 12, 1024, 64), (8, 25, 1024, 64), (4, 16, 777, 128), (1, 12, 256, 64),
                (8, 12, 256, 64), (64, 12, 256, 64)]  # the last: one-warp programs (default_layout)

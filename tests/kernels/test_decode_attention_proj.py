@@ -14,7 +14,7 @@ from tests.conftest import ON_GPU
 from tests.kernels.helpers import DTYPES, assert_rel_close, poisoned, randn
 
 # (B, H, L, D, N): odd widths (a partial column block, a 16-wide head), 1-position caches
-SHAPES = [(1, 2, 1, 16, 48), (2, 3, 100, 64, 200), (2, 2, 200, 32, 130)]
+SHAPES = [(1, 2, 1, 16, 48), (2, 3, 100, 64, 200), (2, 2, 200, 32, 130), (2, 4, 37, 8, 40)]
 if ON_GPU:  # the GPT-2 widths at the row counts that fuse; a 128-wide head
     SHAPES += [(1, 12, 256, 64, 768), (2, 12, 128, 64, 768), (1, 16, 256, 64, 1024), (1, 25, 256, 64, 1600),
                (2, 16, 77, 64, 1024), (1, 20, 256, 64, 1280), (1, 4, 256, 128, 300)]

@@ -240,6 +240,17 @@ def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
         read_config(tmp_path)
 
 
+def test_heads_too_wide_for_the_triton_backend_are_refused_before_loading(tmp_path, monkeypatch):
+    """The check runs on config.json alone: this folder has no weights to load."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    (tmp_path / "config.json").write_text(json.dumps(GPTConfig(n_layer=1, n_head=2, n_embd=528).to_hf()))
+    with pytest.raises(ValueError, match=r"^backend: triton's attention takes heads up to 256 wide, and this model's "
+                                         r"are 264 \(n_embd 528 / n_head 2\); backend torch runs it$"):
+        LLM(str(tmp_path), device="cpu", backend="triton")
+    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+        LLM(str(tmp_path), device="cpu", backend="torch")
+
+
 def test_config_that_is_not_json(tmp_path):
     (tmp_path / "config.json").write_text('{"n_layer": 2,')
     with pytest.raises(ModelLoadError, match=r"config.json: not a readable JSON file \(Expecting property name"):

@@ -81,6 +81,25 @@ def test_logits_every_step(engines):
         assert d <= 1e-4 * scale, f"decode step at position {t}: logits differ by {d:.3e} (scale {scale:.1f})"
 
 
+@pytest.mark.parametrize("n_head,n_embd", [(4, 32), (2, 2)])
+def test_heads_narrower_than_a_dot_tile(tmp_path, n_head, n_embd):
+    """Heads 8 and 1 wide (the attention kernels pad them to the 16 columns tl.dot takes): greedy
+    ids and every step's logits against transformers, on the Triton backend."""
+    if not ON_GPU:
+        pytest.importorskip("triton")
+    hf = build_checkpoint(tmp_path, n_layer=2, n_head=n_head, n_embd=n_embd, vocab_size=128, n_positions=32, seed=3)
+    dev = "cuda" if ON_GPU else "cpu"
+    hf = hf.to(dev)
+    llm = LLM(str(tmp_path), device=dev, dtype="float32", backend="triton")
+    prompt = [5, 17, 99, 3, 64, 21, 8]
+    expect = hf_generate(hf, prompt, max_new_tokens=10, do_sample=False)
+    margin, diff, scale = _margin_and_diff(hf, llm, prompt + expect)
+    assert margin > 20 * diff, f"test model too flat: top-2 margin {margin:.2e} vs logit diff {diff:.2e}"
+    assert diff <= 1e-4 * scale
+    got = llm.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True))[0]
+    assert got.token_ids == expect
+
+
 def _greedy_alone(llm, prompt, new):
     """minillm's greedy run of one prompt alone, new tokens past any EOS (ignore_eos), once per
     engine: test_greedy_matches_transformers checks it, test_ragged_batch cuts it at its EOS."""
