@@ -20,6 +20,7 @@ class GPTConfig:
     n_positions: int = 1024
     vocab_size: int = 50257
     layer_norm_epsilon: float = 1e-5
+    n_inner: int | None = None  # the MLP's width; None: 4 * n_embd
     activation: str = "gelu_tanh"  # a kernels.ACTIVATIONS name
     tie_word_embeddings: bool = True
     bos_token_id: int | None = 50256
@@ -37,10 +38,14 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def mlp_width(self):
+        return self.n_inner or 4 * self.n_embd
+
+    @property
     def n_params(self):
         """Parameter count with the tied lm_head counted once."""
-        C, V = self.n_embd, self.vocab_size
-        per_layer = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+        C, V, F = self.n_embd, self.vocab_size, self.mlp_width
+        per_layer = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
         return V * C + self.n_positions * C + self.n_layer * per_layer + 2 * C + (0 if self.tie_word_embeddings else V * C)
 
     def to_dict(self):
@@ -86,6 +91,7 @@ class GPTConfig:
             n_positions=_size(hf, "n_positions" if "n_positions" in hf else "n_ctx", 1024, source),
             vocab_size=_size(hf, "vocab_size", 50257, source),
             layer_norm_epsilon=_epsilon(hf.get("layer_norm_epsilon", 1e-5), source),
+            n_inner=None if hf.get("n_inner") is None else _size(hf, "n_inner", None, source),
             activation=SUPPORTED_ACTIVATIONS[act],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
             bos_token_id=bos[0] if bos else None, eos_token_ids=eos,
@@ -96,7 +102,7 @@ class GPTConfig:
         act = {v: k for k, v in SUPPORTED_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[self.activation]
         return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": self.n_layer,
                 "n_head": self.n_head, "n_embd": self.n_embd, "n_positions": self.n_positions,
-                "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon,
+                "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon, "n_inner": self.n_inner,
                 "activation_function": act, "tie_word_embeddings": self.tie_word_embeddings,
                 "bos_token_id": self.bos_token_id,
                 "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id}

@@ -110,7 +110,7 @@ def read_config(model_dir):
 
 
 def expected_shapes(cfg: GPTConfig):
-    C, V = cfg.n_embd, cfg.vocab_size
+    C, V, F = cfg.n_embd, cfg.vocab_size, cfg.mlp_width
     shapes = {"wte.weight": (V, C), "wpe.weight": (cfg.n_positions, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
     for i in range(cfg.n_layer):
         p = f"h.{i}."
@@ -118,8 +118,8 @@ def expected_shapes(cfg: GPTConfig):
             p + "ln_1.weight": (C,), p + "ln_1.bias": (C,), p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
             p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
             p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
-            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
-            p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
+            p + "mlp.c_fc.weight": (C, F), p + "mlp.c_fc.bias": (F,),
+            p + "mlp.c_proj.weight": (F, C), p + "mlp.c_proj.bias": (C,),
         })
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, C)

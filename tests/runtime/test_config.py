@@ -12,7 +12,8 @@ SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64
 @pytest.mark.parametrize("field,value,expected", [
     ("n_head", 0, "an integer >= 1"), ("n_layer", 0, "an integer >= 1"), ("vocab_size", -5, "an integer >= 1"),
     ("n_positions", "1024", "an integer >= 1"), ("n_embd", True, "an integer >= 1"),
-    ("layer_norm_epsilon", -1e-5, r"a number in \[0, 1\)"),
+    ("layer_norm_epsilon", -1e-5, r"a number in \[0, 1\)"), ("n_inner", 0, "an integer >= 1"),
+    ("n_inner", 2.5, "an integer >= 1"),
 ])
 def test_sizes_are_checked(field, value, expected):
     """A size that is no positive integer is named with what was expected (n_head 0 had been a
@@ -90,3 +91,11 @@ def test_n_params_of_the_presets(name):
 def test_n_params_with_an_untied_head(tie):
     cfg = GPTConfig(**{**SMALL.to_dict(), "tie_word_embeddings": tie})
     assert cfg.n_params == _hf_count(cfg) == SMALL.n_params + (0 if tie else 128 * 32)
+
+
+def test_n_inner():
+    """config.json's MLP width: read, counted, written back; null is 4 x n_embd."""
+    cfg = GPTConfig.from_hf({**SMALL.to_hf(), "n_inner": 100})
+    assert cfg.mlp_width == 100 and GPTConfig.from_hf(cfg.to_hf()) == cfg
+    assert cfg.n_params == _hf_count(cfg) == SMALL.n_params - SMALL.n_layer * (128 - 100) * (2 * 32 + 1)
+    assert GPTConfig.from_hf({**SMALL.to_hf(), "n_inner": None}).mlp_width == 4 * 32

@@ -81,13 +81,15 @@ def test_logits_every_step(engines):
         assert d <= 1e-4 * scale, f"decode step at position {t}: logits differ by {d:.3e} (scale {scale:.1f})"
 
 
-@pytest.mark.parametrize("n_head,n_embd", [(4, 32), (2, 2)])
-def test_heads_narrower_than_a_dot_tile(tmp_path, n_head, n_embd):
-    """Heads 8 and 1 wide (the attention kernels pad them to the 16 columns tl.dot takes): greedy
-    ids and every step's logits against transformers, on the Triton backend."""
+@pytest.mark.parametrize("n_head,n_embd,n_inner", [(4, 32, None), (2, 2, None), (2, 32, 100)])
+def test_shapes_off_gpt2s_proportions(tmp_path, n_head, n_embd, n_inner):
+    """Heads 8 and 1 wide (the attention kernels pad them to the 16 columns tl.dot takes), and an
+    MLP 100 wide (config.json's n_inner, not 4 x n_embd): greedy ids and the logits of every step
+    against transformers, on the Triton backend."""
     if not ON_GPU:
         pytest.importorskip("triton")
-    hf = build_checkpoint(tmp_path, n_layer=2, n_head=n_head, n_embd=n_embd, vocab_size=128, n_positions=32, seed=3)
+    hf = build_checkpoint(tmp_path, n_layer=2, n_head=n_head, n_embd=n_embd, vocab_size=128, n_positions=32, seed=3,
+                          n_inner=n_inner)
     dev = "cuda" if ON_GPU else "cpu"
     hf = hf.to(dev)
     llm = LLM(str(tmp_path), device=dev, dtype="float32", backend="triton")
