@@ -252,14 +252,16 @@ def sampling_scores(logits, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, se
 def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, seen=None, out=None):
     """Token ids (B,) int64: argmax(softmax(sampling_scores(...)) / q) with q (B, V) ~ Exp(1),
     the draw torch.multinomial(p, 1) makes (or an ExponentialNoise: torch's values, see
-    exponential). A row with a NaN logit names no token: id V."""
+    exponential). A row whose softmax has NaNs names no token: id V. A NaN logit makes them, as do
+    scores of +inf (a temperature or penalty too small for the logits) or of -inf throughout:
+    transformers' draw raises there."""
     if not isinstance(q, torch.Tensor):
         q = exponential(q, logits.shape)
     probs = torch.softmax(sampling_scores(logits, temperature, top_k, top_p, penalty, seen), dim=-1)
-    return _into(no_token_if_nan(logits, (probs / q).argmax(dim=-1)), out)
+    return _into(no_token_if_nan(probs, (probs / q).argmax(dim=-1)), out)
 
 
-def no_token_if_nan(logits, ids):  # a row of logits holding a NaN names no token: id V (argmax_key.py)
+def no_token_if_nan(logits, ids):  # a row holding a NaN names no token: id V (argmax_key.py)
     return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
 
 

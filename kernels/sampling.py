@@ -12,8 +12,8 @@ One program per (tile, row):
 - _tile_candidates: the processed scores of BLOCK_V columns, a cut with at least k of them at
   or above it and, where ties allow, at most K_TILE (a bit-by-bit search of their ordered words,
   _kth_search), and the columns above the cut, then those at it, listed as (value, column) keys
-  while K_TILE slots last. Also whether the tile has a NaN, and whether ties at its cut were
-  left unlisted.
+  while K_TILE slots last. Also whether the tile has a NaN or +inf score, and whether ties at
+  its cut were left unlisted.
 - _draw_row, up to MAX_MERGED_ROWS rows in the row's last program to arrive (an arrival
   counter, as gemv.py's split-K), else in a second launch of one program a row: the k-th
   largest score of the tiles' lists is the row's, exactly (every tile listed at least its k
@@ -71,12 +71,15 @@ STAGES = {"merged": 0, "lists": 1, "draw": 2}
 @triton.jit
 def _processed(logits_ptr, seen_ptr, cols, valid, penalty, temperature, HAS_PENALTY: tl.constexpr):
     """fp32 scores of a tile of logits after the repetition penalty and the temperature, as
-    transformers computes them (IEEE divisions), and the tile's NaN mask."""
+    transformers computes them (IEEE divisions), and the mask of those softmax has no probability
+    for: NaN, and +inf (a temperature or penalty too small for the logits), where transformers'
+    draw raises."""
     x = tl.load(logits_ptr + cols, mask=valid, other=0.0).to(tl.float32)
     if HAS_PENALTY:
         seen = tl.load(seen_ptr + cols, mask=valid, other=0) != 0
         x = tl.where(seen, tl.where(x < 0, x * penalty, tl.div_rn(x, penalty)), x)
-    return tl.div_rn(x, temperature), (x != x) & valid
+    s = tl.div_rn(x, temperature)
+    return s, ((s != s) | (s == float("inf"))) & valid
 
 
 @triton.jit
@@ -114,7 +117,7 @@ def _tile_candidates(logits_ptr, seen_ptr, cand_ptr, flags_ptr, cut_ptr, t, b, V
     tl.store(base + slot, (w.to(tl.int64) << 32) | cols.to(tl.int64), mask=listed)
     slots = tl.arange(0, K_TILE)
     tl.store(base + slots, _empty_keys(K_TILE), mask=slots >= n)  # a tile with fewer columns than slots
-    # bit 0: a NaN in the tile; bit 1: ties at the cut left unlisted
+    # bit 0: a NaN or +inf score in the tile; bit 1: ties at the cut left unlisted
     tl.store(flags_ptr + b * NT + t, tl.max(nan.to(tl.int32), axis=0) | (n > K_TILE).to(tl.int32) * 2)
     tl.store(cut_ptr + b * NT + t, _ordered_of(cut))
 
@@ -163,7 +166,8 @@ def _draw_row(logits_ptr, seen_ptr, q_ptr, cand_ptr, flags_ptr, cut_ptr, b, V, N
         t = _kth_search(u, listed, k, _words(tl.max(cut, axis=0)), hi, -1, k, TWO_BITS=True)[0]
         kth = _from_ordered(_ordered_of(tl.min(tl.where(listed & (u >= t), u, 4294967295), axis=0)))
         top = _from_ordered(_ordered_of(hi))
-    has_nan = tl.max(flags & 1, axis=0) > 0
+    # a NaN or +inf score in a tile, or -inf throughout (softmax's 0 / 0): no token
+    has_nan = (tl.max(flags & 1, axis=0) > 0) | (top == float("-inf"))
     # a tile left ties unlisted at its cut, and the cut is the k-th value: they are kept too
     overflow = tl.max((((flags & 2) != 0) & (cut == _ordered(kth))).to(tl.int32), axis=0)
     if HAS_TOP_P:  # or the row's sorted list ends inside the tie group: more listed ties than K_TILE
@@ -249,7 +253,8 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     softmax, then argmax(p / q) with q (B, V) fp32 ~ Exp(1), or q an ExponentialNoise
     (kernels/noise.py): torch's exponential_ values computed at the drawn columns only. top_k
     from 1 to MAX_TOP_K (the fused path); penalty applies to the columns seen (B, V) bool marks.
-    A row with a NaN logit names no token: id V."""
+    A row whose softmax has NaNs (a NaN logit; scores of +inf, or of -inf throughout) names no
+    token: id V, where transformers' draw raises."""
     check_tensor("logits", logits, ndim=2, last_contiguous=True)
     check_device_usable("logits", logits)
     B, V = logits.shape

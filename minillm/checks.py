@@ -9,7 +9,7 @@ class ContextLengthError(ValueError):
 
 
 class NonFiniteLogitsError(RuntimeError):
-    """A step's logits were NaN, so its argmax named no token."""
+    """A step's logits (or sampling scores) were not finite, so it named no token."""
 
 
 def check_context(prompt_len, max_new_tokens, n_positions):
@@ -49,10 +49,12 @@ def count(n, noun="token"):
 def check_vocab(out, vocab_size, first=0):
     """Every generated id (lists per sequence, from new token `first` on) lies in the
     vocabulary. A row of logits with a NaN names no token (id V: kernels/argmax_key.py,
-    sampling.sample): say so, rather than decode an id picked from NaN."""
+    sampling.sample), as does a sampled row whose scores reach +inf: say so, rather than decode
+    an id picked from NaN."""
     for b, ids in enumerate(out):
         bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise NonFiniteLogitsError(
                 f"sequence {b}, new token {first + bad}: id {ids[bad]} is outside the vocabulary of {vocab_size} "
-                "(the model's logits were NaN; check the checkpoint's weights and the dtype)")
+                "(the model's logits were NaN, or infinite after a temperature or repetition penalty too small "
+                "for them; check the checkpoint's weights and the dtype, or those settings)")

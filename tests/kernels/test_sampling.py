@@ -132,6 +132,22 @@ def test_non_finite(device):
         assert got[0] == 500 and got[1] >= 480
 
 
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_scores_softmax_has_no_probabilities_for(device, top_p):
+    """Scores of +inf (a temperature, or a repetition penalty on a positive seen logit, too small
+    for fp32: logits / 1e-40), or of -inf across a whole row: softmax gives NaN, transformers'
+    draw raises, and the row names no token (id V) in both the kernel and the reference. They had
+    drawn an arbitrary id (the reference 0, the kernel another, or one past the vocabulary)."""
+    logits, q, seen = _inputs(4, 500, device, dtype=torch.float32, seed=3)
+    logits[3] = float("-inf")
+    got = _check(logits, q, 50, 1e-40, top_p)
+    assert got.tolist() == [500] * 4
+    logits[:3, 11] = 5.0  # positive and seen in rows 0-2: over the penalty, +inf
+    seen[:3, 11], seen[1] = True, False  # row 1 sees nothing: its scores stay finite
+    got = _check(logits, q, 50, 1.0, top_p, 1e-40, seen)
+    assert got[0] == got[2] == got[3] == 500 and 0 <= got[1] < 500
+
+
 def test_sample_logits_errors(device):
     logits, q, seen = _inputs(2, 100, device)
     bad = [

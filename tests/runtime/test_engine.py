@@ -223,6 +223,21 @@ def test_nan_logits_end_with_a_clear_error(path, n, params):
         llm.engine.generate(_prompts(n, SIZE["vocab_size"]), params, stop_check=stop_check)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("settings", [dict(temperature=1e-40), dict(temperature=1e-40, top_k=0),
+                                      dict(temperature=0.9, repetition_penalty=1e-40)])
+def test_sampling_scores_past_fp32_end_with_a_clear_error(path, backend, settings):
+    """A temperature (or penalty) so small that the scores overflow to +inf leaves softmax no
+    probabilities: transformers' draw raises, and so does this engine, where it had drawn id 0
+    step after step (fused sampler and plain torch alike)."""
+    if backend == "triton" and not ON_GPU:
+        pytest.importorskip("triton")
+    llm = LLM(path, device="cuda" if ON_GPU else "cpu", dtype="float32", backend=backend)
+    params = SamplingParams(max_new_tokens=3, seed=0, ignore_eos=True, **settings)
+    with pytest.raises(NonFiniteLogitsError, match="infinite after a temperature or repetition penalty too small"):
+        llm.generate(_prompts(2, SIZE["vocab_size"]), params)
+
+
 def test_ids_outside_the_vocabulary_end_with_a_clear_error():
     """check_vocab: every id in [0, V), else one clear error naming the sequence and token."""
     check_vocab([[1, 2], [255, 0]], 256)
