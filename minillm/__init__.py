@@ -4,7 +4,7 @@ The names below load on first use (PEP 562), so `minillm --help` and argument er
 without importing torch (2.7 s on the H200 machine)."""
 import importlib
 
-_EXPORTS = {"LLM": "api", "MiniLLMError": "api", "PRESETS": "config", "GPTConfig": "config",
+_EXPORTS = {"LLM": "api", "MiniLLMError": "checks", "PRESETS": "config", "GPTConfig": "config",
             "ContextLengthError": "checks", "GenerationResult": "api", "NonFiniteLogitsError": "checks",
             "ModelLoadError": "loader", "SamplingParams": "sampling"}
 __all__ = ["LLM", "SamplingParams", "GenerationResult", "GPTConfig", "PRESETS", "MiniLLMError", "ModelLoadError",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLengthError, is_integer
+from .checks import ContextLengthError, MiniLLMError, is_integer
 from .generate import Engine
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import BACKENDS, GPT, check_backend
@@ -27,10 +27,6 @@ class GenerationResult:
     text: str | None
     finish_reason: str
     metrics: dict = field(default_factory=dict)
-
-
-class MiniLLMError(RuntimeError):
-    """A runtime problem with one clear message (the CLI prints it as one line)."""
 
 
 def _token_id(t, vocab_size):

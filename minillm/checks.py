@@ -4,6 +4,10 @@ import math
 import numbers
 
 
+class MiniLLMError(RuntimeError):
+    """A runtime problem with one clear message (the CLI prints it as one line)."""
+
+
 class ContextLengthError(ValueError):
     """Prompt plus new tokens do not fit the model's context."""
 

@@ -8,6 +8,7 @@ SYNC_EVERY steps (stop checks) or every step when streaming.
 """
 import array
 import contextlib
+import threading
 import time
 from concurrent.futures import as_completed
 
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.argmax_key import EMPTY
 
-from .checks import check_context, check_vocab
+from .checks import MiniLLMError, check_context, check_vocab
 from .decode_state import DecodeState, batch_bucket, cache_bucket
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
@@ -53,6 +54,8 @@ class Engine:
         self._prefill_graphs = {}  # (batch, padded length, keyed) -> captured prefill
         self._compiled_prefills = set()  # (batch, padded length, keyed) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
+        self._one_call = threading.Lock()
+        self._running_in = None  # the thread whose call holds _one_call
 
     # -- pieces -------------------------------------------------------------------------
     def cache_for(self, batch):
@@ -195,10 +198,21 @@ class Engine:
         all stopped; callers cut at EOS/stop) and the timings.
         """
         dev = self.model.device
-        # Triton launches on the current device, and graphs capture on its streams: the model's
-        # (cuda:N) for the whole call, the caller's code between streamed steps included
-        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
-            yield from self._steps(prompts, params, stream, stop_check)
+        # one call at a time: every call writes the same caches and state buffers. Another
+        # thread's call waits for this one; this thread's own (a second stream() advanced
+        # beside the first) would deadlock, so it is refused
+        if self._running_in == threading.get_ident():
+            raise MiniLLMError("this LLM is still running an unfinished stream() in this thread: finish or close() "
+                               "it first (or use a second LLM)")
+        with self._one_call:
+            self._running_in = threading.get_ident()
+            try:
+                # Triton launches on the current device, and graphs capture on its streams: the
+                # model's (cuda:N) for the whole call, the caller's code between streamed steps included
+                with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+                    yield from self._steps(prompts, params, stream, stop_check)
+            finally:
+                self._running_in = None
 
     def _steps(self, prompts, params, stream, stop_check):
         c = self.model.config

@@ -1,6 +1,7 @@
 """The Python API: batches, stream(), finish reasons, stop strings (with the real GPT-2 tokenizer,
 skipped without it), and prompts as token ids and argument checks (without a tokenizer)."""
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -199,6 +200,36 @@ def test_numpy_token_ids_are_a_prompt(llm_ids):
         got = llm.generate(ids, params)[0]
         assert got.token_ids == expect.token_ids and got.prompt_token_ids == [5, 7, 11]
         assert all(type(t) is int for t in got.prompt_token_ids)
+
+
+def test_one_call_at_a_time(llm_ids):
+    """Every call writes the same caches: a second call in the thread of an unfinished stream is
+    refused (it had silently mixed the two streams' tokens), and another thread's call waits for
+    the first to end (concurrent calls had returned corrupt ids or failed)."""
+    llm, _ = llm_ids
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [[5, 7, 11], [300, 2]]
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    first = llm.engine.steps(prompts[:1], params, stream=True)
+    assert next(first)[1] == alone[0][:1]
+    with pytest.raises(MiniLLMError, match="still running an unfinished stream"):
+        llm.generate([prompts[1]], params)
+    other = {}
+    waiting = threading.Thread(target=lambda: other.setdefault("ids", llm.generate([prompts[1]], params)[0].token_ids))
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive() and "ids" not in other  # waits while the stream is open
+    assert [e[1][0] for e in first if e[0] == "step"] == alone[0][1:]
+    waiting.join(timeout=60)
+    assert other["ids"] == alone[1]
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.setdefault(i, [
+        llm.generate([prompts[i % 2]], params)[0].token_ids for _ in range(3)])) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(results[i] == [alone[i % 2]] * 3 for i in range(4))
 
 
 def test_stop_strings_as_given():
