@@ -1,4 +1,5 @@
 """The Python API: `LLM` loads a model once; `generate` runs batches; `stream` yields text."""
+import dataclasses
 import numbers
 import os
 import time
@@ -38,7 +39,9 @@ def _params(params):
         return SamplingParams()
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params: expected a SamplingParams or None, got {type(params).__name__}")
-    return params
+    # checked again, as a copy: fields set after construction skipped the checks, and a stream
+    # keeps its settings whatever the caller sets while it runs
+    return dataclasses.replace(params)
 
 
 def _count(n):

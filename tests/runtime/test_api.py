@@ -232,6 +232,19 @@ def test_one_call_at_a_time(llm_ids):
     assert all(results[i] == [alone[i % 2]] * 3 for i in range(4))
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("temperature", -1.0, "temperature: expected a number >= 0"), ("max_new_tokens", 0, "max_new_tokens: expected"),
+    ("top_p", 0.0, "top_p: expected"), ("top_k", "5", "top_k: expected"), ("seed", 1.5, "seed: expected")])
+def test_settings_changed_after_construction_are_checked(llm_ids, field, value, message):
+    """SamplingParams is a plain dataclass: a field set later is checked when a call takes it (a
+    negative temperature had run, max_new_tokens 0 had given a token)."""
+    llm, _ = llm_ids
+    params = SamplingParams(max_new_tokens=3, temperature=0.7)
+    setattr(params, field, value)
+    with pytest.raises(ValueError, match=f"^{message}"):
+        llm.generate([[1, 2]], params)
+
+
 def test_stop_strings_as_given():
     """One string, a tuple, or None (no stop strings; had been a TypeError) read as a list."""
     assert [SamplingParams(stop=s).stop for s in ("END", ("a", "b"), None)] == [["END"], ["a", "b"], []]
