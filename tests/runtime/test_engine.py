@@ -106,6 +106,43 @@ def test_batch_bucket():
     assert batch_bucket(300) == 300
 
 
+def test_without_graphs_one_cache_is_held(path):
+    """Calls of 1, 3 and 2 prompts without CUDA graphs: one cache at a time (each had stayed, 75 MB
+    a row for gpt2 in fp32), and every call's ids as in a fresh engine."""
+    params = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    llm = LLM(path, device="cpu", dtype="float32", backend="torch")
+    prompts = _prompts(3, SIZE["vocab_size"], seed=5)
+    first = [r.token_ids for r in llm.generate(prompts, params)]
+    for n in (1, 3, 2):
+        assert [r.token_ids for r in llm.generate(prompts[:n], params)] == first[:n]
+        assert list(llm.engine._caches) == [n]
+
+
+def test_a_cache_that_does_not_fit_displaces_the_other_batch_sizes(path, monkeypatch):
+    """With CUDA graphs the caches stay per batch bucket; where a new one does not fit, those of
+    the other sizes go (with the states and graphs that write them) and it is made again. Where
+    nothing else is held, the out-of-memory error stands."""
+    llm = LLM(path, device="cpu", dtype="float32", backend="torch")
+    engine, make = llm.engine, llm.model.new_cache
+    engine.use_cuda_graphs = True  # the policy alone: cache_for never captures
+    budget = {"rows": 3}
+
+    def new_cache(batch):
+        if batch + sum(engine._caches) > budget["rows"]:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return make(batch)
+
+    monkeypatch.setattr(llm.model, "new_cache", new_cache)
+    engine.cache_for(1), engine.cache_for(2)
+    engine._states[(2, "key")] = engine._states[(1, "key")] = "state"
+    engine._prefill_graphs[(1, 16, False)] = "graph"
+    assert sorted(engine._caches) == [1, 2]  # both fit
+    engine.cache_for(3)
+    assert list(engine._caches) == [3] and engine._states == {} and engine._prefill_graphs == {}
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        engine.cache_for(4)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     """With an end-of-sequence token (the device-side finished flags in the graph): the same
