@@ -41,6 +41,21 @@ def build(model, device, dtype):
     return cfg, hf, weights
 
 
+def check_models(models, prompt_len, new_tokens):
+    """Each model's config, before any GPU work: a name that is no preset and no checkpoint, or a
+    prompt and new tokens past a model's context, fails here, not after the models before it."""
+    from .loader import read_config, resolve
+
+    configs = {}
+    for model in models:
+        cfg = PRESETS[model] if model in PRESETS else read_config(resolve(model))
+        if prompt_len + new_tokens - 1 > cfg.n_positions:  # the last new token is never fed back
+            raise ValueError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens}: expected at most "
+                             f"{cfg.n_positions + 1} for {model}'s context of {cfg.n_positions} positions")
+        configs[model] = cfg
+    return configs
+
+
 def model_weights(model, device, dtype):
     """(config, minillm weights dict), for tools that run minillm alone: a checkpoint loads
     without importing transformers (seconds of a short process), a preset gets build's random
@@ -161,6 +176,7 @@ def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_token
           repeats=3, dtype=torch.float16, sampling=None, log=print):
     """Run the matrix on the current CUDA device; returns the list of result rows. sampling:
     None (greedy) or dict(temperature=, top_k=, top_p=) for every engine, temperature > 0."""
+    check_models(models, prompt_len, new_tokens)
     env = environment()
     bw = copy_bandwidth()
     log(f"{env['device']}: copy bandwidth {bw:.0f} GB/s (read + write); torch {env['torch']}, triton {env['triton']}; "
@@ -171,8 +187,6 @@ def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_token
         elt = torch.tensor([], dtype=dtype).element_size()
         for batch in batches:
             new = new_tokens
-            if prompt_len + new - 1 > cfg.n_positions:
-                raise ValueError(f"prompt_len {prompt_len} + new_tokens {new} exceeds {model}'s context")
             ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device="cuda")
             for engine in engines:
                 gc.collect()

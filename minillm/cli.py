@@ -244,8 +244,9 @@ def cmd_bench(args):
         raise UsageError("--top-k/--top-p: expected --temperature > 0 with them (temperature 0 is greedy)")
     import torch
 
-    from .bench import bench, summary, write
+    from .bench import bench, check_models, summary, write
 
+    check_models(args.model, args.prompt_len, args.new_tokens)  # argument errors first, GPU or not
     if not torch.cuda.is_available():
         raise RuntimeError("bench: needs a CUDA GPU (none is available)")
     rows = bench(models=args.model, batches=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,

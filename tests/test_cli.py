@@ -113,6 +113,18 @@ def test_bench_bad_sampling_exits_2(args, message):
     assert_no_traceback(p)
 
 
+def test_bench_checks_every_model_before_any_gpu_work(tmp_path):
+    """A prompt and new tokens past a model's context (exit 2), or a model that is not there
+    (exit 1), fail before the GPU is asked for; they had failed after the models before them
+    had run (minutes), or after the copy-bandwidth test."""
+    p = run("bench", "--model", "gpt2", "distilgpt2", "--prompt-len", "1000", "--new-tokens", "26")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == ("minillm: error: --prompt-len 1000 + --new-tokens 26: expected at most 1025 for "
+                                "gpt2's context of 1024 positions")
+    p = run("bench", "--model", "gpt2", str(tmp_path / "missing"))
+    assert p.returncode == 1 and p.stderr.strip() == f"minillm: error: {tmp_path / 'missing'}: no such folder"
+
+
 def test_empty_stdin_exits_2():
     p = run("generate", "--model", "unused", "-", stdin="\n")
     assert p.returncode == 2 and "stdin ('-') is empty" in p.stderr, p.stderr
