@@ -49,9 +49,10 @@ from .sampling import sample_logits
 from .softmax import softmax
 from .vocab_screen import screened_argmax
 
-__all__ = ["ACTIVATIONS", "MAX_HEAD_DIM", "add_layernorm", "append_tokens", "argmax_key", "attention", "compile_ahead",
-           "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding", "embedding_linear",
-           "exponential", "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu", "layernorm",
-           "linear", "new_exponential_noise", "new_row_stats", "prefill_row_stats", "SAMPLE_MAX_TOP_K",
-           "sample_logits", "screen_head", "screened_argmax", "softmax", "torch_exponential_matches"]
+__all__ = ["ACTIVATIONS", "MAX_HEAD_DIM", "add_layernorm", "append_tokens", "argmax_key", "attention",
+           "compile_ahead", "decode_attention", "decode_attention_proj", "decode_row_stats", "embedding",
+           "embedding_linear", "exponential", "ExponentialNoise", "fixed_row_stats", "fold_layernorm", "gelu",
+           "layernorm", "linear", "new_exponential_noise", "new_row_stats", "prefill_row_stats",
+           "SAMPLE_MAX_TOP_K", "sample_logits", "screen_head", "screened_argmax", "softmax",
+           "torch_exponential_matches"]
 __version__ = "0.1.0"

@@ -46,13 +46,15 @@ class GPTConfig:
         """Parameter count with the tied lm_head counted once."""
         C, V, F = self.n_embd, self.vocab_size, self.mlp_width
         per_layer = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
-        return V * C + self.n_positions * C + self.n_layer * per_layer + 2 * C + (0 if self.tie_word_embeddings else V * C)
+        head = 0 if self.tie_word_embeddings else V * C
+        return V * C + self.n_positions * C + self.n_layer * per_layer + 2 * C + head
 
     def to_dict(self):
         return asdict(self)
 
     @classmethod
-    def from_hf(cls, hf: dict, source="config.json", generation=None, generation_source="generation_config.json"):
+    def from_hf(cls, hf: dict, source="config.json", generation=None,
+                generation_source="generation_config.json"):
         """Build from a parsed Hugging Face GPT-2 config.json; unsupported models raise ConfigError.
         generation: the parsed generation_config.json beside it, if any. Where there is one,
         transformers' generate stops at its eos_token_id alone (none where it names none), and so

@@ -93,8 +93,9 @@ class Block:
         ln_1, ln_2 = (w[p + "ln_1.weight"], w[p + "ln_1.bias"]), (w[p + "ln_2.weight"], w[p + "ln_2.bias"])
         self.attn = folded(w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"], *ln_1)    # (C, 3C)
         self.attn_proj = (out_major(w[p + "attn.c_proj.weight"]), w[p + "attn.c_proj.bias"])  # (C, C)
-        self.fc = folded(w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"], *ln_2)             # (C, 4C)
-        self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (4C, C)
+        self.fc = folded(w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"], *ln_2)             # (C, F)
+        self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (F, C); F: 4C
+
 
 
 def check_backend(config, backend):

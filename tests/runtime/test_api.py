@@ -187,7 +187,8 @@ def test_numpy_scalars_are_numbers():
                        top_p=np.float16(0.5), repetition_penalty=np.float64(1.5), seed=np.uint64(2 ** 63 + 5))
     assert p == SamplingParams(max_new_tokens=5, temperature=0.5, top_k=3, top_p=0.5, repetition_penalty=1.5,
                                seed=2 ** 63 + 5)
-    assert [type(v) for v in (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed)] == [int, float, int, float, int]
+    types = [type(v) for v in (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed)]
+    assert types == [int, float, int, float, int]
 
 
 def test_numpy_token_ids_are_a_prompt(llm_ids):
