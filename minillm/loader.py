@@ -9,9 +9,9 @@ import torch
 from .config import ConfigError, GPTConfig
 
 WEIGHTS_DIR = Path(os.environ.get("MINILLM_WEIGHTS_DIR", Path(__file__).resolve().parents[1] / "weights"))
-HUB_PATTERNS = ["config.json", "generation_config.json", "model.safetensors", "model*.safetensors",
-                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-                "merges.txt", "special_tokens_map.json"]
+CONFIG_FILES = ["config.json", "generation_config.json"]
+HUB_PATTERNS = [*CONFIG_FILES, "model.safetensors", "model*.safetensors", "model.safetensors.index.json",
+                "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"]
 IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old GPT-2 checkpoints
 HUB_TIMEOUT = 10.0  # seconds for the hub's answer on a repo's files
 
@@ -36,6 +36,12 @@ def download(repo_id, local_dir=None):
                 raise ModelLoadError(f"{repo_id}: the repo has only PyTorch .bin weights; minillm loads "
                                      "safetensors only (convert with transformers' save_pretrained)")
             raise ModelLoadError(f"{repo_id}: the repo has no safetensors weights")
+        # its config first: a model this engine cannot run fails before its weights download
+        config_dir = snapshot_download(repo_id, allow_patterns=CONFIG_FILES, local_dir=local_dir)
+        try:
+            read_config(config_dir)
+        except ModelLoadError as e:
+            raise ModelLoadError(str(e).replace(str(Path(config_dir)), repo_id)) from None
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
     except LocalEntryNotFoundError:
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hugging Face hub could not be reached"

@@ -1,12 +1,15 @@
 """Downloads from the Hugging Face hub (minillm/loader.py's download): offline, unreachable,
 gated, unknown and weightless repos fail fast with one line; only safetensors and tokenizer files
 are fetched. The hub is faked: no test reaches the network."""
+import json
+import re
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from minillm import LLM, ModelLoadError
+from minillm.config import GPTConfig
 
 
 def test_unknown_hub_id_offline(monkeypatch):
@@ -93,9 +96,37 @@ def test_download_fetches_safetensors_and_tokenizer_only(monkeypatch, tmp_path):
 
     def fake_snapshot(repo_id, allow_patterns, local_dir=None):
         seen.update(repo_id=repo_id, patterns=allow_patterns, local_dir=local_dir)
+        (tmp_path / "config.json").write_text(json.dumps(GPTConfig().to_hf()))
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
     assert loader.download("gpt2", local_dir=str(tmp_path / "gpt2")) == tmp_path
     assert seen["local_dir"] == str(tmp_path / "gpt2")
     assert "model.safetensors" in seen["patterns"] and not any(p.endswith(".bin") for p in seen["patterns"])
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+     "unsupported architecture LlamaForCausalLM; minillm supports model_type 'gpt2'"),
+    ("[1]", "expected a JSON object of settings, got a list"),
+])
+def test_download_reads_the_config_before_the_weights(monkeypatch, tmp_path, config, message):
+    """A repo of another architecture (or a broken config.json) fails on its config alone: the
+    weights (gigabytes for a large model) are never asked for, and the error names the repo."""
+    import huggingface_hub
+
+    from minillm import loader
+
+    asked = []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", _fake_model_info("config.json", "model.safetensors"))
+
+    def fake_snapshot(repo_id, allow_patterns, local_dir=None):
+        asked.append(allow_patterns)
+        (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    with pytest.raises(ModelLoadError, match=f"^someone/llama/config.json: {re.escape(message)}"):
+        loader.download("someone/llama")
+    assert asked == [loader.CONFIG_FILES]
