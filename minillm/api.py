@@ -117,6 +117,7 @@ class LLM:
         self.model = GPT(self.config, weights, backend)
         self.engine = Engine(self.model, use_cuda_graphs=cuda_graphs)
         self.load_s = time.perf_counter() - t0
+        self.last_result = None  # stream()'s GenerationResult, once one ends
 
     def __repr__(self):
         c = self.config
@@ -218,7 +219,8 @@ class LLM:
 
     def stream(self, prompt, params: SamplingParams | None = None):
         """Yield the text of one prompt's continuation piece by piece as tokens arrive.
-        After the loop, `self.last_result` holds the full GenerationResult."""
+        After the loop, `self.last_result` holds the full GenerationResult (None until a stream
+        ends, so a stream that stopped early or failed leaves no other call's result there)."""
         params = _params(params)
         if self.tokenizer is None:
             raise MiniLLMError(f"{self.model_dir}: stream() needs a tokenizer to produce text")
@@ -227,6 +229,7 @@ class LLM:
             raise ValueError(f"prompt: stream() takes one prompt (a str or a list of token ids), got {len(prompts)}; "
                              "use generate() for a batch")
         (ids,) = prompts
+        self.last_result = None
         eos = self._eos_ids(params)
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
         got, emitted = [], 0

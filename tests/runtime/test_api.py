@@ -79,6 +79,10 @@ def test_stream_pieces_join_to_the_text(llm_hf):
     assert joined == llm.last_result.text == llm.generate("Once upon a time", params)[0].text
     with pytest.raises(ValueError, match=r"prompt: stream\(\) takes one prompt .*, got 2; use generate\(\)"):
         next(llm.stream(["Once", "upon"], params))
+    stopped = llm.stream("Once upon a time", params)  # left after one piece: no result, not the last one's
+    next(stopped)
+    stopped.close()
+    assert llm.last_result is None
 
 
 def test_stop_string(llm_hf):
