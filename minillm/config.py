@@ -61,6 +61,8 @@ class GPTConfig:
         does this engine."""
         archs = hf.get("architectures") or []
         archs = [archs] if isinstance(archs, str) else archs  # a hand-written config's one name
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ConfigError(f"{source}: architectures: expected a list of class names, got {archs!r}")
         model_type = hf.get("model_type")
         if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
             got = f"architecture {', '.join(archs)}"
@@ -73,7 +75,7 @@ class GPTConfig:
                               f"{', '.join(SUPPORTED_ARCHITECTURES)} (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                               "distilgpt2)")
         act = hf.get("activation_function", "gelu_new")
-        if act not in SUPPORTED_ACTIVATIONS:
+        if not isinstance(act, str) or act not in SUPPORTED_ACTIVATIONS:
             raise ConfigError(f"{source}: activation_function {act!r} is not supported; "
                               f"expected one of {sorted(SUPPORTED_ACTIVATIONS)}")
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):

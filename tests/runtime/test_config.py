@@ -38,6 +38,19 @@ def test_settings_it_cannot_run_are_refused(setting, message):
         GPTConfig.from_hf({**SMALL.to_hf(), **setting}, source="cfg.json")
 
 
+@pytest.mark.parametrize("setting,message", [
+    ({"architectures": 64}, "architectures: expected a list of class names, got 64"),
+    ({"architectures": ["GPT2LMHeadModel", 3]}, r"architectures: expected a list of class names, got "
+                                                r"\['GPT2LMHeadModel', 3\]"),
+    ({"activation_function": ["gelu"]}, r"activation_function \['gelu'\] is not supported"),
+])
+def test_settings_of_the_wrong_type_are_refused(setting, message):
+    """They had raised a bare TypeError (an int is not iterable; a list is unhashable); found by
+    fuzzing config.json with values of every JSON type."""
+    with pytest.raises(ConfigError, match=f"^cfg.json: {message}"):
+        GPTConfig.from_hf({**SMALL.to_hf(), **setting}, source="cfg.json")
+
+
 def test_those_settings_at_gpt2s_values_read():
     hf = {**SMALL.to_hf(), "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
           "scale_attn_weights": True, "activation_function": "gelu_pytorch_tanh"}
