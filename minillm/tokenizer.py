@@ -85,7 +85,9 @@ def load_tokenizer(model_dir):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(d))
+        tok = AutoTokenizer.from_pretrained(str(d))
+        tok.decode(tok.encode("a"))  # some broken settings (model_max_length "x") fail only here
+        return tok
     except Exception as e:  # noqa: BLE001 - a broken file surfaces as KeyError, ValueError, OSError...
         raise ModelLoadError(f"{d}: could not load its tokenizer files ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else 'no message'})") from e

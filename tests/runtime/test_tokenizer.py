@@ -110,6 +110,17 @@ def test_broken_tokenizer_json(tok_dir, tmp_path):
         load_tokenizer(d)
 
 
+def test_a_setting_that_breaks_encoding_fails_at_load(tok_dir, tmp_path):
+    """transformers loads vocab.json and merges.txt with `model_max_length: "x"` and fails at its
+    first encode (a bare TypeError); the load now tries one, so the error names the folder there,
+    not at the first prompt (found by fuzzing tokenizer_config.json)."""
+    d = _copy(tok_dir, tmp_path / "bpe", model_max_length="x")
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match=rf"^{re.escape(str(d))}: could not load its tokenizer files "
+                                             r"\(TypeError: .+\)$"):
+        load_tokenizer(d)
+
+
 def test_loading_a_model_does_not_import_transformers(tok_dir, tmp_path):
     build_checkpoint(tmp_path, n_layer=1, n_head=2, n_embd=32, vocab_size=50257, n_positions=32, with_tokenizer=True)
     code = ("import sys; from minillm import LLM; llm = LLM(sys.argv[1], device='cpu', backend='torch'); "
