@@ -148,6 +148,11 @@ class LLM:
         for i, p in enumerate(prompts):
             text = isinstance(p, str)
             if text:
+                try:
+                    p.encode("utf-8")  # a lone surrogate (a file read with errors="surrogateescape")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"prompts[{i}]: expected text that UTF-8 encodes, got a lone surrogate at "
+                                     f"character {e.start}") from None
                 p = self.encode(p)
             ids = p.tolist() if hasattr(p, "tolist") else p  # a 1-D tensor too
             if not isinstance(ids, (list, tuple)):

@@ -66,6 +66,16 @@ def test_single_string_and_token_ids(llm_hf):
     assert len(a) == 1 and a[0].token_ids == b[0].token_ids
 
 
+def test_text_that_is_no_utf8(llm_hf):
+    """A str holding a lone surrogate (as surrogateescape decoding leaves bytes that are not UTF-8)
+    is refused naming the prompt; the tokenizer had raised a bare TypeError."""
+    llm, _ = llm_hf
+    for call in (llm.generate, lambda p: next(llm.stream(p[0]))):
+        with pytest.raises(ValueError, match=r"^prompts\[0\]: expected text that UTF-8 encodes, got a lone surrogate "
+                                             r"at character 2$"):
+            call(["ab\udcff"])
+
+
 def test_stream_pieces_join_to_the_text(llm_hf):
     llm, _ = llm_hf
     params = SamplingParams(max_new_tokens=15, temperature=0, ignore_eos=True)
