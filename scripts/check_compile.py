@@ -193,6 +193,9 @@ def drive_library(dtype, where):
     kc, vc = r(3, 4, 300, 64), r(3, 4, 300, 64)
     lens = torch.full((3,), 200, dtype=torch.int32)
     kernels.decode_attention(r(3, 4, 64), kc, vc, lens)
+    narrow = r(2, 4, 77, 8)  # heads under 16 wide: prefill pads them to the 16 columns tl.dot takes
+    kernels.attention(narrow, narrow, narrow)
+    kernels.decode_attention(r(3, 4, 8), r(3, 4, 300, 8), r(3, 4, 300, 8), lens)
     # the split form and its merge: a GPU splits 12 (row, head) pairs; this driver stands for 2 SMs and would not
     kernels.decode_attention(r(3, 4, 64), kc, vc, lens, num_splits=4)
     logits, q, seen = r(64, 50257), torch.rand(64, 50257), torch.rand(64, 50257) < 0.1
