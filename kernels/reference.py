@@ -261,8 +261,8 @@ def sample_logits(logits, q, top_k, temperature=1.0, top_p=1.0, penalty=1.0, see
     return _into(no_token_if_nan(probs, (probs / q).argmax(dim=-1)), out)
 
 
-def no_token_if_nan(logits, ids):  # a row holding a NaN names no token: id V (argmax_key.py)
-    return torch.where(torch.isnan(logits).any(dim=-1), logits.shape[-1], ids)
+def no_token_if_nan(rows, ids):  # a row (of logits or probabilities) holding a NaN names no token: id V
+    return torch.where(torch.isnan(rows).any(dim=-1), rows.shape[-1], ids)
 
 
 def _mul_hi_lo(a, b):

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import ContextLengthError, MiniLLMError, is_integer
-from .generate import Engine
+from .generate import Engine, eos_ids
 from .loader import ModelLoadError, load_weights, read_config, resolve
-from .model import BACKENDS, GPT, check_backend
+from .model import GPT, check_backend
 from .sampling import SamplingParams
 from .tokenizer import load_tokenizer
 
@@ -97,8 +97,7 @@ class LLM:
         self.dtype = dtype
         if backend is None:
             backend = "triton" if on_cuda else "torch"
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
+        check_backend(backend)
         if backend == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise MiniLLMError("backend: triton on the CPU needs TRITON_INTERPRET=1 set before start "
                                "(or use backend torch)")
@@ -108,7 +107,7 @@ class LLM:
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
         self.config = read_config(self.model_dir)
-        check_backend(self.config, backend)  # before the weights load
+        check_backend(backend, self.config)  # before the weights load
         weights = load_weights(self.model_dir, self.config, self.device, dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
         if self.tokenizer is None:
@@ -173,11 +172,8 @@ class LLM:
             return None
         return lambda b, ids: any(s in self.decode(ids) for s in params.stop)
 
-    def _eos_ids(self, params):
-        return frozenset() if params.ignore_eos else frozenset(self.config.eos_token_ids)
-
     def _finish(self, prompt, ids, params, timings, n_seq):
-        eos = self._eos_ids(params)
+        eos = eos_ids(self.config, params)
         reason = "length"
         end = next((i for i, t in enumerate(ids) if t in eos), None)
         if end is not None:
@@ -235,7 +231,7 @@ class LLM:
                              "use generate() for a batch")
         (ids,) = prompts
         self.last_result = None
-        eos = self._eos_ids(params)
+        eos = eos_ids(self.config, params)
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
         got, emitted = [], 0
         for event in self._run([ids], params, stream=True):

@@ -42,18 +42,15 @@ def build(model, device, dtype):
 
 
 def check_models(models, prompt_len, new_tokens):
-    """Each model's config, before any GPU work: a name that is no preset and no checkpoint, or a
-    prompt and new tokens past a model's context, fails here, not after the models before it."""
+    """Each model's config read before any GPU work: a name that is no preset and no checkpoint, or
+    a prompt and new tokens past a model's context, fails here, not after the models before it."""
     from .loader import read_config, resolve
 
-    configs = {}
     for model in models:
         cfg = PRESETS[model] if model in PRESETS else read_config(resolve(model))
         if prompt_len + new_tokens - 1 > cfg.n_positions:  # the last new token is never fed back
             raise ValueError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens}: expected at most "
                              f"{cfg.n_positions + 1} for {model}'s context of {cfg.n_positions} positions")
-        configs[model] = cfg
-    return configs
 
 
 def model_weights(model, device, dtype):

@@ -27,6 +27,11 @@ PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
 
 
+def eos_ids(config, params):
+    """The ids that end a sequence in this call: none with ignore_eos."""
+    return () if params.ignore_eos else config.eos_token_ids
+
+
 def _also_at(ids, stop_check):
     """stop_check(b, ids) that also ends a sequence holding any of these ids."""
     return lambda b, seq: not ids.isdisjoint(seq) or (stop_check is not None and stop_check(b, seq))
@@ -228,10 +233,10 @@ class Engine:
         B = len(prompts)
         longest = max(len(p) for p in prompts)
         check_context(longest, params.max_new_tokens, c.n_positions)
-        eos_ids = () if params.ignore_eos else c.eos_token_ids
-        eos = eos_ids[0] if eos_ids else None  # flagged on the device; any further ones on the host
-        if len(eos_ids) > 1:
-            stop_check = _also_at(set(eos_ids[1:]), stop_check)
+        ends = eos_ids(c, params)
+        eos = ends[0] if ends else None  # flagged on the device; any further ones on the host
+        if len(ends) > 1:
+            stop_check = _also_at(set(ends[1:]), stop_check)
         Bp = batch_bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)

@@ -98,12 +98,12 @@ class Block:
 
 
 
-def check_backend(config, backend):
-    """That the backend runs this model: one ValueError naming what it cannot (LLM calls this before
-    it loads the weights)."""
+def check_backend(backend, config=None):
+    """That the backend exists and, given a config, runs that model: one ValueError naming what it
+    cannot (LLM calls this before it reads the config, and again before it loads the weights)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {backend!r}")
-    if backend == "triton" and config.head_dim > kernels.MAX_HEAD_DIM:
+    if config is not None and backend == "triton" and config.head_dim > kernels.MAX_HEAD_DIM:
         raise ValueError(f"backend: triton's attention takes heads up to {kernels.MAX_HEAD_DIM} wide, and this "
                          f"model's are {config.head_dim} (n_embd {config.n_embd} / n_head {config.n_head}); "
                          "backend torch runs it")
@@ -111,7 +111,7 @@ def check_backend(config, backend):
 
 class GPT:
     def __init__(self, config, weights, backend="triton"):
-        check_backend(config, backend)
+        check_backend(backend, config)
         self.config = config
         self.backend = backend
         self.ops = BACKENDS[backend]
