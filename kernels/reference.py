@@ -216,7 +216,7 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
         keys.fill_(EMPTY)
     out.index_copy_(1, step, next_ids[:, None])
     if eos is not None:
-        finished |= next_ids == eos
+        finished |= torch.isin(next_ids, eos)
     tokens.copy_(next_ids)
     pos.add_(1)
     step.add_(1)

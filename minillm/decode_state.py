@@ -41,12 +41,14 @@ def cache_bucket(reach, n_positions):
 class DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None, eos=()):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        # the ids that end a row, all flagged in finished by the step itself (None: no end)
+        self.eos = torch.tensor(eos, dtype=torch.int64, device=device) if eos else None
         # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
         # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
         self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None

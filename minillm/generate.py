@@ -32,18 +32,13 @@ def eos_ids(config, params):
     return () if params.ignore_eos else config.eos_token_ids
 
 
-def _also_at(ids, stop_check):
-    """stop_check(b, ids) that also ends a sequence holding any of these ids."""
-    return lambda b, seq: not ids.isdisjoint(seq) or (stop_check is not None and stop_check(b, seq))
-
-
 class Engine:
     def __init__(self, model, use_cuda_graphs=None):
         self.model = model
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, eos, cache bucket) -> DecodeState (with its graph)
+        self._states = {}  # (batch, sampling key, eos ids, cache bucket) -> DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length, keyed) -> captured prefill
         self._compiled_prefills = set()  # (batch, padded length, keyed) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
@@ -125,22 +120,22 @@ class Engine:
         """Whether the next token is a plain argmax of the logits: fused into the lm_head as keys."""
         return params.greedy and st.seen is None
 
-    def decode_one_token(self, st, params, cache, eos):
+    def decode_one_token(self, st, params, cache):
         """One step on the state's buffers: next token for every row, appended in place."""
         if self._keyed(st, params):
             self.model.decode(st.tokens, st.pos, cache, st.max_len, argmax_keys=st.keys)
-            self._advance(st, st.keys, eos, from_keys=True)
+            self._advance(st, st.keys, from_keys=True)
         else:
             nxt = sample(self.model.decode(st.tokens, st.pos, cache, st.max_len), params, st.seen, self.model.ops,
                          st.noise)
-            self._advance(st, nxt, eos)
+            self._advance(st, nxt)
 
-    def _advance(self, st, nxt, eos, from_keys=False):
+    def _advance(self, st, nxt, from_keys=False):
         if st.seen is not None and not self._dry:  # (a dry pass's nxt holds no ids)
             st.seen_ids.scatter_(1, nxt[:, None], True)
-        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt == eos; step += 1
+        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt in eos; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
-                                     st.finished if eos is not None else None, eos, from_keys=from_keys,
+                                     st.finished if st.eos is not None else None, st.eos, from_keys=from_keys,
                                      noise=st.noise.draw if st.noise is not None else None)
 
     def _state(self, batch, params, eos, max_len=None, padded=None):
@@ -153,14 +148,15 @@ class Engine:
         if new:
             c, dev = self.model.config, self.model.device
             st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
-                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
+                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
+                             eos=eos)
             self._states[key] = st
-        self._compile_ahead(st, padded, params, eos, decode=new)
+        self._compile_ahead(st, padded, params, decode=new)
         if new and self.use_cuda_graphs:
-            self._capture(st, params, eos)
+            self._capture(st, params)
         return st
 
-    def _compile_ahead(self, st, padded, params, eos, decode=False):
+    def _compile_ahead(self, st, padded, params, decode=False):
         """Compile what this call will launch before anything runs, all kernels at once
         (kernels.compile_ahead, in threads): a dry pass over what this engine has not compiled
         yet: the prefill of the padded prompts (if given and new; greedy decoding's with the
@@ -189,18 +185,18 @@ class Engine:
                 if decode:  # a new state's first draw (keyed: the prefill's keys, as a step's) and step
                     if not keyed:
                         logits = torch.empty(len(st.tokens), c.vocab_size, dtype=self.model.dtype, device=dev)
-                        self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise), eos)
-                    self.decode_one_token(st, params, cache, eos)
+                        self._advance(st, sample(logits, params, st.seen, self.model.ops, st.noise))
+                    self.decode_one_token(st, params, cache)
             finally:
                 self._dry = False
             for _ in tqdm(as_completed(pending), total=len(pending), desc="[minillm] compiling kernels",
                           unit="kernel", delay=1.0, leave=False):
                 pass  # (a bar only where this takes over a second: a first run on this GPU)
 
-    def _capture(self, st, params, eos):
+    def _capture(self, st, params):
         cache = self.cache_for(st.tokens.shape[0])
         # two warm-up steps: autotuning and compilation happen there
-        st.graph, _ = capture(lambda: self.decode_one_token(st, params, cache, eos), warmups=2)
+        st.graph, _ = capture(lambda: self.decode_one_token(st, params, cache), warmups=2)
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
@@ -233,16 +229,13 @@ class Engine:
         B = len(prompts)
         longest = max(len(p) for p in prompts)
         check_context(longest, params.max_new_tokens, c.n_positions)
-        ends = eos_ids(c, params)
-        eos = ends[0] if ends else None  # flagged on the device; any further ones on the host
-        if len(ends) > 1:
-            stop_check = _also_at(set(ends[1:]), stop_check)
         Bp = batch_bucket(B) if self.use_cuda_graphs else B
         padded = list(prompts) + [[0]] * (Bp - B)
         cache = self.cache_for(Bp)
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
-        st = self._state(Bp, params, eos, max_len, padded)  # captured before the prefill refills the cache
+        # captured before the prefill refills the cache
+        st = self._state(Bp, params, eos_ids(c, params), max_len, padded)
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -253,12 +246,12 @@ class Engine:
         if st.noise is not None:
             st.noise.load()
         try:
-            yield from self._run(st, padded, B, params, cache, eos, stream, stop_check, t0)
+            yield from self._run(st, padded, B, params, cache, stream, stop_check, t0)
         finally:  # an early exit (an error, the caller closing the stream) also hands the state back
             if st.noise is not None:
                 st.noise.store()
 
-    def _run(self, st, padded, B, params, cache, eos, stream, stop_check, t0):
+    def _run(self, st, padded, B, params, cache, stream, stop_check, t0):
         """steps() from the prefill on, with the state's buffers reset."""
         c, dev = self.model.config, self.model.device
         if st.seen is not None:
@@ -272,7 +265,7 @@ class Engine:
         st.finished.zero_()
         first = out if keyed else sample(out, params, st.seen, self.model.ops, st.noise)
         torch.sub(lens, 1, out=st.pos)  # _advance moves it to the first new token's position
-        self._advance(st, first, eos, from_keys=keyed)
+        self._advance(st, first, from_keys=keyed)
         first_ids = st.tokens.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
         if stream:
@@ -280,19 +273,19 @@ class Engine:
             yield "step", first_ids[:B]
 
         n = 1
-        done = self._done(st, B, stop_check, n, eos)
+        done = self._done(st, B, stop_check, n)
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
                 st.graph.replay()
             else:
-                self.decode_one_token(st, params, cache, eos)
+                self.decode_one_token(st, params, cache)
             n += 1
             if stream:
                 ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
                 yield "step", ids
             if stream or n % SYNC_EVERY == 0:
-                done = self._done(st, B, stop_check, n, eos)
+                done = self._done(st, B, stop_check, n)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
         if st.noise is not None:
@@ -307,10 +300,10 @@ class Engine:
         *_, last = self.steps(prompts, params, stop_check=stop_check)
         return last[1], last[2]
 
-    def _done(self, st, B, stop_check, n, eos):
-        if eos is None and stop_check is None:
+    def _done(self, st, B, stop_check, n):
+        if st.eos is None and stop_check is None:
             return False
-        finished = st.finished[:B].tolist() if eos is not None else [False] * B
+        finished = st.finished[:B].tolist() if st.eos is not None else [False] * B
         if all(finished):
             return True
         if stop_check is None:

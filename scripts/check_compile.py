@@ -164,7 +164,9 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             model.decode(tokens, pos, cache, L)
             out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), \
                 torch.zeros(B, dtype=torch.bool)
-            kernels.append_tokens(keys, out, step, tokens, pos, finished, cfg.eos_token_id, from_keys=True)
+            eos = torch.tensor([cfg.vocab_size - 1, 0], dtype=torch.int64)
+            for n_eos in (1, 2):  # gpt2's one end-of-sequence id; a checkpoint's several
+                kernels.append_tokens(keys, out, step, tokens, pos, finished, eos[:n_eos], from_keys=True)
             noise = kernels.new_exponential_noise(B * cfg.vocab_size, tokens.device)
             kernels.append_tokens(keys, out, step, tokens, pos, noise=noise)  # a sampled step's
 

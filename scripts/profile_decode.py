@@ -113,7 +113,7 @@ def main():
     st.pos.fill_(first - 1)  # the fed token's position: the step attends over pos + 1 positions
     st.step.zero_()
     cache = engine.cache_for(args.batch)
-    step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache, None))
+    step = st.graph.replay if args.graph else (lambda: engine.decode_one_token(st, params, cache))
     for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()

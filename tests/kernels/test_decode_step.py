@@ -17,19 +17,29 @@ def _state(B, L, device):
 
 
 @pytest.mark.parametrize("B", [1, 5, 64])
-@pytest.mark.parametrize("with_eos", [False, True])
-def test_append_tokens_matches_reference(B, with_eos, device):
-    nxt = torch.randint(0, 1000, (B,), device=device)
-    nxt[0] = 7  # the eos id below
+@pytest.mark.parametrize("eos_ids", [None, [7], [7, 900, 3]])
+def test_append_tokens_matches_reference(B, eos_ids, device):
+    """Every end-of-sequence id flags its row, the first and the later ones alike."""
+    nxt = torch.randint(10, 800, (B,), device=device)  # (none of the ids below by chance)
+    nxt[0] = 7
+    if B > 1:
+        nxt[-1] = 3  # the last of three ids
     ours, expect = _state(B, 12, device), _state(B, 12, device)
-    eos = 7 if with_eos else None
+    for s in (ours, expect):
+        s[4].zero_()  # no row ended before: each flag below is this step's
+    eos = torch.tensor(eos_ids, device=device) if eos_ids else None
     for _ in range(2):  # step moves on: the second call writes the next column
-        kernels.append_tokens(nxt, *ours[:4], ours[4] if with_eos else None, eos)
-        ref.append_tokens(nxt, *expect[:4], expect[4] if with_eos else None, eos)
+        kernels.append_tokens(nxt, *ours[:4], ours[4] if eos_ids else None, eos)
+        ref.append_tokens(nxt, *expect[:4], expect[4] if eos_ids else None, eos)
         for a, b in zip(ours, expect):
             assert torch.equal(a, b)
-    if with_eos:
-        assert ours[4][0]  # row 0 drew the end-of-sequence id
+    flagged = ours[4].nonzero().flatten().tolist()
+    if not eos_ids:
+        assert flagged == []
+    elif len(eos_ids) == 1:
+        assert flagged == [0]
+    else:
+        assert flagged == sorted({0, B - 1})
 
 
 @pytest.mark.parametrize("B", [1, 5])
@@ -41,7 +51,7 @@ def test_append_tokens_from_argmax_keys(B, device):
     for ops in (kernels, ref):
         state = _state(B, 12, device)
         keys = argmax_key.row_keys(logits)
-        ops.append_tokens(keys, *state[:4], state[4], 17, from_keys=True)
+        ops.append_tokens(keys, *state[:4], state[4], torch.tensor([17], device=device), from_keys=True)
         assert torch.equal(state[0][:, 3], ids) and torch.equal(state[2].long(), ids)
         assert state[4][0] and (keys == argmax_key.EMPTY).all()
 
@@ -68,8 +78,17 @@ def test_append_tokens_errors(device):
         kernels.append_tokens(nxt.int(), out, step, tokens, pos)
     with pytest.raises(ValueError, match="pos: expected a contiguous \\(2,\\)"):
         kernels.append_tokens(nxt, out, step, tokens, pos[:1])
-    with pytest.raises(ValueError, match="finished/eos"):
+    with pytest.raises(ValueError, match="finished/eos: expected both"):
         kernels.append_tokens(nxt, out, step, tokens, pos, finished)
+    eos = torch.tensor([5, 6], device=device)
+    with pytest.raises(ValueError, match="eos: expected dtype"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos.int())
+    with pytest.raises(ValueError, match="eos: expected 1 dims"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos[0])
+    with pytest.raises(ValueError, match=r"finished/eos: expected contiguous \(2,\) flags and at least one id"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos[:0])
+    with pytest.raises(ValueError, match=r"finished/eos: expected contiguous \(2,\) flags"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, finished[:1], eos)
 
 
 def test_append_tokens_triggers_no_early_launch():

@@ -112,7 +112,7 @@ def test_stop_string(llm_hf):
 @pytest.mark.parametrize("second", [False, True])
 def test_eos_finish_reason(llm_hf, second):
     """generate and stream stop at the end-of-sequence id, and where there are several, at the
-    second (which the host looks for; the device flags the first) as well."""
+    second as well: the decode step flags each on the device."""
     llm, hf = llm_hf
     ids = llm.tokenizer.encode("Hi")
     expect = hf_generate(hf, ids, max_new_tokens=6, do_sample=False)
@@ -122,6 +122,8 @@ def test_eos_finish_reason(llm_hf, second):
                                                         else (expect[2],))
     try:
         r = llm.generate([ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
+        (st,) = [st for key, st in llm.engine._states.items() if key[2] == llm.config.eos_token_ids]
+        assert st.finished[0] and st.eos.tolist() == list(llm.config.eos_token_ids)  # not only the host's check
         streamed = "".join(llm.stream(ids, SamplingParams(max_new_tokens=6, temperature=0)))
         assert llm.last_result.finish_reason == "stop" and llm.last_result.token_ids == r.token_ids
     finally:

@@ -145,8 +145,9 @@ def test_a_cache_that_does_not_fit_displaces_the_other_batch_sizes(path, monkeyp
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
-    """With an end-of-sequence token (the device-side finished flags in the graph): the same
-    tokens and finish with graphs on and off, and both stop at the first check after it."""
+    """With end-of-sequence tokens (the device-side finished flags in the graph; the second of
+    two ids is the one drawn): the same tokens and finish with graphs on and off, and both stop
+    at the first check after it."""
     candidates = _prompts(8, SIZE["vocab_size"], seed=2)
     free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     plain = LLM(path, dtype="float16", cuda_graphs=False)
@@ -160,9 +161,10 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     prompts = [prompt] + [p for i, p in enumerate(candidates) if i != row0][:2]
     eos_dir = tmp_path / "eos"
     shutil.copytree(path, eos_dir)
+    unseen = next(t for t in range(SIZE["vocab_size"]) if t not in first)
     for name in ("config.json", "generation_config.json"):  # generate stops at the latter's eos
-        cfg = json.loads((eos_dir / name).read_text())
-        (eos_dir / name).write_text(json.dumps({**cfg, "eos_token_id": first[k]}))
+        cfg = json.loads((eos_dir / name).read_text())  # two ids: the step's kernel flags either
+        (eos_dir / name).write_text(json.dumps({**cfg, "eos_token_id": [unseen, first[k]]}))
     on = LLM(str(eos_dir), dtype="float16")
     off = LLM(str(eos_dir), dtype="float16", cuda_graphs=False)
     params = SamplingParams(max_new_tokens=40, temperature=0)
