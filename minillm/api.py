@@ -13,7 +13,7 @@ from .generate import Engine, eos_ids
 from .loader import ModelLoadError, load_weights, read_config, resolve
 from .model import GPT, check_backend
 from .sampling import SamplingParams
-from .tokenizer import load_tokenizer
+from .tokenizer import IncrementalText, load_tokenizer
 
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
@@ -168,9 +168,21 @@ class LLM:
         return out
 
     def _stopper(self, params):
+        """The engine's stop_check(b, ids) for stop strings: each row's text grows a piece at a
+        time, and only its new end is searched. A find is confirmed on the whole decode, the
+        text _finish cuts."""
         if not params.stop:  # generate() refuses stop strings without a tokenizer
             return None
-        return lambda b, ids: any(s in self.decode(ids) for s in params.stop)
+        rows = {}  # b -> IncrementalText
+
+        def stop_check(b, ids):
+            text = rows.setdefault(b, IncrementalText(self.decode))
+            start = len(text.text)
+            if not text.extend(ids[len(text.ids):]):
+                return False
+            return (_find_stop(text.text, params.stop, start) >= 0
+                    and _find_stop(self.decode(ids), params.stop) >= 0)
+        return stop_check
 
     def _finish(self, prompt, ids, params, timings, n_seq):
         eos = eos_ids(self.config, params)
@@ -180,7 +192,7 @@ class LLM:
             ids, reason = ids[:end + 1], "stop"
         text = self.decode(ids[:-1] if reason == "stop" else ids)  # the end-of-sequence token is no text
         if text is not None and params.stop:
-            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            cut = _find_stop(text, params.stop)
             if cut >= 0:
                 text, reason = text[:cut], "stop"
                 while len(ids) > 1 and params.stop and any(s in self.decode(ids[:-1]) for s in params.stop):
@@ -233,24 +245,33 @@ class LLM:
         self.last_result = None
         eos = eos_ids(self.config, params)
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
-        got, emitted = [], 0
+        got, emitted, cut = IncrementalText(self.decode), 0, -1
         for event in self._run([ids], params, stream=True):
             if event[0] == "done":
                 self.last_result = self._finish(ids, event[1][0], params, event[2], 1)
                 break
             tok = event[1][0]
-            if tok in eos:
+            if tok in eos or cut >= 0:
                 continue
-            got.append(tok)
-            text = self.decode(got)
-            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            start = len(got.text)
+            if not got.extend([tok]):  # (a character still incomplete)
+                continue
+            text = got.text
+            cut = _find_stop(text, params.stop, start)
             end = cut if cut >= 0 else len(text) - hold
-            if not text.endswith("\ufffd") and end > emitted:  # wait for whole UTF-8 characters
+            if end > emitted:
                 yield text[emitted:end]
                 emitted = end
         final = self.last_result.text or ""
         if len(final) > emitted:
             yield final[emitted:]
+
+
+def _find_stop(text, stops, start=0):
+    """Where the first stop string in text begins, -1 where none does; only one that ends past
+    text[start] (the rest of text was searched before)."""
+    begin = max(0, start - max(len(s) for s in stops) + 1) if stops else 0
+    return min((i for i in (text.find(s, begin) for s in stops) if i >= 0), default=-1)
 
 
 __all__ = ["LLM", "SamplingParams", "GenerationResult", "MiniLLMError", "ModelLoadError", "ContextLengthError"]

@@ -273,7 +273,8 @@ class Engine:
             yield "step", first_ids[:B]
 
         n = 1
-        done = self._done(st, B, stop_check, n)
+        host = [[] for _ in range(B)] if stop_check is not None else None  # the ids stop_check has seen
+        done = self._done(st, B, stop_check, n, host)
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
                 st.graph.replay()
@@ -285,7 +286,7 @@ class Engine:
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
                 yield "step", ids
             if stream or n % SYNC_EVERY == 0:
-                done = self._done(st, B, stop_check, n)
+                done = self._done(st, B, stop_check, n, host)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
         if st.noise is not None:
@@ -300,7 +301,9 @@ class Engine:
         *_, last = self.steps(prompts, params, stop_check=stop_check)
         return last[1], last[2]
 
-    def _done(self, st, B, stop_check, n):
+    def _done(self, st, B, stop_check, n, host):
+        """Whether every row has ended (an eos flag, or stop_check on its first n ids). host holds
+        each row's ids read back so far: a check reads only the steps since the last."""
         if st.eos is None and stop_check is None:
             return False
         finished = st.finished[:B].tolist() if st.eos is not None else [False] * B
@@ -308,6 +311,9 @@ class Engine:
             return True
         if stop_check is None:
             return False
-        ids = st.out[:B, :n].tolist()
-        check_vocab(ids, self.model.config.vocab_size)  # before stop_check decodes them
-        return all(f or stop_check(b, ids[b]) for b, f in enumerate(finished))
+        have = len(host[0])
+        new = st.out[:B, have:n].tolist()
+        check_vocab(new, self.model.config.vocab_size, first=have)  # before stop_check decodes them
+        for row, ids in zip(host, new):
+            row.extend(ids)
+        return all(f or stop_check(b, host[b]) for b, f in enumerate(finished))

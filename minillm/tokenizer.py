@@ -39,6 +39,38 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
+class IncrementalText:
+    """The text of a growing id sequence, decoding only a few ids per new piece. Decoding the
+    whole sequence at every step costs time quadratic in its length: with GPT-2's tokenizer,
+    0.18 s over 1,024 streamed tokens, more than the H200 spends generating them.
+
+    The newest ids are decoded together with the piece before them (a window starting where the
+    last piece started), and the new text is the window's text past that piece's: decoders that
+    treat a sequence's first token differently (a leading space dropped) see the same first token
+    in both. Text ending in an incomplete UTF-8 character (U+FFFD) waits for the next ids. For a
+    prefix-stable decode (byte-level BPE: GPT-2's) `text` is decode(ids) less a trailing
+    incomplete character."""
+
+    def __init__(self, decode):
+        self._decode = decode
+        self.ids = []
+        self.text = ""
+        self._start = 0  # where the decode window starts: the first id of the last piece
+        self._read = 0  # ids whose text is in self.text
+
+    def extend(self, new_ids):
+        """Append ids; returns the text they completed ("" while a character is incomplete)."""
+        self.ids.extend(new_ids)
+        before = self._decode(self.ids[self._start:self._read])
+        window = self._decode(self.ids[self._start:])
+        if len(window) <= len(before) or window.endswith("\ufffd"):
+            return ""
+        piece = window[len(before):]
+        self.text += piece
+        self._start, self._read = self._read, len(self.ids)
+        return piece
+
+
 def _config(d):
     f = d / "tokenizer_config.json"
     if not f.is_file():

@@ -1,6 +1,7 @@
 """The Python API: batches, stream(), finish reasons, stop strings (with the real GPT-2 tokenizer,
 skipped without it), and prompts as token ids and argument checks (without a tokenizer)."""
 import dataclasses
+import random
 import threading
 
 import numpy as np
@@ -107,6 +108,39 @@ def test_stop_string(llm_hf):
     streamed = "".join(llm.stream("Hello", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True,
                                                           stop=[stop])))
     assert streamed == r.text
+
+
+def test_stop_strings_in_a_batch(llm_hf):
+    """Each row stops at its own first stop string; a row without one runs to the end. The host
+    reads back only the steps since its last check."""
+    llm, _ = llm_hf
+    prompts = ["Hello", "Once upon a time", "The"]
+    full = llm.generate(prompts, SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))
+    stops = [full[0].text[5:8], full[1].text[30:33]]  # early in row 0, late in row 1 (past a check)
+    assert all(s.strip() for s in stops), "need visible stop strings"
+    got = llm.generate(prompts, SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop=stops))
+    for f, r in zip(full, got):
+        cut = min((i for i in (f.text.find(s) for s in stops) if i >= 0), default=-1)
+        assert (r.text, r.finish_reason) == ((f.text[:cut], "stop") if cut >= 0 else (f.text, "length"))
+        assert f.token_ids[:len(r.token_ids)] == r.token_ids
+
+
+def test_stop_checks_decode_only_new_ids(llm_hf, monkeypatch):
+    """stream() and the stop-string checks decode a few ids per new piece, not the whole
+    continuation each time: that is quadratic (1,024 streamed GPT-2 tokens had spent 0.18 s
+    decoding in each of the two)."""
+    llm, _ = llm_hf
+    decoded, plain = [], llm.decode
+    monkeypatch.setattr(llm, "decode", lambda ids: decoded.append(len(ids)) or plain(ids))
+    n = 56  # (the fixture's context is 64)
+    params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True, stop=["\x00never in this text"])
+    text = "".join(llm.stream("Hello", params))
+    assert text == llm.last_result.text and len(llm.last_result.token_ids) == n
+    assert sum(decoded) < 12 * n  # whole decodes at each step: about n * n in all
+    decoded.clear()
+    stop_check, ids = llm._stopper(params), random.Random(0).choices(range(50257), k=1024)
+    assert not any(stop_check(0, ids[:k]) for k in range(16, 1025, 16))  # the engine's checks: 16 steps apart
+    assert sum(decoded) < 6 * len(ids)
 
 
 @pytest.mark.parametrize("second", [False, True])

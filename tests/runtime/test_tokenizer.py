@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from minillm.loader import ModelLoadError
-from minillm.tokenizer import FALLBACK_KEYS, Tokenizer, load_tokenizer
+from minillm.tokenizer import FALLBACK_KEYS, IncrementalText, Tokenizer, load_tokenizer
 from tests.models import build_checkpoint, real_tokenizer_dir
 
 TEXTS = [
@@ -59,6 +59,56 @@ def test_fast_path_matches_transformers(tok_dir):
         ids = [rng.randrange(50257) for _ in range(rng.randrange(1, 40))] + [50256, rng.randrange(50257)]
         for skip in (False, True):
             assert fast.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+
+
+def _check_incremental(decode, sequences, rng):
+    """Fed in chunks of 1-3 ids, IncrementalText's text is decode(ids) wherever that ends on a
+    whole character, and its pieces add up to it; returns how many points were compared."""
+    compared = 0
+    for ids in sequences:
+        text, pieces, i = IncrementalText(decode), [], 0
+        while i < len(ids):
+            k = rng.randrange(1, 4)
+            pieces.append(text.extend(ids[i:i + k]))
+            i += k
+            whole = decode(ids[:i])
+            assert "".join(pieces) == text.text
+            if not whole.endswith("\ufffd"):  # (a split character: its piece waits)
+                assert text.text == whole, ids[:i]
+                compared += 1
+    return compared
+
+
+def test_incremental_text_gpt2(tok_dir):
+    """Byte-level BPE: multi-byte characters split over ids, arbitrary ids, the end-of-text token."""
+    tok = load_tokenizer(tok_dir)
+    rng = random.Random(1)
+    emoji = tok.encode("héllo wörld 世界 🎉🎉 naïve ☃<|endoftext|> " * 3)
+    sequences = [[rng.randrange(50257) for _ in range(rng.randrange(1, 50))] for _ in range(100)]
+    sequences += [emoji[:rng.randrange(1, len(emoji) + 1)] for _ in range(100)]
+    assert _check_incremental(tok.decode, sequences, rng) > 1000
+
+
+def test_incremental_text_metaspace():
+    """A sentencepiece-style decoder drops a sequence's leading space and decodes byte tokens in
+    groups: token by token the spaces go, and a split character is U+FFFD."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models
+
+    words = ["\u2581Hello", "\u2581world", "!", "\u2581", "\u2581the", "s"]
+    vocab = {w: i for i, w in enumerate(words + [f"<0x{b:02X}>" for b in "世界🎉".encode()])}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    rng = random.Random(2)
+    pieces = [[0], [1], [2], [3], [4], [5], [6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]  # words; 世, 界, 🎉
+    sequences = [sum((rng.choice(pieces) for _ in range(rng.randrange(1, 15))), []) for _ in range(200)]
+    assert decode([0, 1]) == "Hello world" and decode([1]) + decode([0]) == "worldHello"  # (the dropped space)
+    assert _check_incremental(decode, sequences, rng) > 500
 
 
 @pytest.mark.parametrize("key", FALLBACK_KEYS)
