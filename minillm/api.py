@@ -176,7 +176,7 @@ class LLM:
         rows = {}  # b -> IncrementalText
 
         def stop_check(b, ids):
-            text = rows.setdefault(b, IncrementalText(self.decode))
+            text = rows.get(b) or rows.setdefault(b, IncrementalText(self.decode))
             start = len(text.text)
             if not text.extend(ids[len(text.ids):]):
                 return False
