@@ -27,6 +27,9 @@ class GPTConfig:
     # every id that ends a sequence, as transformers' generate takes them (its generation config's,
     # else config.json's); () where there is none: generation runs to max_new_tokens
     eos_token_ids: tuple[int, ...] = (50256,)
+    # a decoder with cross-attention blocks (EncoderDecoderModel's): transformers' generate skips
+    # them without encoder states, so the loader passes over their tensors
+    add_cross_attention: bool = False
 
     @property
     def eos_token_id(self):
@@ -83,6 +86,9 @@ class GPTConfig:
                 raise ConfigError(f"{source}: {flag}=true is not supported")
         if not hf.get("scale_attn_weights", True):
             raise ConfigError(f"{source}: scale_attn_weights=false is not supported")
+        cross = hf.get("add_cross_attention", False)
+        if not isinstance(cross, bool):
+            raise ConfigError(f"{source}: add_cross_attention: expected true or false, got {cross!r}")
         n_embd, n_head = _size(hf, "n_embd", 768, source), _size(hf, "n_head", 12, source)
         if n_embd % n_head:
             raise ConfigError(f"{source}: n_embd {n_embd} is not divisible by n_head {n_head}")
@@ -98,7 +104,7 @@ class GPTConfig:
             n_inner=None if hf.get("n_inner") is None else _size(hf, "n_inner", None, source),
             activation=SUPPORTED_ACTIVATIONS[act],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            bos_token_id=bos[0] if bos else None, eos_token_ids=eos,
+            bos_token_id=bos[0] if bos else None, eos_token_ids=eos, add_cross_attention=cross,
         )
 
     def to_hf(self):
@@ -109,7 +115,8 @@ class GPTConfig:
                 "vocab_size": self.vocab_size, "layer_norm_epsilon": self.layer_norm_epsilon, "n_inner": self.n_inner,
                 "activation_function": act, "tie_word_embeddings": self.tie_word_embeddings,
                 "bos_token_id": self.bos_token_id,
-                "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id}
+                "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id,
+                "add_cross_attention": self.add_cross_attention}
 
 
 def _size(hf, key, default, source):

@@ -2,6 +2,7 @@
 safetensors weights straight to the device, checking every tensor's name and shape."""
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ CONFIG_FILES = ["config.json", "generation_config.json"]
 HUB_PATTERNS = [*CONFIG_FILES, "model.safetensors", "model*.safetensors", "model.safetensors.index.json",
                 "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"]
 IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers in old GPT-2 checkpoints
+CROSS_ATTENTION = re.compile(r"h\.\d+\.(crossattention|ln_cross_attn)\.")  # (config.add_cross_attention)
 HUB_TIMEOUT = 10.0  # seconds for the hub's answer on a repo's files
 
 
@@ -169,6 +171,8 @@ def load_weights(model_dir, cfg: GPTConfig, device, dtype):
                     name = key[len("transformer."):] if key.startswith("transformer.") else key
                     if name.endswith(IGNORED) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
                         continue
+                    if cfg.add_cross_attention and CROSS_ATTENTION.match(name):
+                        continue  # blocks generation never runs (no encoder states): not read at all
                     if name not in shapes:
                         raise ModelLoadError(f"{path}: unexpected tensor {key} for a {cfg.n_layer}-layer GPT-2")
                     got = tuple(f.get_slice(key).get_shape())

@@ -20,14 +20,14 @@ def real_tokenizer_dir():
 
 def build_checkpoint(path, *, n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128, seed=0,
                      activation="gelu_new", with_tokenizer=False, peak=50.0, tie=False, dtype=torch.float32,
-                     prefix=True, n_inner=None):
+                     prefix=True, n_inner=None, cross_attention=False):
     """Save a random GPT2LMHeadModel to `path` as safetensors; returns the transformers model."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
                      n_positions=n_positions, activation_function=activation, tie_word_embeddings=tie, n_inner=n_inner,
-                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1,
+                     bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, add_cross_attention=cross_attention,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # peaked logits: a larger lm_head (or final layernorm gain when tied)

@@ -43,6 +43,7 @@ def test_settings_it_cannot_run_are_refused(setting, message):
     ({"architectures": ["GPT2LMHeadModel", 3]}, r"architectures: expected a list of class names, got "
                                                 r"\['GPT2LMHeadModel', 3\]"),
     ({"activation_function": ["gelu"]}, r"activation_function \['gelu'\] is not supported"),
+    ({"add_cross_attention": "yes"}, "add_cross_attention: expected true or false, got 'yes'"),
 ])
 def test_settings_of_the_wrong_type_are_refused(setting, message):
     """They had raised a bare TypeError (an int is not iterable; a list is unhashable); found by

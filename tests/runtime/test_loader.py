@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from minillm import LLM, ModelLoadError, SamplingParams
 from minillm.config import GPTConfig
 from minillm.loader import load_weights, read_config
-from tests.models import build_checkpoint
+from tests.models import build_checkpoint, hf_generate
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
 
@@ -61,6 +61,24 @@ def test_mask_buffers_and_a_tied_heads_copy_are_skipped(tmp_path):
         llm = LLM(str(tmp_path), device="cpu", backend="torch")
     ids = [3, 9, 27, 81, 5]
     torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+def test_cross_attention_blocks_are_skipped(tmp_path):
+    """A GPT-2 decoder with cross-attention blocks (config.json's add_cross_attention): transformers
+    generates without encoder states by skipping them, and so does the engine, token by token.
+    Without the setting, such tensors are refused as unexpected."""
+    hf = build_checkpoint(tmp_path, cross_attention=True, **SMALL)
+    assert any("crossattention" in k for k in load_file(tmp_path / "model.safetensors"))
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        llm = LLM(str(tmp_path), device="cpu", backend="torch")
+    ids = [3, 9, 27, 81, 5]
+    torch.testing.assert_close(_logits(llm, ids), _hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+    got = llm.generate([ids], SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True))[0].token_ids
+    assert got == hf_generate(hf, ids, max_new_tokens=12, do_sample=False)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "add_cross_attention": False}))
+    with pytest.raises(ModelLoadError, match=r"unexpected tensor transformer\.h\.0\.crossattention\."):
+        LLM(str(tmp_path), device="cpu", backend="torch")
 
 
 def test_sharded_checkpoint(tmp_path):
