@@ -33,7 +33,7 @@ class GPTConfig:
 
     @property
     def eos_token_id(self):
-        """The first end-of-sequence id, which the decode step flags on the device (None: none)."""
+        """The first end-of-sequence id (None: none), as transformers' config names one."""
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
