@@ -8,6 +8,8 @@ import torch
 from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.argmax_key import EMPTY
 
+from .checks import check_vocab
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 
@@ -49,6 +51,7 @@ class DecodeState:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         # the ids that end a row, all flagged in finished by the step itself (None: no end)
         self.eos = torch.tensor(eos, dtype=torch.int64, device=device) if eos else None
+        self.eos_ids = tuple(eos)
         # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
         # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
         self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None
@@ -58,3 +61,40 @@ class DecodeState:
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
+
+
+class HostRows:
+    """What the host knows of a call's rows: which have ended, and (for a stop_check) their ids.
+    Between checks the host reads back only the steps since its last read and the device's eos
+    flags; a streamed step's ids, which the host has already read, are taken as they come, so a
+    streaming check reads nothing more back."""
+
+    def __init__(self, batch, eos_ids, stop_check):
+        self.stop_check, self.eos = stop_check, frozenset(eos_ids)
+        self.ended = [False] * batch
+        self.ids = [[] for _ in range(batch)]  # kept only for stop_check
+        self.steps = 0  # steps taken into account
+
+    def add(self, step_ids):
+        """One step's ids (a streamed step's, read by the caller)."""
+        for b, t in enumerate(step_ids):
+            self.ended[b] = self.ended[b] or t in self.eos
+            if self.stop_check is not None:
+                self.ids[b].append(t)
+        self.steps += 1
+
+    def done(self, st, n, vocab_size):
+        """Whether every row has ended after n steps: an eos id, or stop_check on its ids."""
+        if not self.eos and self.stop_check is None:
+            return False
+        if self.steps < n:  # catch up from the device
+            if self.eos:
+                self.ended = st.finished[:len(self.ended)].tolist()
+            if self.stop_check is not None:
+                new = st.out[:len(self.ended), self.steps:n].tolist()
+                check_vocab(new, vocab_size, first=self.steps)  # before stop_check decodes them
+                for row, ids in zip(self.ids, new):
+                    row.extend(ids)
+            self.steps = n
+        return all(e or (self.stop_check is not None and self.stop_check(b, self.ids[b]))
+                   for b, e in enumerate(self.ended))

@@ -18,7 +18,7 @@ from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minill
 from kernels.argmax_key import EMPTY
 
 from .checks import MiniLLMError, check_context, check_vocab
-from .decode_state import DecodeState, batch_bucket, cache_bucket, padded_ids
+from .decode_state import DecodeState, HostRows, batch_bucket, cache_bucket, padded_ids
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
 
@@ -268,25 +268,27 @@ class Engine:
         self._advance(st, first, from_keys=keyed)
         first_ids = st.tokens.tolist()  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
+        rows = HostRows(B, st.eos_ids, stop_check)
         if stream:
             check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
             yield "step", first_ids[:B]
+            rows.add(first_ids[:B])
 
         n = 1
-        host = [[] for _ in range(B)] if stop_check is not None else None  # the ids stop_check has seen
-        done = self._done(st, B, stop_check, n, host)
+        done = rows.done(st, n, c.vocab_size)
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
                 st.graph.replay()
             else:
                 self.decode_one_token(st, params, cache)
             n += 1
-            if stream:
+            if stream:  # the one sync a streamed step needs: its checks read nothing more back
                 ids = st.tokens[:B].tolist()
                 check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
                 yield "step", ids
+                rows.add(ids)
             if stream or n % SYNC_EVERY == 0:
-                done = self._done(st, B, stop_check, n, host)
+                done = rows.done(st, n, c.vocab_size)
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
         if st.noise is not None:
@@ -300,20 +302,3 @@ class Engine:
         """steps() run to the end: returns (ids per sequence, timings)."""
         *_, last = self.steps(prompts, params, stop_check=stop_check)
         return last[1], last[2]
-
-    def _done(self, st, B, stop_check, n, host):
-        """Whether every row has ended (an eos flag, or stop_check on its first n ids). host holds
-        each row's ids read back so far: a check reads only the steps since the last."""
-        if st.eos is None and stop_check is None:
-            return False
-        finished = st.finished[:B].tolist() if st.eos is not None else [False] * B
-        if all(finished):
-            return True
-        if stop_check is None:
-            return False
-        have = len(host[0])
-        new = st.out[:B, have:n].tolist()
-        check_vocab(new, self.model.config.vocab_size, first=have)  # before stop_check decodes them
-        for row, ids in zip(host, new):
-            row.extend(ids)
-        return all(f or stop_check(b, host[b]) for b, f in enumerate(finished))

@@ -11,7 +11,7 @@ from kernels.argmax_key import argmax_index
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
 from minillm.checks import ContextLengthError, NonFiniteLogitsError, check_context, check_vocab
-from minillm.decode_state import batch_bucket, cache_bucket
+from minillm.decode_state import HostRows, batch_bucket, cache_bucket
 from minillm.generate import SYNC_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
@@ -104,6 +104,31 @@ def test_batch_bucket():
     """The smallest batch bucket that holds a call's prompts, the count itself past the last."""
     assert [batch_bucket(n) for n in (1, 2, 3, 5, 33, 64, 65, 256)] == [1, 2, 4, 8, 64, 64, 128, 256]
     assert batch_bucket(300) == 300
+
+
+def test_host_rows_read_back_only_what_the_host_lacks():
+    """A check between streamed steps reads nothing back (their ids are on the host); a check
+    after unstreamed steps reads the device's eos flags and only the steps since the last read."""
+    class State:  # a decode state's eos flags and output, counting what is read
+        finished = torch.tensor([False, True, False])
+        out = torch.tensor([[5, 6, 7, 8], [1, 9, 2, 3], [4, 4, 4, 4]])
+        reads = []
+
+        def __getattribute__(self, name):
+            type(self).reads.append(name)
+            return object.__getattribute__(self, name)
+
+    seen = []
+    rows = HostRows(3, (9,), lambda b, ids: seen.append((b, list(ids))) or 7 in ids)
+    for step in ([5, 1, 4], [6, 9, 4]):  # streamed: 9 ends row 1, the stop check looks at 0 and 2
+        rows.add(step)
+    assert not rows.done(None, 2, 10) and rows.ended == [False, True, False]
+    assert seen == [(0, [5, 6])]  # (all() stops at the first row that goes on)
+    st = State()
+    assert not rows.done(st, 4, 10)  # two steps more, not streamed
+    assert State.reads == ["finished", "out"] and rows.ids == [[5, 6, 7, 8], [1, 9, 2, 3], [4, 4, 4, 4]]
+    assert seen[-2:] == [(0, [5, 6, 7, 8]), (2, [4, 4, 4, 4])]  # row 0 ends at its stop check (7)
+    assert not HostRows(2, (), None).done(None, 5, 10)  # nothing to check: nothing read
 
 
 def test_without_graphs_one_cache_is_held(path):
