@@ -203,7 +203,8 @@ class Engine:
         """Generate for every prompt (lists of ids) in one batch, as a generator.
 
         With stream, yields ("step", ids) after each step with the (B,) new ids (one sync per
-        step). stop_check(b, ids) -> bool is a host-side stop test (stop strings) for sequence b.
+        step). stop_check(b, ids) -> bool is a host-side stop test (stop strings) for sequence b,
+        on its ids so far (a list the engine extends: read it, do not keep it).
         Last yields ("done", out, timings): the generated ids per sequence (up to the step where
         all stopped; callers cut at EOS/stop) and the timings.
         """
