@@ -71,7 +71,8 @@ class HostRows:
 
     def __init__(self, batch, eos_ids, stop_check):
         self.stop_check, self.eos = stop_check, frozenset(eos_ids)
-        self.ended = [False] * batch
+        self.ended = [False] * batch  # at an eos id (the device's flags, or the streamed ids)
+        self.stopped = [False] * batch  # by stop_check, which is not asked about the row again
         self.ids = [[] for _ in range(batch)]  # kept only for stop_check
         self.steps = 0  # steps taken into account
 
@@ -96,5 +97,10 @@ class HostRows:
                 for row, ids in zip(self.ids, new):
                     row.extend(ids)
             self.steps = n
-        return all(e or (self.stop_check is not None and self.stop_check(b, self.ids[b]))
-                   for b, e in enumerate(self.ended))
+        for b, ended in enumerate(self.ended):
+            if ended or self.stopped[b]:
+                continue
+            if self.stop_check is None or not self.stop_check(b, self.ids[b]):
+                return False  # (the rows after it are asked at a later check, about more ids)
+            self.stopped[b] = True
+        return True

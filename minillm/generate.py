@@ -204,7 +204,8 @@ class Engine:
 
         With stream, yields ("step", ids) after each step with the (B,) new ids (one sync per
         step). stop_check(b, ids) -> bool is a host-side stop test (stop strings) for sequence b,
-        on its ids so far (a list the engine extends: read it, do not keep it).
+        on its ids so far (a list the engine extends: read it, do not keep it); a sequence it has
+        ended is not asked about again.
         Last yields ("done", out, timings): the generated ids per sequence (up to the step where
         all stopped; callers cut at EOS/stop) and the timings.
         """

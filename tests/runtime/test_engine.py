@@ -128,7 +128,28 @@ def test_host_rows_read_back_only_what_the_host_lacks():
     assert not rows.done(st, 4, 10)  # two steps more, not streamed
     assert State.reads == ["finished", "out"] and rows.ids == [[5, 6, 7, 8], [1, 9, 2, 3], [4, 4, 4, 4]]
     assert seen[-2:] == [(0, [5, 6, 7, 8]), (2, [4, 4, 4, 4])]  # row 0 ends at its stop check (7)
+    rows.add([1, 2, 3])
+    assert not rows.done(None, 5, 10) and seen[-1] == (2, [4, 4, 4, 4, 3])  # row 0 is not asked again
     assert not HostRows(2, (), None).done(None, 5, 10)  # nothing to check: nothing read
+
+
+def test_rows_stopped_at_different_checks_end_the_call(path):
+    """A stop check says True once, at the check where its row's stop string shows up (the API's
+    searches only new text): a row it ended at one check stays ended, and the call ends at the
+    check where the last row stops, not at max_new_tokens."""
+    llm = LLM(path, device="cpu", dtype="float32", backend="torch")
+    params = SamplingParams(max_new_tokens=3 * SYNC_EVERY, temperature=0, ignore_eos=True)
+    ends = {0: 5, 1: SYNC_EVERY + 5}  # the step each row stops at
+    told = set()
+
+    def once_per_row(b, ids):  # True at the first check past the row's end only
+        if len(ids) > ends[b] and b not in told:
+            told.add(b)
+            return True
+        return False
+
+    _, timings = llm.engine.generate([[1, 2, 3], [4, 5]], params, stop_check=once_per_row)
+    assert timings["steps"] == 2 * SYNC_EVERY  # row 0 stopped at the first check, row 1 at the second
 
 
 def test_without_graphs_one_cache_is_held(path):
