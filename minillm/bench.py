@@ -5,7 +5,8 @@ engine; EOS ignored, so every engine generates the same count.
 Per (engine, model, batch): time to first token (prefill), decode tokens/s, the cold first run
 (compilation / autotuning / graph capture) apart from the warm median of repeats, peak memory,
 and for minillm the fraction of the memory-bandwidth floor (weight + KV bytes per decode step
-over the device's copy bandwidth measured in the same run).
+over the device's copy bandwidth measured in the same run). On request, minillm-stream: minillm
+reading every step's ids back as they come, as streaming does.
 """
 import gc
 import json
@@ -19,7 +20,10 @@ from .benchutil import copy_bandwidth, device_slug, environment
 from .config import PRESETS
 from .targets import report
 
-ENGINES = ("minillm", "hf-eager", "hf-sdpa", "torch-compile")
+ENGINES = ("minillm", "hf-eager", "hf-sdpa", "torch-compile")  # the default run
+# minillm-stream: minillm reading each step's ids back as it goes (what stream() and a one-prompt
+# `minillm generate` do), against minillm's generate, which reads back once
+ALL_ENGINES = ("minillm", "minillm-stream", "hf-eager", "hf-sdpa", "torch-compile")
 PROMPT_LEN, NEW_TOKENS = 32, 128  # the default run: prompt tokens, tokens generated per sequence
 
 
@@ -106,7 +110,7 @@ def decoding(sampling):
     return "sampled (temperature {temperature:g}, top_k {top_k}, top_p {top_p:g})".format(**sampling)
 
 
-def run_minillm(cfg, weights, ids, new, repeats, sampling=None):
+def run_minillm(cfg, weights, ids, new, repeats, sampling=None, stream=False):
     from .generate import Engine
     from .model import GPT
     from .sampling import SamplingParams
@@ -116,7 +120,10 @@ def run_minillm(cfg, weights, ids, new, repeats, sampling=None):
     prompts = ids.tolist()
 
     def once():
-        _, t = engine.generate(prompts, params)
+        if stream:  # every step's ids read back as they come
+            *_, (_, _, t) = engine.steps(prompts, params, stream=True)
+        else:
+            _, t = engine.generate(prompts, params)
         return t["ttft_s"], t["decode_s"]
 
     return _timed(once, repeats)
@@ -190,8 +197,9 @@ def bench(models=("gpt2",), batches=(1, 8, 64), prompt_len=PROMPT_LEN, new_token
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 try:
-                    if engine == "minillm":
-                        cold, ttft, dec = run_minillm(cfg, weights, ids, new, repeats, sampling)
+                    if engine in ("minillm", "minillm-stream"):
+                        cold, ttft, dec = run_minillm(cfg, weights, ids, new, repeats, sampling,
+                                                      stream=engine == "minillm-stream")
                     elif engine == "torch-compile":
                         cold, ttft, dec = run_peer(cfg, weights, ids, new, repeats, sampling)
                     else:
@@ -251,7 +259,7 @@ def chart(rows, path):
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["model"], r["batch"]) for r in ok}, key=lambda g: (g[0], g[1]))
-    engines = [e for e in ENGINES if any(r["engine"] == e for r in ok)]
+    engines = [e for e in ALL_ENGINES if any(r["engine"] == e for r in ok)]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
     width = 0.8 / max(len(engines), 1)
     for j, e in enumerate(engines):

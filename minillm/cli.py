@@ -120,7 +120,9 @@ def build_parser():
     b.add_argument("--new-tokens", type=_int_at_least(1), default=128,
                    help="tokens generated per sequence (default: 128)")
     b.add_argument("--engines", nargs="+", default=["minillm", "hf-eager", "hf-sdpa", "torch-compile"],
-                   choices=["minillm", "hf-eager", "hf-sdpa", "torch-compile"], help="engines to run (default: all)")
+                   choices=["minillm", "minillm-stream", "hf-eager", "hf-sdpa", "torch-compile"],
+                   help="engines to run (default: all but minillm-stream, minillm reading each step's ids back "
+                   "as streaming does)")
     b.add_argument("--repeats", type=_int_at_least(1), default=3, help="timed runs after the cold one (default: 3)")
     b.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                    help="weights and activations dtype for every engine (default: float16)")

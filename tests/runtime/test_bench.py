@@ -54,6 +54,31 @@ def test_chart_title_names_the_run(tmp_path, monkeypatch):
     assert titles[2].startswith(sampled + " decode")
 
 
+def test_chart_shows_a_streaming_row_beside_minillms(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    labels = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda self, *a, label=None, **k: labels.append(label))
+    rows = [_row(engine="hf-sdpa", tok_s=150.0), _row(engine="minillm-stream", tok_s=3600.0), _row()]
+    assert chart(rows, tmp_path / "c.png")
+    assert labels == ["minillm", "minillm-stream", "hf-sdpa"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA graphs: GPU only")
+def test_streaming_rows_decode(tmp_path):
+    """minillm-stream times the engine reading every step back (the rows a --engines
+    minillm-stream run adds) beside minillm's generate, on the same weights."""
+    from minillm.bench import bench
+
+    build_checkpoint(tmp_path / "m", n_layer=2, n_head=4, n_embd=64, vocab_size=500)
+    rows = bench(models=[str(tmp_path / "m")], batches=(1, 3), prompt_len=7, new_tokens=12,
+                 engines=("minillm", "minillm-stream"), repeats=1, dtype=torch.float32, log=lambda *a: None)
+    assert [(r["engine"], r["batch"]) for r in rows] == [("minillm", 1), ("minillm-stream", 1), ("minillm", 3),
+                                                         ("minillm-stream", 3)]
+    assert all(r["tok_s"] > 0 and "error" not in r for r in rows)
+
+
 def test_environment_names_the_gpu(monkeypatch):
     from types import SimpleNamespace
 
