@@ -195,7 +195,7 @@ class LLM:
             cut = _find_stop(text, params.stop)
             if cut >= 0:
                 text, reason = text[:cut], "stop"
-                while len(ids) > 1 and params.stop and any(s in self.decode(ids[:-1]) for s in params.stop):
+                while len(ids) > 1 and _find_stop(self.decode(ids[:-1]), params.stop) >= 0:
                     ids = ids[:-1]
         decode_s = timings["decode_s"]
         metrics = {"prompt_tokens": len(prompt), "new_tokens": len(ids), "ttft_s": timings["ttft_s"],
@@ -204,9 +204,9 @@ class LLM:
                    "batch_tok_s": n_seq * timings["steps"] / timings["total_s"], "total_s": timings["total_s"]}
         return GenerationResult(prompt, ids, text, reason, metrics)
 
-    def _run(self, prompts, params, stream):
+    def _run(self, prompts, params, stream, stop_check=None):
         try:
-            yield from self.engine.steps(prompts, params, stream=stream, stop_check=self._stopper(params))
+            yield from self.engine.steps(prompts, params, stream=stream, stop_check=stop_check)
         except torch.cuda.OutOfMemoryError:
             raise MiniLLMError(f"out of memory: batch {len(prompts)} needs a KV cache of "
                                f"{self.model.cache_nbytes(len(prompts)) / 2**30:.2f} GiB on top of the weights; "
@@ -227,7 +227,7 @@ class LLM:
             raise MiniLLMError(f"{self.model_dir}: no tokenizer, so stop strings cannot be matched "
                                "(generation still ends at the model's eos_token_id)")
         ids = self._prompt_ids(prompts)
-        *_, (_, outs, timings) = self._run(ids, params, stream=False)
+        *_, (_, outs, timings) = self._run(ids, params, stream=False, stop_check=self._stopper(params))
         return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]
 
     def stream(self, prompt, params: SamplingParams | None = None):
@@ -246,7 +246,10 @@ class LLM:
         eos = eos_ids(self.config, params)
         hold = max((len(s) for s in params.stop), default=1) - 1  # never emit part of a stop string
         got, emitted, cut = IncrementalText(self.decode), 0, -1
-        for event in self._run([ids], params, stream=True):
+        # the engine asks after each streamed step, once this loop has searched its text: the loop's
+        # find is the stop (no second decode of the same ids)
+        stopped = (lambda b, seq: cut >= 0) if params.stop else None
+        for event in self._run([ids], params, stream=True, stop_check=stopped):
             if event[0] == "done":
                 self.last_result = self._finish(ids, event[1][0], params, event[2], 1)
                 break

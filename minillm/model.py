@@ -97,7 +97,6 @@ class Block:
         self.mlp_proj = (out_major(w[p + "mlp.c_proj.weight"]), w[p + "mlp.c_proj.bias"])    # (F, C); F: 4C
 
 
-
 def check_backend(backend, config=None):
     """That the backend exists and, given a config, runs that model: one ValueError naming what it
     cannot (LLM calls this before it reads the config, and again before it loads the weights)."""
