@@ -1,8 +1,9 @@
 """A decode step's bookkeeping in one launch: record every row's new token and advance the row.
 
-Unfused, this is five or six tiny torch kernels per generated token (an indexed copy, two adds,
-a copy, the end-of-sequence flags); in a CUDA-graph decode step of a small model each costs
-about as much as a layer's matmul launch.
+Unfused, this is four or five tiny torch kernels per generated token (an indexed copy, two adds,
+a copy); in a CUDA-graph decode step of a small model each costs about as much as a layer's
+matmul launch. Where a row ends is the host's to see: it reads every step's ids back
+(minillm.decode_state.StepReads).
 """
 import torch
 import triton
@@ -15,8 +16,8 @@ from .noise import check_noise
 
 
 @triton.jit
-def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, finished_ptr, eos_ptr, noise_ptr, B,
-                          stride_ob, noise_increment, N_EOS: tl.constexpr, FROM_KEYS: tl.constexpr,
+def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, noise_ptr, B,
+                          stride_ob, noise_increment, FROM_KEYS: tl.constexpr,
                           HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
@@ -35,24 +36,17 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, fini
     tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
     pos = tl.load(pos_ptr + rows, mask=mask)
     tl.store(pos_ptr + rows, pos + 1, mask=mask)
-    if N_EOS > 0:  # a model may end at any of several ids: each is flagged here, on the device
-        done = tl.load(finished_ptr + rows, mask=mask) != 0
-        for i in tl.static_range(N_EOS):
-            done = done | (nxt == tl.load(eos_ptr + i))
-        tl.store(finished_ptr + rows, done, mask=mask)
     tl.store(step_ptr, step + 1)
     if HAS_NOISE:  # the sampler read the generator state: advance it as exponential_ would
         tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, from_keys=False, noise=None):
-    """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; with eos,
-    finished[b] |= next_ids[b] in eos; then step += 1; with noise (the ExponentialNoise the
+def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None):
+    """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; then step += 1;
+    with noise (the ExponentialNoise the
     step's sampler drew from), its offset += its increment. All on the device, no sync.
 
-    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
-    finished: (B,) bool, with eos: (n,) int64, the end-of-sequence ids (n >= 1, on the device:
-    a CUDA graph replays them without a copy).
+    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32.
     from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
     and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
     """
@@ -68,22 +62,12 @@ def append_tokens(next_ids, out, step, tokens, pos, finished=None, eos=None, fro
             raise ValueError(f"{name}: expected a contiguous ({B},) tensor, got shape {tuple(t.shape)}")
     if out.shape[0] != B or out.stride(1) != 1:
         raise ValueError(f"out: expected ({B}, L) with contiguous rows, got shape {tuple(out.shape)}")
-    if (finished is None) != (eos is None):
-        raise ValueError("finished/eos: expected both or neither")
-    if finished is not None:
-        check_tensor("finished", finished, ndim=1, dtypes=(torch.bool,), device=dev)
-        check_tensor("eos", eos, ndim=1, dtypes=(torch.int64,), device=dev, last_contiguous=True)
-        if finished.shape[0] != B or finished.stride(0) != 1 or eos.numel() == 0:
-            raise ValueError(f"finished/eos: expected contiguous ({B},) flags and at least one id, got shapes "
-                             f"{tuple(finished.shape)} and {tuple(eos.shape)}")
     if noise is not None:
         check_noise("noise", noise, dev)
     if B:
         pdl = use_pdl(dev)
         launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
-               finished if finished is not None else pos, eos if eos is not None else step,
                noise.state if noise is not None else step, B, out.stride(0),
-               noise.increment if noise is not None else 0, N_EOS=0 if eos is None else eos.numel(),
-               FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
+               noise.increment if noise is not None else 0, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
                BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out

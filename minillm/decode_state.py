@@ -1,17 +1,19 @@
 """A decode step's static device buffers, and the buckets that decide which of them (and which
 captured CUDA graph) a call reuses: batch sizes and the cache positions decode attention covers;
-the prefill's padded ids."""
+the prefill's padded ids. What the host reads back of the steps, and knows of the rows."""
 import array
+from collections import deque
 
 import torch
 
 from . import own_kernels  # noqa: F401  (first: checks that `kernels` is minillm's)
 from kernels.argmax_key import EMPTY
 
-from .checks import check_vocab
-
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+# how many steps the host reads each step's ids behind the device: enough queued work to hide the
+# host's turn (a stream's consumer included), few steps run past the last row's end
+READ_LAG = 3
 
 
 def padded_ids(prompts, T):
@@ -43,15 +45,11 @@ def cache_bucket(reach, n_positions):
 class DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None, eos=()):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
         self.step = torch.zeros(1, dtype=torch.int64, device=device)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        # the ids that end a row, all flagged in finished by the step itself (None: no end)
-        self.eos = torch.tensor(eos, dtype=torch.int64, device=device) if eos else None
-        self.eos_ids = tuple(eos)
         # the tokens each row has seen (repetition penalty), (B, V); a spare column V takes the id
         # V a row of NaN logits draws (no token), which ends the call with NonFiniteLogitsError
         self.seen_ids = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device) if with_seen else None
@@ -61,46 +59,86 @@ class DecodeState:
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
+        self.reads = StepReads(self.tokens)
+
+
+class StepReads:
+    """Each step's ids, read back READ_LAG steps behind the device: after a step is launched,
+    push() queues an asynchronous copy of its ids into pinned memory (a ring of lag + 1 slots, each
+    with an event); pop() hands back the oldest step's ids, waiting for its copy. The host never
+    drains the device's queue, as reading a step's ids as it ends would: the next steps are
+    already queued while it looks at one. On the CPU the ids are read as the step is pushed."""
+
+    def __init__(self, tokens, lag=READ_LAG):
+        self.tokens, self.lag = tokens, lag
+        self.pending = deque()  # slots (CUDA) or ids (CPU), oldest first
+        self.pushed = 0
+        if tokens.is_cuda:
+            self.slots = torch.empty(lag + 1, len(tokens), dtype=tokens.dtype, pin_memory=True)
+            self.events = [torch.cuda.Event() for _ in range(lag + 1)]
+
+    def clear(self):
+        """Forget what an earlier call left queued (it ended with reads still behind)."""
+        self.pending.clear()
+
+    def push(self):
+        """Queue the read of the ids of the step just launched."""
+        if not self.tokens.is_cuda:
+            self.pending.append(self.tokens.tolist())
+            return
+        # the slot's last ids were popped before: the pending reads hold the lag slots before it
+        i = self.pushed % (self.lag + 1)
+        self.slots[i].copy_(self.tokens, non_blocking=True)
+        self.events[i].record()
+        self.pending.append(i)
+        self.pushed += 1
+
+    def behind(self, last=False):
+        """Whether a read is due: more than lag steps queued, or any at the call's last step."""
+        return len(self.pending) > (0 if last else self.lag)
+
+    def pop(self):
+        """The oldest queued step's ids (a list), once its copy has landed."""
+        i = self.pending.popleft()
+        if not self.tokens.is_cuda:
+            return i
+        self.events[i].synchronize()
+        return self.slots[i].tolist()
 
 
 class HostRows:
-    """What the host knows of a call's rows: which have ended, and (for a stop_check) their ids.
-    Between checks the host reads back only the steps since its last read and the device's eos
-    flags; a streamed step's ids, which the host has already read, are taken as they come, so a
-    streaming check reads nothing more back."""
+    """What the host knows of a call's rows: which have ended at an eos id or by stop_check, and
+    (for a stop_check) their ids, from every step's ids as read back."""
 
     def __init__(self, batch, eos_ids, stop_check):
         self.stop_check, self.eos = stop_check, frozenset(eos_ids)
-        self.ended = [False] * batch  # at an eos id (the device's flags, or the streamed ids)
+        self.ended = [False] * batch  # at an eos id
         self.stopped = [False] * batch  # by stop_check, which is not asked about the row again
         self.ids = [[] for _ in range(batch)]  # kept only for stop_check
-        self.steps = 0  # steps taken into account
+        self.steps = 0  # steps added
+
+    @property
+    def watching(self):
+        """Whether any row can end before max_new_tokens (else no step's ids are needed)."""
+        return bool(self.eos) or self.stop_check is not None
 
     def add(self, step_ids):
-        """One step's ids (a streamed step's, read by the caller)."""
-        for b, t in enumerate(step_ids):
-            self.ended[b] = self.ended[b] or t in self.eos
-            if self.stop_check is not None:
-                self.ids[b].append(t)
+        """One step's ids, one per row."""
+        if not self.eos.isdisjoint(step_ids):
+            for b, t in enumerate(step_ids):
+                self.ended[b] = self.ended[b] or t in self.eos
+        if self.stop_check is not None:
+            for row, t in zip(self.ids, step_ids):
+                row.append(t)
         self.steps += 1
 
-    def done(self, st, n, vocab_size):
-        """Whether every row has ended after n steps: an eos id, or stop_check on its ids."""
-        if not self.eos and self.stop_check is None:
-            return False
-        if self.steps < n:  # catch up from the device
-            if self.eos:
-                self.ended = st.finished[:len(self.ended)].tolist()
-            if self.stop_check is not None:
-                new = st.out[:len(self.ended), self.steps:n].tolist()
-                check_vocab(new, vocab_size, first=self.steps)  # before stop_check decodes them
-                for row, ids in zip(self.ids, new):
-                    row.extend(ids)
-            self.steps = n
+    def done(self, ask_stops=True):
+        """Whether every row has ended: at an eos id, or (where ask_stops) by stop_check on its
+        ids; a row stop_check ended is not asked about again."""
         for b, ended in enumerate(self.ended):
             if ended or self.stopped[b]:
                 continue
-            if self.stop_check is None or not self.stop_check(b, self.ids[b]):
+            if not ask_stops or self.stop_check is None or not self.stop_check(b, self.ids[b]):
                 return False  # (the rows after it are asked at a later check, about more ids)
             self.stopped[b] = True
         return True

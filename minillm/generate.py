@@ -2,9 +2,10 @@
 
 All sequences of a batch decode in lockstep over a static KV cache. On CUDA the whole decode
 step (every layer, the lm_head, logits processing and the token draw, plus the bookkeeping:
-output write, EOS flags, next input and position) is captured once per (batch bucket, sampling
-mode) as a CUDA graph and replayed per token. The host reads the device back only every
-SYNC_EVERY steps (stop checks) or every step when streaming.
+output write, next input and position) is captured once per (batch bucket, sampling mode) as a
+CUDA graph and replayed per token. Where a row can end early (an eos id, a stop string) or the
+call streams, the host reads each step's ids back READ_LAG steps behind the device, without
+draining its queue (decode_state.StepReads); otherwise it reads nothing until the end.
 """
 import contextlib
 import threading
@@ -22,9 +23,17 @@ from .decode_state import DecodeState, HostRows, batch_bucket, cache_bucket, pad
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
 
-SYNC_EVERY = 16
+# stop strings are searched every STOP_CHECK_EVERY steps (each step when streaming): the search
+# decodes each row's new ids, costlier than a batch's step
+STOP_CHECK_EVERY = 16
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
+
+
+def check_step(ids, vocab_size, step):
+    """check_vocab of one step's ids (one a row), quick where every one is in the vocabulary."""
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        check_vocab([[t] for t in ids], vocab_size, first=step)
 
 
 def eos_ids(config, params):
@@ -38,7 +47,7 @@ class Engine:
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, eos ids, cache bucket) -> DecodeState (with its graph)
+        self._states = {}  # (batch, sampling key, cache bucket) -> DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length, keyed) -> captured prefill
         self._compiled_prefills = set()  # (batch, padded length, keyed) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
@@ -133,23 +142,21 @@ class Engine:
     def _advance(self, st, nxt, from_keys=False):
         if st.seen is not None and not self._dry:  # (a dry pass's nxt holds no ids)
             st.seen_ids.scatter_(1, nxt[:, None], True)
-        # out[:, step] = tokens = nxt; pos += 1; finished |= nxt in eos; step += 1
-        self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos,
-                                     st.finished if st.eos is not None else None, st.eos, from_keys=from_keys,
+        # out[:, step] = tokens = nxt; pos += 1; step += 1
+        self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos, from_keys=from_keys,
                                      noise=st.noise.draw if st.noise is not None else None)
 
-    def _state(self, batch, params, eos, max_len=None, padded=None):
+    def _state(self, batch, params, max_len=None, padded=None):
         """The decode state's buffers for this batch and sampling mode, its graph captured; what
         this call launches first compiled ahead: a new state's step, and the prefill of the padded
         prompts (where given) if its shape is new."""
-        key = (batch, params.graph_key(), eos, max_len)
+        key = (batch, params.graph_key(), max_len)
         st = self._states.get(key)
         new = st is None
         if new:
             c, dev = self.model.config, self.model.device
             st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
-                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
-                             eos=eos)
+                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
             self._states[key] = st
         self._compile_ahead(st, padded, params, decode=new)
         if new and self.use_cuda_graphs:
@@ -237,7 +244,7 @@ class Engine:
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
         # captured before the prefill refills the cache
-        st = self._state(Bp, params, eos_ids(c, params), max_len, padded)
+        st = self._state(Bp, params, max_len, padded)
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -248,12 +255,12 @@ class Engine:
         if st.noise is not None:
             st.noise.load()
         try:
-            yield from self._run(st, padded, B, params, cache, stream, stop_check, t0)
+            yield from self._run(st, padded, B, params, cache, stream, HostRows(B, eos_ids(c, params), stop_check), t0)
         finally:  # an early exit (an error, the caller closing the stream) also hands the state back
             if st.noise is not None:
                 st.noise.store()
 
-    def _run(self, st, padded, B, params, cache, stream, stop_check, t0):
+    def _run(self, st, padded, B, params, cache, stream, rows, t0):
         """steps() from the prefill on, with the state's buffers reset."""
         c, dev = self.model.config, self.model.device
         if st.seen is not None:
@@ -264,38 +271,43 @@ class Engine:
         out, lens = self.prefill(padded, cache, keyed)  # keyed: the lm_head's argmax keys, not logits
         # launched while the prefill runs, not before it: the host is ahead of the GPU here
         st.step.zero_()
-        st.finished.zero_()
         first = out if keyed else sample(out, params, st.seen, self.model.ops, st.noise)
         torch.sub(lens, 1, out=st.pos)  # _advance moves it to the first new token's position
         self._advance(st, first, from_keys=keyed)
-        first_ids = st.tokens.tolist()  # the one sync every run needs: time to first token
+        first_ids = st.tokens.tolist()[:B]  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
-        rows = HostRows(B, st.eos_ids, stop_check)
+        watch = stream or rows.watching  # every step's ids come back, st.reads.lag steps behind
+        n, done = 1, False
+        if watch:  # every id checked before anyone (a stream's reader, stop_check) decodes it
+            check_step(first_ids, c.vocab_size, 0)
         if stream:
-            check_vocab([[t] for t in first_ids[:B]], c.vocab_size)
-            yield "step", first_ids[:B]
-            rows.add(first_ids[:B])
-
-        n = 1
-        done = rows.done(st, n, c.vocab_size)
+            yield "step", first_ids
+        if watch:
+            rows.add(first_ids)
+            done = rows.done()
+        st.reads.clear()
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
                 st.graph.replay()
             else:
                 self.decode_one_token(st, params, cache)
             n += 1
-            if stream:  # the one sync a streamed step needs: its checks read nothing more back
-                ids = st.tokens[:B].tolist()
-                check_vocab([[t] for t in ids], c.vocab_size, first=n - 1)
-                yield "step", ids
+            if watch:
+                st.reads.push()
+            while watch and not done and st.reads.behind(last=n == params.max_new_tokens):
+                ids = st.reads.pop()[:B]
+                check_step(ids, c.vocab_size, rows.steps)
+                if stream:
+                    yield "step", ids
                 rows.add(ids)
-            if stream or n % SYNC_EVERY == 0:
-                done = rows.done(st, n, c.vocab_size)
+                done = rows.done(ask_stops=stream or rows.steps % STOP_CHECK_EVERY == 0)
+        if watch:  # the steps the host saw: any later ones ran past the end
+            n = rows.steps
         out = st.out[:B, :n].tolist()
         t_end = time.perf_counter()
         if st.noise is not None:
             st.noise.store()  # before the caller sees the ids (and may draw more)
-        if not stream:  # streamed ids were checked as they came
+        if not watch:  # (the ids read back were checked as they came)
             check_vocab(out, c.vocab_size)
         timings = {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "steps": n, "total_s": t_end - t0}
         yield "done", out, timings

@@ -162,11 +162,8 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             keys = torch.empty(B, dtype=torch.int64)
             model.decode(tokens, pos, cache, L, argmax_keys=keys)
             model.decode(tokens, pos, cache, L)
-            out, step, finished = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), \
-                torch.zeros(B, dtype=torch.bool)
-            eos = torch.tensor([cfg.vocab_size - 1, 0], dtype=torch.int64)
-            for n_eos in (1, 2):  # gpt2's one end-of-sequence id; a checkpoint's several
-                kernels.append_tokens(keys, out, step, tokens, pos, finished, eos[:n_eos], from_keys=True)
+            out, step = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+            kernels.append_tokens(keys, out, step, tokens, pos, from_keys=True)
             noise = kernels.new_exponential_noise(B * cfg.vocab_size, tokens.device)
             kernels.append_tokens(keys, out, step, tokens, pos, noise=noise)  # a sampled step's
 

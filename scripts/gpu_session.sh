@@ -13,7 +13,7 @@ set -u
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export MINILLM_TOKENIZER_DIR=$PWD/.gpu_assets/gpt2-tokenizer
 STAGES="tests kernel-tests rest-tests runtime-tests compile bench-kernels checks sweeps stages
-  bench-generate bench-xl bench-ttft bench-again bench-stream profile-ttft quick profile coldwarm"
+  bench-generate bench-xl bench-ttft bench-again bench-stream ab-read-lag profile-ttft quick profile coldwarm"
 [ $# -gt 0 ] || { echo "usage: gpu_session.sh STAGE... (stages:" $STAGES")" >&2; exit 2; }
 for stage in "$@"; do
   case " $(echo $STAGES) " in *" $stage "*) ;;
@@ -59,6 +59,8 @@ for stage in "$@"; do
       timeout "$(cap 200)" python3 -m minillm bench --model gpt2 --batch 1 64 --out "$R/again" 2>&1 | tee "$R/bench-again.log" | tail -n 16 ;;
     bench-stream)  # what reading every step back costs: minillm's generate against its streaming
       timeout "$(cap 150)" python3 -m minillm bench --model gpt2 --batch 1 8 --engines minillm minillm-stream --out "$R/stream" 2>&1 | tee "$R/bench-stream.log" | tail -n 12 ;;
+    ab-read-lag)  # the host reading each step's ids as it ends against READ_LAG steps behind
+      timeout "$(cap 200)" python3 scripts/ab_read_lag.py --rounds 5 2>&1 | tee "$R/ab-read-lag.log" | tail -n 16 ;;
     profile-ttft)
       timeout "$(cap 100)" python3 scripts/profile_ttft.py --model gpt2 --prompt-len 1024 --repeats 50 --out "$R/prof" > "$R/profile-ttft.log" 2>&1
       tail -n 5 "$R/profile-ttft.log" ;;

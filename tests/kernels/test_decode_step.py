@@ -12,34 +12,20 @@ def _state(B, L, device):
     step = torch.tensor([3], device=device)
     tokens = torch.randint(0, 1000, (B,), generator=g, dtype=torch.int32).to(device)
     pos = torch.randint(0, 50, (B,), generator=g, dtype=torch.int32).to(device)
-    finished = (torch.rand(B, generator=g) < 0.3).to(device)
-    return out, step, tokens, pos, finished
+    return out, step, tokens, pos
 
 
 @pytest.mark.parametrize("B", [1, 5, 64])
-@pytest.mark.parametrize("eos_ids", [None, [7], [7, 900, 3]])
-def test_append_tokens_matches_reference(B, eos_ids, device):
-    """Every end-of-sequence id flags its row, the first and the later ones alike."""
-    nxt = torch.randint(10, 800, (B,), device=device)  # (none of the ids below by chance)
-    nxt[0] = 7
-    if B > 1:
-        nxt[-1] = 3  # the last of three ids
+def test_append_tokens_matches_reference(B, device):
+    """Each call writes the ids into the step's column and moves every row and the step on."""
     ours, expect = _state(B, 12, device), _state(B, 12, device)
-    for s in (ours, expect):
-        s[4].zero_()  # no row ended before: each flag below is this step's
-    eos = torch.tensor(eos_ids, device=device) if eos_ids else None
     for _ in range(2):  # step moves on: the second call writes the next column
-        kernels.append_tokens(nxt, *ours[:4], ours[4] if eos_ids else None, eos)
-        ref.append_tokens(nxt, *expect[:4], expect[4] if eos_ids else None, eos)
+        nxt = torch.randint(10, 800, (B,), device=device)
+        kernels.append_tokens(nxt, *ours)
+        ref.append_tokens(nxt, *expect)
         for a, b in zip(ours, expect):
             assert torch.equal(a, b)
-    flagged = ours[4].nonzero().flatten().tolist()
-    if not eos_ids:
-        assert flagged == []
-    elif len(eos_ids) == 1:
-        assert flagged == [0]
-    else:
-        assert flagged == sorted({0, B - 1})
+    assert ours[1].item() == 5 and torch.equal(ours[0][:, 4], nxt)
 
 
 @pytest.mark.parametrize("B", [1, 5])
@@ -51,9 +37,9 @@ def test_append_tokens_from_argmax_keys(B, device):
     for ops in (kernels, ref):
         state = _state(B, 12, device)
         keys = argmax_key.row_keys(logits)
-        ops.append_tokens(keys, *state[:4], state[4], torch.tensor([17], device=device), from_keys=True)
+        ops.append_tokens(keys, *state, from_keys=True)
         assert torch.equal(state[0][:, 3], ids) and torch.equal(state[2].long(), ids)
-        assert state[4][0] and (keys == argmax_key.EMPTY).all()
+        assert ids[0] == 17 and (keys == argmax_key.EMPTY).all()
 
 
 def test_append_tokens_advances_noise(device):
@@ -66,29 +52,20 @@ def test_append_tokens_advances_noise(device):
         noise = new_exponential_noise(3 * 50257, device)
         noise.state.copy_(torch.tensor([-5, 16]))
         for _ in range(2):
-            ops.append_tokens(torch.tensor([1, 2, 3], device=device), *state[:4], noise=noise)
+            ops.append_tokens(torch.tensor([1, 2, 3], device=device), *state, noise=noise)
         assert noise.state.tolist() == [-5, 16 + 2 * noise.increment]
         assert state[1].item() == 5
 
 
 def test_append_tokens_errors(device):
-    out, step, tokens, pos, finished = _state(2, 8, device)
+    out, step, tokens, pos = _state(2, 8, device)
     nxt = torch.zeros(2, dtype=torch.int64, device=device)
     with pytest.raises(ValueError, match="next_ids: expected dtype"):
         kernels.append_tokens(nxt.int(), out, step, tokens, pos)
     with pytest.raises(ValueError, match="pos: expected a contiguous \\(2,\\)"):
         kernels.append_tokens(nxt, out, step, tokens, pos[:1])
-    with pytest.raises(ValueError, match="finished/eos: expected both"):
-        kernels.append_tokens(nxt, out, step, tokens, pos, finished)
-    eos = torch.tensor([5, 6], device=device)
-    with pytest.raises(ValueError, match="eos: expected dtype"):
-        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos.int())
-    with pytest.raises(ValueError, match="eos: expected 1 dims"):
-        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos[0])
-    with pytest.raises(ValueError, match=r"finished/eos: expected contiguous \(2,\) flags and at least one id"):
-        kernels.append_tokens(nxt, out, step, tokens, pos, finished, eos[:0])
-    with pytest.raises(ValueError, match=r"finished/eos: expected contiguous \(2,\) flags"):
-        kernels.append_tokens(nxt, out, step, tokens, pos, finished[:1], eos)
+    with pytest.raises(ValueError, match="out: expected \\(2, L\\)"):
+        kernels.append_tokens(nxt, out[:1], step, tokens, pos)
 
 
 def test_append_tokens_triggers_no_early_launch():

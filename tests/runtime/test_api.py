@@ -146,7 +146,7 @@ def test_stop_checks_decode_only_new_ids(llm_hf, monkeypatch):
 @pytest.mark.parametrize("second", [False, True])
 def test_eos_finish_reason(llm_hf, second):
     """generate and stream stop at the end-of-sequence id, and where there are several, at the
-    second as well: the decode step flags each on the device."""
+    second as well (the host sees each in the ids it reads back)."""
     llm, hf = llm_hf
     ids = llm.tokenizer.encode("Hi")
     expect = hf_generate(hf, ids, max_new_tokens=6, do_sample=False)
@@ -156,8 +156,6 @@ def test_eos_finish_reason(llm_hf, second):
                                                         else (expect[2],))
     try:
         r = llm.generate([ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
-        (st,) = [st for key, st in llm.engine._states.items() if key[2] == llm.config.eos_token_ids]
-        assert st.finished[0] and st.eos.tolist() == list(llm.config.eos_token_ids)  # not only the host's check
         streamed = "".join(llm.stream(ids, SamplingParams(max_new_tokens=6, temperature=0)))
         assert llm.last_result.finish_reason == "stop" and llm.last_result.token_ids == r.token_ids
     finally:

@@ -1,5 +1,6 @@
 """Engine invariants: CUDA graphs change nothing, and a prompt's tokens do not depend on the
 batch it runs in (up to 64 rows: the decode linear's reduction order depends on N and K only)."""
+import dataclasses
 import json
 import shutil
 
@@ -11,8 +12,8 @@ from kernels.argmax_key import argmax_index
 import minillm.decode_plan
 from minillm import LLM, SamplingParams
 from minillm.checks import ContextLengthError, NonFiniteLogitsError, check_context, check_vocab
-from minillm.decode_state import HostRows, batch_bucket, cache_bucket
-from minillm.generate import SYNC_EVERY
+from minillm.decode_state import READ_LAG, HostRows, StepReads, batch_bucket, cache_bucket
+from minillm.generate import STOP_CHECK_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -106,31 +107,75 @@ def test_batch_bucket():
     assert batch_bucket(300) == 300
 
 
-def test_host_rows_read_back_only_what_the_host_lacks():
-    """A check between streamed steps reads nothing back (their ids are on the host); a check
-    after unstreamed steps reads the device's eos flags and only the steps since the last read."""
-    class State:  # a decode state's eos flags and output, counting what is read
-        finished = torch.tensor([False, True, False])
-        out = torch.tensor([[5, 6, 7, 8], [1, 9, 2, 3], [4, 4, 4, 4]])
-        reads = []
-
-        def __getattribute__(self, name):
-            type(self).reads.append(name)
-            return object.__getattribute__(self, name)
-
+def test_host_rows_end_at_eos_ids_and_ask_stop_checks_when_told():
+    """Rows end at any eos id in the ids added; stop_check is asked only where done() is told to,
+    about the first rows still going (each asked once it has ended it)."""
     seen = []
-    rows = HostRows(3, (9,), lambda b, ids: seen.append((b, list(ids))) or 7 in ids)
-    for step in ([5, 1, 4], [6, 9, 4]):  # streamed: 9 ends row 1, the stop check looks at 0 and 2
+    rows = HostRows(3, (9, 11), lambda b, ids: seen.append((b, list(ids))) or 7 in ids)
+    assert rows.watching and not HostRows(2, (), None).watching
+    for step in ([5, 1, 4], [6, 9, 4]):
         rows.add(step)
-    assert not rows.done(None, 2, 10) and rows.ended == [False, True, False]
-    assert seen == [(0, [5, 6])]  # (all() stops at the first row that goes on)
-    st = State()
-    assert not rows.done(st, 4, 10)  # two steps more, not streamed
-    assert State.reads == ["finished", "out"] and rows.ids == [[5, 6, 7, 8], [1, 9, 2, 3], [4, 4, 4, 4]]
-    assert seen[-2:] == [(0, [5, 6, 7, 8]), (2, [4, 4, 4, 4])]  # row 0 ends at its stop check (7)
-    rows.add([1, 2, 3])
-    assert not rows.done(None, 5, 10) and seen[-1] == (2, [4, 4, 4, 4, 3])  # row 0 is not asked again
-    assert not HostRows(2, (), None).done(None, 5, 10)  # nothing to check: nothing read
+    assert rows.ended == [False, True, False] and rows.steps == 2
+    assert not rows.done(ask_stops=False) and seen == []
+    assert not rows.done() and seen == [(0, [5, 6])]  # (it stops at the first row that goes on)
+    rows.add([7, 2, 11])  # row 0 reaches its stop string, row 2 the second eos id
+    assert rows.done() and rows.stopped == [True, False, False] and rows.ended == [False, True, True]
+    assert rows.done() and seen == [(0, [5, 6]), (0, [5, 6, 7])]  # row 0 is not asked again
+    plain = HostRows(2, (9,), None)
+    plain.add([9, 3])
+    assert not plain.done() and plain.ids == [[], []]  # (ids kept for a stop_check only)
+    plain.add([1, 9])
+    assert plain.done(ask_stops=False)
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"] if ON_GPU else ["cpu"])
+def test_step_reads_hand_back_every_step_in_order_lag_steps_behind(dev):
+    """Each pushed step's ids come back once more than lag steps are queued, all of them at the
+    last step, in order, through a ring of lag + 1 pinned slots reused over the call (CUDA)."""
+    tokens = torch.zeros(3, dtype=torch.int32, device=dev)
+    reads = StepReads(tokens, lag=2)
+    popped = []  # (steps pushed, ids popped)
+    for step in range(7):
+        tokens.fill_(10 + step)  # (a step's kernels, queued on the device's stream)
+        reads.push()
+        while reads.behind(last=step == 6):
+            popped.append((step + 1, reads.pop()))
+    assert popped == [(k + 3, [10 + k] * 3) for k in range(4)] + [(7, [10 + k] * 3) for k in (4, 5, 6)]
+    reads.push()
+    reads.clear()
+    assert not reads.behind(last=True)
+
+
+def _with_eos(llm, eos):
+    """llm with its config's end-of-sequence ids replaced (restored by the caller)."""
+    llm.model.config = llm.config = dataclasses.replace(llm.config, eos_token_ids=eos)
+
+
+def test_a_call_ends_at_the_step_its_last_row_ends(path):
+    """With an eos id, the call's steps are exactly those up to the step where the last row ends;
+    the device runs READ_LAG steps past it at most (the host reads each step that far behind);
+    a stream yields those steps and no later one."""
+    llm = LLM(path, device="cpu", dtype="float32", backend="torch")
+    free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    prompts = _prompts(6, SIZE["vocab_size"], seed=2)
+    runs = [llm.generate([p], free)[0].token_ids for p in prompts]
+    # a prompt whose run has a token first seen past step 2 * READ_LAG (a greedy run may loop)
+    cands = [(r, k) for r, run in enumerate(runs) for k in range(2 * READ_LAG, 30) if run[k] not in run[:k]]
+    assert cands, f"no greedy run has a fresh token in steps {2 * READ_LAG}-29"
+    r, k = cands[0]
+    old = llm.config
+    _with_eos(llm, (runs[r][k],))
+    try:
+        params = SamplingParams(max_new_tokens=40, temperature=0)
+        ids, timings = llm.engine.generate([prompts[r]], params)
+        (st,) = llm.engine._states.values()  # (ignore_eos or not, greedy calls share a state)
+        ran = st.step.item()
+        events = list(llm.engine.steps([prompts[r]], params, stream=True))
+    finally:
+        llm.model.config = llm.config = old
+    assert timings["steps"] == k + 1 and ids[0] == runs[r][:k + 1]
+    assert ran == k + 1 + READ_LAG  # (the lag at its full: more steps were left to run)
+    assert [e[1][0] for e in events[:-1]] == runs[r][:k + 1] and events[-1][2]["steps"] == k + 1
 
 
 def test_rows_stopped_at_different_checks_end_the_call(path):
@@ -138,8 +183,8 @@ def test_rows_stopped_at_different_checks_end_the_call(path):
     searches only new text): a row it ended at one check stays ended, and the call ends at the
     check where the last row stops, not at max_new_tokens."""
     llm = LLM(path, device="cpu", dtype="float32", backend="torch")
-    params = SamplingParams(max_new_tokens=3 * SYNC_EVERY, temperature=0, ignore_eos=True)
-    ends = {0: 5, 1: SYNC_EVERY + 5}  # the step each row stops at
+    params = SamplingParams(max_new_tokens=3 * STOP_CHECK_EVERY, temperature=0, ignore_eos=True)
+    ends = {0: 5, 1: STOP_CHECK_EVERY + 5}  # the step each row stops at
     told = set()
 
     def once_per_row(b, ids):  # True at the first check past the row's end only
@@ -149,7 +194,7 @@ def test_rows_stopped_at_different_checks_end_the_call(path):
         return False
 
     _, timings = llm.engine.generate([[1, 2, 3], [4, 5]], params, stop_check=once_per_row)
-    assert timings["steps"] == 2 * SYNC_EVERY  # row 0 stopped at the first check, row 1 at the second
+    assert timings["steps"] == 2 * STOP_CHECK_EVERY  # row 0 stopped at the first check, row 1 at the second
 
 
 def test_without_graphs_one_cache_is_held(path):
@@ -191,19 +236,19 @@ def test_a_cache_that_does_not_fit_displaces_the_other_batch_sizes(path, monkeyp
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
-    """With end-of-sequence tokens (the device-side finished flags in the graph; the second of
-    two ids is the one drawn): the same tokens and finish with graphs on and off, and both stop
-    at the first check after it."""
+    """With end-of-sequence tokens (the second of two ids is the one drawn; the host reads each
+    step's ids back READ_LAG steps behind the graph's replays): the same tokens and finish with
+    graphs on and off, and both end the call at its step, the device READ_LAG steps past it."""
     candidates = _prompts(8, SIZE["vocab_size"], seed=2)
     free = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     plain = LLM(path, dtype="float16", cuda_graphs=False)
     for row0, prompt in enumerate(candidates):  # a greedy run may fall into a loop: take one that does not
         first = plain.generate([prompt], free)[0].token_ids
-        # a token that first shows up in row 0 after one stop check (SYNC_EVERY steps)
-        k = next((i for i in range(SYNC_EVERY + 1, len(first)) if first[i] not in first[:i]), None)
+        # a token that first shows up in row 0 after one stop check (STOP_CHECK_EVERY steps)
+        k = next((i for i in range(STOP_CHECK_EVERY + 1, len(first)) if first[i] not in first[:i]), None)
         if k is not None:
             break
-    assert k is not None, f"each of {len(candidates)} prompts repeats itself past token {SYNC_EVERY}"
+    assert k is not None, f"each of {len(candidates)} prompts repeats itself past token {STOP_CHECK_EVERY}"
     prompts = [prompt] + [p for i, p in enumerate(candidates) if i != row0][:2]
     eos_dir = tmp_path / "eos"
     shutil.copytree(path, eos_dir)
@@ -216,9 +261,9 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     params = SamplingParams(max_new_tokens=40, temperature=0)
     a, b = on.generate(prompts[:1], params)[0], off.generate(prompts[:1], params)[0]
     assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason) == (first[:k + 1], "stop")
-    # the host looks every SYNC_EVERY tokens: token k's count, rounded up to a check, or the end
     steps = [llm.engine.generate(prompts[:1], params)[1]["steps"] for llm in (on, off)]
-    assert steps == [min(-(-(k + 1) // SYNC_EVERY) * SYNC_EVERY, params.max_new_tokens)] * 2
+    ran = [next(iter(llm.engine._states.values())).step.item() for llm in (on, off)]
+    assert steps == [k + 1] * 2 and ran == [min(k + 1 + READ_LAG, params.max_new_tokens)] * 2
     a3 = [r.token_ids for r in on.generate(prompts, params)]
     b3 = [r.token_ids for r in off.generate(prompts + [[0]], params)[:3]]  # the bucket's padding
     assert a3 == b3

@@ -14,7 +14,6 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from minillm import LLM, SamplingParams
-from minillm.generate import SYNC_EVERY
 from minillm.sampling import process_logits
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint, hf_generate
@@ -139,9 +138,9 @@ def test_greedy_stops_at_eos_like_transformers(engines):
 
 def test_several_eos_ids_like_transformers(engines):
     """A generation config naming several end-of-sequence ids: transformers stops a sequence at
-    any of them. The decode step flags the first on the device, the host looks for the rest: in
-    one batch, prompt 0 ends at the second id and prompt 1 at the first, each as transformers ends
-    it alone."""
+    any of them. The host sees each one in the ids it reads back: in one batch, prompt 0 ends at
+    the second id and prompt 1 at the first, each as transformers ends it alone, and the call
+    ends at the step where both have."""
     llm, hf, prompts, full = engines
     new = llm.short
     runs = [_greedy_alone(llm, p, full).token_ids[:new] for p in prompts[:2]]
@@ -154,16 +153,14 @@ def test_several_eos_ids_like_transformers(engines):
     try:
         expect = [hf_generate(hf, p, ignore_eos=False, max_new_tokens=new, do_sample=False) for p in prompts[:2]]
         got = llm.generate(prompts[:2], params)
-        # the engine stops at the first check after both have ended (every SYNC_EVERY steps)
-        steps = llm.engine.generate(prompts[:2], params)[1]["steps"] if new > SYNC_EVERY else None
+        steps = llm.engine.generate(prompts[:2], params)[1]["steps"]
     finally:
         llm.model.config, hf.generation_config.eos_token_id = old, old_hf
         llm.config = old
     assert [e[-1] for e in expect] == [second, first], "the ids do not end the two prompts as meant"
     assert [r.token_ids for r in got] == expect
     assert [r.finish_reason for r in got] == ["stop", "stop"]
-    if steps is not None:
-        assert steps == min(-(-max(map(len, expect)) // SYNC_EVERY) * SYNC_EVERY, new)
+    assert steps == max(map(len, expect))
 
 
 def test_greedy_with_repetition_penalty_matches_transformers(engines):
