@@ -2,7 +2,9 @@
 
 Unfused, this is four or five tiny torch kernels per generated token (an indexed copy, two adds,
 a copy); in a CUDA-graph decode step of a small model each costs about as much as a layer's
-matmul launch. Where a row ends is the host's to see: it reads every step's ids back
+matmul launch. Where a row ends is the host's to see: the kernel also writes the ids into a
+mirror of out in pinned host memory, which the device reaches directly (unified addressing), so
+the host reads each step's ids without a copy queued between steps
 (minillm.decode_state.StepReads).
 """
 import torch
@@ -16,8 +18,8 @@ from .noise import check_noise
 
 
 @triton.jit
-def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, noise_ptr, B,
-                          stride_ob, noise_increment, FROM_KEYS: tl.constexpr,
+def _append_tokens_kernel(next_ptr, out_ptr, host_ptr, step_ptr, tokens_ptr, pos_ptr, noise_ptr, B,
+                          stride_ob, stride_hb, noise_increment, HOST_OUT: tl.constexpr, FROM_KEYS: tl.constexpr,
                           HAS_NOISE: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # may start while the lm_head finishes: wait for the new ids
         tl.extra.cuda.gdc_wait()
@@ -33,6 +35,8 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, nois
         tl.store(next_ptr + rows, _empty_keys(BLOCK_B), mask=mask)
         nxt = _key_index(nxt)
     tl.store(out_ptr + rows * stride_ob + step, nxt.to(out_ptr.dtype.element_ty), mask=mask)
+    if HOST_OUT:  # posted writes over the bus: visible to the host once the launch has ended
+        tl.store(host_ptr + rows * stride_hb + step, nxt.to(host_ptr.dtype.element_ty), mask=mask)
     tl.store(tokens_ptr + rows, nxt.to(tokens_ptr.dtype.element_ty), mask=mask)
     pos = tl.load(pos_ptr + rows, mask=mask)
     tl.store(pos_ptr + rows, pos + 1, mask=mask)
@@ -41,12 +45,14 @@ def _append_tokens_kernel(next_ptr, out_ptr, step_ptr, tokens_ptr, pos_ptr, nois
         tl.store(noise_ptr + 1, tl.load(noise_ptr + 1) + noise_increment)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None):
+def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None, out_host=None):
     """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; then step += 1;
     with noise (the ExponentialNoise the
-    step's sampler drew from), its offset += its increment. All on the device, no sync.
+    step's sampler drew from), its offset += its increment; with out_host, out_host[b, step] =
+    next_ids[b] as well. All on the device, no sync.
 
-    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32.
+    next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
+    out_host: a (B, L) int64 CPU tensor, pinned where next_ids is on a GPU.
     from_keys: next_ids holds argmax keys (linear's argmax_keys): the ids are their indices,
     and next_ids is reset to argmax_key.EMPTY for the next step's lm_head.
     """
@@ -62,12 +68,21 @@ def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None)
             raise ValueError(f"{name}: expected a contiguous ({B},) tensor, got shape {tuple(t.shape)}")
     if out.shape[0] != B or out.stride(1) != 1:
         raise ValueError(f"out: expected ({B}, L) with contiguous rows, got shape {tuple(out.shape)}")
+    if out_host is not None:
+        check_tensor("out_host", out_host, ndim=2, dtypes=(torch.int64,), device=torch.device("cpu"))
+        if out_host.shape != out.shape or out_host.stride(1) != 1:
+            raise ValueError(f"out_host: expected {tuple(out.shape)} with contiguous rows, as out, got shape "
+                             f"{tuple(out_host.shape)}")
+        if dev.type == "cuda" and not out_host.is_pinned():
+            raise ValueError("out_host: expected pinned memory (torch.empty(..., pin_memory=True)), which the GPU "
+                             "reaches directly")
     if noise is not None:
         check_noise("noise", noise, dev)
     if B:
         pdl = use_pdl(dev)
-        launch(_append_tokens_kernel, (1,), next_ids, out, step, tokens, pos,
-               noise.state if noise is not None else step, B, out.stride(0),
-               noise.increment if noise is not None else 0, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
+        launch(_append_tokens_kernel, (1,), next_ids, out, out_host if out_host is not None else out, step, tokens,
+               pos, noise.state if noise is not None else step, B, out.stride(0),
+               out_host.stride(0) if out_host is not None else 0, noise.increment if noise is not None else 0,
+               HOST_OUT=out_host is not None, FROM_KEYS=bool(from_keys), HAS_NOISE=noise is not None,
                BLOCK_B=triton.next_power_of_2(B), USE_PDL=pdl, num_warps=1, launch_pdl=pdl)
     return out

@@ -208,13 +208,15 @@ def gelu(x, approximate="tanh"):
     return F.gelu(x.float(), approximate=approximate).to(x.dtype)
 
 
-def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None):
+def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None, out_host=None):
     if noise is not None:
         noise.state[1:].add_(noise.increment)
     if from_keys:
         keys, next_ids = next_ids, argmax_index(next_ids)
         keys.fill_(EMPTY)
     out.index_copy_(1, step, next_ids[:, None])
+    if out_host is not None:  # the whole of out: the column's index is on the device
+        out_host.copy_(out, non_blocking=True)
     tokens.copy_(next_ids)
     pos.add_(1)
     step.add_(1)

@@ -45,7 +45,7 @@ def cache_bucket(reach, n_positions):
 class DecodeState:
     """Static device buffers one decode step reads and writes (so a CUDA graph can replay it)."""
 
-    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None):
+    def __init__(self, batch, vocab, out_len, device, with_seen, max_len=None, noise=None, reads=False):
         self.tokens = torch.zeros(batch, dtype=torch.int32, device=device)
         self.pos = torch.zeros(batch, dtype=torch.int32, device=device)
         self.out = torch.zeros(batch, out_len, dtype=torch.int64, device=device)
@@ -59,38 +59,43 @@ class DecodeState:
         self.graph = None
         self.max_len = max_len  # cache positions decode attention covers (None: all)
         self.noise = noise  # sampling.KernelNoise, or None: q drawn with torch
-        self.reads = StepReads(self.tokens)
+        # reads: the host reads each step's ids back (StepReads), on a GPU from a pinned mirror of
+        # out that the step writes as well (a step that writes none has nothing to add to its end)
+        self.out_host = torch.empty(batch, out_len, dtype=torch.int64, pin_memory=True) \
+            if reads and self.out.is_cuda else None
+        self.reads = StepReads(self.out, self.out_host) if reads else None
 
 
 class StepReads:
-    """Each step's ids, read back READ_LAG steps behind the device: after a step is launched,
-    push() queues an asynchronous copy of its ids into pinned memory (a ring of lag + 1 slots, each
-    with an event); pop() hands back the oldest step's ids, waiting for its copy. The host never
-    drains the device's queue, as reading a step's ids as it ends would: the next steps are
-    already queued while it looks at one. On the CPU the ids are read as the step is pushed."""
+    """Each step's ids, read back READ_LAG steps behind the device. On a GPU the step's
+    bookkeeping kernel writes them into out_host, a pinned mirror of out that the device reaches
+    directly, so nothing is queued between two steps but an event: push() records the step's,
+    pop() waits for the oldest queued step's and reads its column of the mirror. The host never
+    drains the device's queue, as reading each step's ids as it ends would: the next steps are
+    already queued while it looks at one. On the CPU, out is host memory already."""
 
-    def __init__(self, tokens, lag=READ_LAG):
-        self.tokens, self.lag = tokens, lag
-        self.pending = deque()  # slots (CUDA) or ids (CPU), oldest first
+    def __init__(self, out, out_host=None, lag=READ_LAG):
+        self.host = out if out_host is None else out_host
+        self.lag = lag
+        self.events = [torch.cuda.Event() for _ in range(lag + 1)] if out.is_cuda else None
+        self.pending = deque()  # (event slot, column), oldest first
+        self.column = 0  # the column of the next step pushed
         self.pushed = 0
-        if tokens.is_cuda:
-            self.slots = torch.empty(lag + 1, len(tokens), dtype=tokens.dtype, pin_memory=True)
-            self.events = [torch.cuda.Event() for _ in range(lag + 1)]
 
-    def clear(self):
-        """Forget what an earlier call left queued (it ended with reads still behind)."""
+    def start(self, column):
+        """A call's first pushed step writes this column (what an earlier call left queued, as
+        one that ended with reads still behind, is forgotten)."""
         self.pending.clear()
+        self.column = column
 
     def push(self):
         """Queue the read of the ids of the step just launched."""
-        if not self.tokens.is_cuda:
-            self.pending.append(self.tokens.tolist())
-            return
-        # the slot's last ids were popped before: the pending reads hold the lag slots before it
+        # the slot's last event was waited for: the pending reads hold the lag slots before it
         i = self.pushed % (self.lag + 1)
-        self.slots[i].copy_(self.tokens, non_blocking=True)
-        self.events[i].record()
-        self.pending.append(i)
+        if self.events is not None:
+            self.events[i].record()
+        self.pending.append((i, self.column))
+        self.column += 1
         self.pushed += 1
 
     def behind(self, last=False):
@@ -98,12 +103,11 @@ class StepReads:
         return len(self.pending) > (0 if last else self.lag)
 
     def pop(self):
-        """The oldest queued step's ids (a list), once its copy has landed."""
-        i = self.pending.popleft()
-        if not self.tokens.is_cuda:
-            return i
-        self.events[i].synchronize()
-        return self.slots[i].tolist()
+        """The oldest queued step's ids (a list, one a row), once the step has ended."""
+        i, column = self.pending.popleft()
+        if self.events is not None:
+            self.events[i].synchronize()
+        return self.host[:, column].tolist()
 
 
 class HostRows:

@@ -47,7 +47,7 @@ class Engine:
         on_cuda = model.device.type == "cuda"
         self.use_cuda_graphs = on_cuda if use_cuda_graphs is None else (use_cuda_graphs and on_cuda)
         self._caches = {}  # batch -> KVCache
-        self._states = {}  # (batch, sampling key, cache bucket) -> DecodeState (with its graph)
+        self._states = {}  # (batch, sampling key, cache bucket, reads) -> DecodeState (with its graph)
         self._prefill_graphs = {}  # (batch, padded length, keyed) -> captured prefill
         self._compiled_prefills = set()  # (batch, padded length, keyed) _compile_ahead has covered
         self._dry = False  # inside _compile_ahead's pass: kernels compile and nothing runs
@@ -144,19 +144,21 @@ class Engine:
             st.seen_ids.scatter_(1, nxt[:, None], True)
         # out[:, step] = tokens = nxt; pos += 1; step += 1
         self.model.ops.append_tokens(nxt, st.out, st.step, st.tokens, st.pos, from_keys=from_keys,
-                                     noise=st.noise.draw if st.noise is not None else None)
+                                     noise=st.noise.draw if st.noise is not None else None, out_host=st.out_host)
 
-    def _state(self, batch, params, max_len=None, padded=None):
-        """The decode state's buffers for this batch and sampling mode, its graph captured; what
+    def _state(self, batch, params, max_len=None, padded=None, reads=False):
+        """The decode state's buffers for this batch and sampling mode (and whether the host reads
+        each step's ids back: decode_state.StepReads), its graph captured; what
         this call launches first compiled ahead: a new state's step, and the prefill of the padded
         prompts (where given) if its shape is new."""
-        key = (batch, params.graph_key(), max_len)
+        key = (batch, params.graph_key(), max_len, reads)
         st = self._states.get(key)
         new = st is None
         if new:
             c, dev = self.model.config, self.model.device
             st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
-                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev))
+                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
+                             reads=reads)
             self._states[key] = st
         self._compile_ahead(st, padded, params, decode=new)
         if new and self.use_cuda_graphs:
@@ -244,7 +246,10 @@ class Engine:
         # decode attention sees only the positions this call can reach, in a few buckets
         max_len = cache_bucket(longest + params.max_new_tokens, c.n_positions)
         # captured before the prefill refills the cache
-        st = self._state(Bp, params, max_len, padded)
+        rows = HostRows(B, eos_ids(c, params), stop_check)
+        # the host reads each step's ids back where a row can end early (an eos id, a stop string)
+        # or the call streams
+        st = self._state(Bp, params, max_len, padded, reads=stream or rows.watching)
         dev = self.model.device
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -255,7 +260,7 @@ class Engine:
         if st.noise is not None:
             st.noise.load()
         try:
-            yield from self._run(st, padded, B, params, cache, stream, HostRows(B, eos_ids(c, params), stop_check), t0)
+            yield from self._run(st, padded, B, params, cache, stream, rows, t0)
         finally:  # an early exit (an error, the caller closing the stream) also hands the state back
             if st.noise is not None:
                 st.noise.store()
@@ -276,7 +281,7 @@ class Engine:
         self._advance(st, first, from_keys=keyed)
         first_ids = st.tokens.tolist()[:B]  # the one sync every run needs: time to first token
         t_first = time.perf_counter()
-        watch = stream or rows.watching  # every step's ids come back, st.reads.lag steps behind
+        watch = st.reads is not None  # every step's ids come back, st.reads.lag steps behind
         n, done = 1, False
         if watch:  # every id checked before anyone (a stream's reader, stop_check) decodes it
             check_step(first_ids, c.vocab_size, 0)
@@ -285,7 +290,8 @@ class Engine:
         if watch:
             rows.add(first_ids)
             done = rows.done()
-        st.reads.clear()
+        if watch:
+            st.reads.start(column=1)
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
                 st.graph.replay()

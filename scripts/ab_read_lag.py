@@ -34,8 +34,8 @@ OLD_CHECK_EVERY = 16  # the engine's stop checks before session 180
 def set_lag(engine, lag):
     """Every decode state of the engine reads lag steps behind from now on."""
     for st in engine._states.values():
-        if st.reads.lag != lag:
-            st.reads = StepReads(st.tokens, lag)
+        if st.reads is not None and st.reads.lag != lag:
+            st.reads = StepReads(st.out, st.out_host, lag)
 
 
 def with_eos(engine, eos):

@@ -164,6 +164,7 @@ def drive_model(name, dtype, batches, cache_lens, prefills, where):
             model.decode(tokens, pos, cache, L)
             out, step = torch.zeros(B, 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
             kernels.append_tokens(keys, out, step, tokens, pos, from_keys=True)
+            kernels.append_tokens(keys, out, step, tokens, pos, from_keys=True, out_host=out.clone())  # read back
             noise = kernels.new_exponential_noise(B * cfg.vocab_size, tokens.device)
             kernels.append_tokens(keys, out, step, tokens, pos, noise=noise)  # a sampled step's
 

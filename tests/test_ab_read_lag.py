@@ -26,19 +26,20 @@ def test_set_lag_gives_every_state_reads_at_that_lag():
     ab = load("ab_read_lag")
 
     class State:
-        def __init__(self):
-            self.tokens = torch.zeros(2, dtype=torch.int32)
-            self.reads = StepReads(self.tokens)
+        def __init__(self, reads):
+            self.out, self.out_host = torch.zeros(2, 8, dtype=torch.int64), None
+            self.reads = StepReads(self.out) if reads else None
 
     class Engine:
-        _states = {1: State(), 2: State()}
+        _states = {1: State(True), 2: State(True), 3: State(False)}
 
     kept = Engine._states[1].reads
     ab.set_lag(Engine, READ_LAG)
     assert Engine._states[1].reads is kept  # (the same lag: nothing made again)
     ab.set_lag(Engine, 0)
-    assert [st.reads.lag for st in Engine._states.values()] == [0, 0]
-    assert all(st.reads.tokens is st.tokens for st in Engine._states.values())
+    assert [st.reads.lag for st in list(Engine._states.values())[:2]] == [0, 0]
+    assert all(st.reads.host is st.out for st in list(Engine._states.values())[:2])
+    assert Engine._states[3].reads is None  # (a state whose steps are not read stays so)
 
 
 def test_alternate_and_first_fresh():

@@ -28,6 +28,31 @@ def test_append_tokens_matches_reference(B, device):
     assert ours[1].item() == 5 and torch.equal(ours[0][:, 4], nxt)
 
 
+def _host_mirror(out, device):
+    """A poisoned host copy of out's shape: pinned where out is on a GPU."""
+    return torch.full(tuple(out.shape), -7, dtype=torch.int64, pin_memory=device.type == "cuda")
+
+
+@pytest.mark.parametrize("B", [1, 5, 64])
+def test_append_tokens_writes_the_host_mirror(B, device):
+    """With out_host, each step's ids land in its column of the host mirror too (the kernel's
+    stores reach pinned host memory directly on a GPU), and nothing else there changes; the
+    reference mirrors the whole of out."""
+    ours, expect = _state(B, 12, device), _state(B, 12, device)
+    mirror = _host_mirror(ours[0], torch.device(device))
+    ref_mirror = _host_mirror(expect[0], torch.device(device))
+    for _ in range(3):
+        nxt = torch.randint(10, 800, (B,), device=device)
+        kernels.append_tokens(nxt, *ours, out_host=mirror)
+        ref.append_tokens(nxt, *expect, out_host=ref_mirror)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    for a, b in zip(ours, expect):
+        assert torch.equal(a, b)
+    assert torch.equal(mirror[:, 3:6], ours[0][:, 3:6].cpu()) and torch.equal(ref_mirror, expect[0].cpu())
+    assert (mirror[:, :3] == -7).all() and (mirror[:, 6:] == -7).all()
+
+
 @pytest.mark.parametrize("B", [1, 5])
 def test_append_tokens_from_argmax_keys(B, device):
     """Keys from the lm_head: the ids are their indices, and the keys are left EMPTY."""
@@ -66,6 +91,13 @@ def test_append_tokens_errors(device):
         kernels.append_tokens(nxt, out, step, tokens, pos[:1])
     with pytest.raises(ValueError, match="out: expected \\(2, L\\)"):
         kernels.append_tokens(nxt, out[:1], step, tokens, pos)
+    with pytest.raises(ValueError, match=r"out_host: expected \(2, 8\) with contiguous rows"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, out_host=torch.zeros(2, 9, dtype=torch.int64))
+    with pytest.raises(ValueError, match="out_host: expected a tensor on cpu"):
+        kernels.append_tokens(nxt, out, step, tokens, pos, out_host=out.to("meta"))
+    if out.is_cuda:
+        with pytest.raises(ValueError, match="out_host: expected pinned memory"):
+            kernels.append_tokens(nxt, out, step, tokens, pos, out_host=torch.zeros(2, 8, dtype=torch.int64))
 
 
 def test_append_tokens_triggers_no_early_launch():

@@ -131,19 +131,27 @@ def test_host_rows_end_at_eos_ids_and_ask_stop_checks_when_told():
 @pytest.mark.parametrize("dev", ["cpu", "cuda"] if ON_GPU else ["cpu"])
 def test_step_reads_hand_back_every_step_in_order_lag_steps_behind(dev):
     """Each pushed step's ids come back once more than lag steps are queued, all of them at the
-    last step, in order, through a ring of lag + 1 pinned slots reused over the call (CUDA)."""
-    tokens = torch.zeros(3, dtype=torch.int32, device=dev)
-    reads = StepReads(tokens, lag=2)
+    last step, in order, each from its own column (of the pinned mirror on a GPU, after the
+    step's event, its slot in a ring of lag + 1 reused over the call)."""
+    out = torch.zeros(3, 12, dtype=torch.int64, device=dev)
+    host = torch.full((3, 12), -1, dtype=torch.int64, pin_memory=True) if dev == "cuda" else None
+    reads = StepReads(out, host, lag=2)
+    reads.start(column=2)
     popped = []  # (steps pushed, ids popped)
     for step in range(7):
-        tokens.fill_(10 + step)  # (a step's kernels, queued on the device's stream)
+        ids = torch.full((3,), 10 + step, dtype=torch.int64, device=dev)
+        if dev == "cuda":  # a step writing the mirror, queued behind a slow kernel
+            torch.cuda._sleep(1_000_000)
+            host[:, 2 + step].copy_(ids, non_blocking=True)
+        else:
+            out[:, 2 + step] = ids
         reads.push()
         while reads.behind(last=step == 6):
             popped.append((step + 1, reads.pop()))
     assert popped == [(k + 3, [10 + k] * 3) for k in range(4)] + [(7, [10 + k] * 3) for k in (4, 5, 6)]
     reads.push()
-    reads.clear()
-    assert not reads.behind(last=True)
+    reads.start(column=1)
+    assert not reads.behind(last=True) and reads.column == 1
 
 
 def _with_eos(llm, eos):
@@ -168,7 +176,7 @@ def test_a_call_ends_at_the_step_its_last_row_ends(path):
     try:
         params = SamplingParams(max_new_tokens=40, temperature=0)
         ids, timings = llm.engine.generate([prompts[r]], params)
-        (st,) = llm.engine._states.values()  # (ignore_eos or not, greedy calls share a state)
+        (st,) = [st for key, st in llm.engine._states.items() if key[-1]]  # (the one whose steps are read)
         ran = st.step.item()
         events = list(llm.engine.steps([prompts[r]], params, stream=True))
     finally:
@@ -262,7 +270,7 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     a, b = on.generate(prompts[:1], params)[0], off.generate(prompts[:1], params)[0]
     assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason) == (first[:k + 1], "stop")
     steps = [llm.engine.generate(prompts[:1], params)[1]["steps"] for llm in (on, off)]
-    ran = [next(iter(llm.engine._states.values())).step.item() for llm in (on, off)]
+    ran = [next(st for key, st in llm.engine._states.items() if key[-1]).step.item() for llm in (on, off)]
     assert steps == [k + 1] * 2 and ran == [min(k + 1 + READ_LAG, params.max_new_tokens)] * 2
     a3 = [r.token_ids for r in on.generate(prompts, params)]
     b3 = [r.token_ids for r in off.generate(prompts + [[0]], params)[:3]]  # the bucket's padding
