@@ -47,9 +47,8 @@ def _append_tokens_kernel(next_ptr, out_ptr, host_ptr, step_ptr, tokens_ptr, pos
 
 def append_tokens(next_ids, out, step, tokens, pos, from_keys=False, noise=None, out_host=None):
     """For every row b: out[b, step] = tokens[b] = next_ids[b]; pos[b] += 1; then step += 1;
-    with noise (the ExponentialNoise the
-    step's sampler drew from), its offset += its increment; with out_host, out_host[b, step] =
-    next_ids[b] as well. All on the device, no sync.
+    with noise (the ExponentialNoise the step's sampler drew from), its offset += its increment;
+    with out_host, out_host[b, step] = next_ids[b] as well. All on the device, no sync.
 
     next_ids: (B,) int64; out: (B, L) int64; step: (1,) int64; tokens, pos: (B,) int32;
     out_host: a (B, L) int64 CPU tensor, pinned where next_ids is on a GPU.

@@ -285,12 +285,10 @@ class Engine:
         n, done = 1, False
         if watch:  # every id checked before anyone (a stream's reader, stop_check) decodes it
             check_step(first_ids, c.vocab_size, 0)
-        if stream:
-            yield "step", first_ids
-        if watch:
+            if stream:
+                yield "step", first_ids
             rows.add(first_ids)
             done = rows.done()
-        if watch:
             st.reads.start(column=1)
         while n < params.max_new_tokens and not done:
             if st.graph is not None:
