@@ -78,9 +78,8 @@ class StepReads:
         self.host = out if out_host is None else out_host
         self.lag = lag
         self.events = [torch.cuda.Event() for _ in range(lag + 1)] if out.is_cuda else None
-        self.pending = deque()  # (event slot, column), oldest first
+        self.pending = deque()  # the columns of the steps queued, oldest first (event: column % (lag + 1))
         self.column = 0  # the column of the next step pushed
-        self.pushed = 0
 
     def start(self, column):
         """A call's first pushed step writes this column (what an earlier call left queued, as
@@ -90,13 +89,11 @@ class StepReads:
 
     def push(self):
         """Queue the read of the ids of the step just launched."""
-        # the slot's last event was waited for: the pending reads hold the lag slots before it
-        i = self.pushed % (self.lag + 1)
+        # the event's last step was waited for: the pending reads hold the lag columns before it
         if self.events is not None:
-            self.events[i].record()
-        self.pending.append((i, self.column))
+            self.events[self.column % (self.lag + 1)].record()
+        self.pending.append(self.column)
         self.column += 1
-        self.pushed += 1
 
     def behind(self, last=False):
         """Whether a read is due: more than lag steps queued, or any at the call's last step."""
@@ -104,9 +101,9 @@ class StepReads:
 
     def pop(self):
         """The oldest queued step's ids (a list, one a row), once the step has ended."""
-        i, column = self.pending.popleft()
+        column = self.pending.popleft()
         if self.events is not None:
-            self.events[i].synchronize()
+            self.events[column % (self.lag + 1)].synchronize()
         return self.host[:, column].tolist()
 
 

@@ -200,7 +200,7 @@ def main():
     RECORDS.clear()
     # the benchmark's cache bucket (prompt 32 + 128 new tokens) at its mean context (32 + 64)
     bucket = cache_bucket(PROMPT_LEN + NEW_TOKENS, cfg.n_positions)
-    st = Engine(model)._state(args.batch, params, (), max_len=bucket)  # two warm-up steps, then the capture
+    st = Engine(model)._state(args.batch, params, max_len=bucket)  # two warm-up steps, then the capture
     captured = RECORDS[-len(RECORDS) // 3:] if RECORDS else []
     for *_, buf, _n in captured:  # a row the replays leave alone stays -1 (summarize drops it)
         buf.fill_(-1)
