@@ -167,23 +167,6 @@ class LLM:
             out.append([int(t) for t in ids])
         return out
 
-    def _stopper(self, params):
-        """The engine's stop_check(b, ids) for stop strings: each row's text grows a piece at a
-        time, and only its new end is searched. A find is confirmed on the whole decode, the
-        text _finish cuts."""
-        if not params.stop:  # generate() refuses stop strings without a tokenizer
-            return None
-        rows = {}  # b -> IncrementalText
-
-        def stop_check(b, ids):
-            text = rows.get(b) or rows.setdefault(b, IncrementalText(self.decode))
-            start = len(text.text)
-            if not text.extend(ids[len(text.ids):]):
-                return False
-            return (_find_stop(text.text, params.stop, start) >= 0
-                    and _find_stop(self.decode(ids), params.stop) >= 0)
-        return stop_check
-
     def _finish(self, prompt, ids, params, timings, n_seq):
         eos = eos_ids(self.config, params)
         reason = "length"
@@ -195,8 +178,7 @@ class LLM:
             cut = _find_stop(text, params.stop)
             if cut >= 0:
                 text, reason = text[:cut], "stop"
-                while len(ids) > 1 and _find_stop(self.decode(ids[:-1]), params.stop) >= 0:
-                    ids = ids[:-1]
+                ids = ids[:_stop_end(ids, self.decode, params.stop)]
         decode_s = timings["decode_s"]
         metrics = {"prompt_tokens": len(prompt), "new_tokens": len(ids), "ttft_s": timings["ttft_s"],
                    "decode_tok_s": ((timings["steps"] - 1) / decode_s if timings["steps"] > 1 and decode_s > 0
@@ -227,7 +209,7 @@ class LLM:
             raise MiniLLMError(f"{self.model_dir}: no tokenizer, so stop strings cannot be matched "
                                "(generation still ends at the model's eos_token_id)")
         ids = self._prompt_ids(prompts)
-        *_, (_, outs, timings) = self._run(ids, params, stream=False, stop_check=self._stopper(params))
+        *_, (_, outs, timings) = self._run(ids, params, stream=False, stop_check=stop_checker(self.decode, params.stop))
         return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]
 
     def stream(self, prompt, params: SamplingParams | None = None):
@@ -268,6 +250,39 @@ class LLM:
         final = self.last_result.text or ""
         if len(final) > emitted:
             yield final[emitted:]
+
+
+def stop_checker(decode, stops):
+    """The engine's stop_check(b, ids) for the stop strings (None where there are none): each row's
+    text grows a piece at a time, and only its new end is searched. A find is confirmed on the
+    whole decode, the text _finish cuts."""
+    if not stops:  # generate() refuses stop strings without a tokenizer
+        return None
+    rows = {}  # b -> IncrementalText
+
+    def stop_check(b, ids):
+        text = rows.get(b) or rows.setdefault(b, IncrementalText(decode))
+        start = len(text.text)
+        if not text.extend(ids[len(text.ids):]):
+            return False
+        return _find_stop(text.text, stops, start) >= 0 and _find_stop(decode(ids), stops) >= 0
+    return stop_check
+
+
+def _stop_end(ids, decode, stops):
+    """The length of the shortest prefix of ids whose text holds a stop string (the whole of ids'
+    does), found by bisection: a row that stopped long before its batch's call ended had been cut
+    an id at a time, a whole decode each (0.11 s for 970 ids past the stop, GPT-2's tokenizer on a
+    2-core CPU). A prefix's text begins every longer prefix's (byte-level BPE), so holding a stop
+    string is monotone in the length, and the bisection finds the one length where it starts."""
+    lo, hi = 0, len(ids)  # the text of ids[:lo] holds none (the empty text), that of ids[:hi] one
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _find_stop(decode(ids[:mid]), stops) >= 0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _find_stop(text, stops, start=0):

@@ -133,13 +133,15 @@ class HostRows:
                 row.append(t)
         self.steps += 1
 
-    def done(self, ask_stops=True):
-        """Whether every row has ended: at an eos id, or (where ask_stops) by stop_check on its
-        ids; a row stop_check ended is not asked about again."""
+    def done(self):
+        """Whether every row has ended: at an eos id, or by stop_check on its ids. Asked after
+        each step read: stop_check is asked about the rows in order up to the first still going
+        (the rows after it are asked once it ends, about all their ids), so a step costs about one
+        row's search, a few ids decoded; a row stop_check ended is not asked about again."""
         for b, ended in enumerate(self.ended):
             if ended or self.stopped[b]:
                 continue
-            if not ask_stops or self.stop_check is None or not self.stop_check(b, self.ids[b]):
-                return False  # (the rows after it are asked at a later check, about more ids)
+            if self.stop_check is None or not self.stop_check(b, self.ids[b]):
+                return False
             self.stopped[b] = True
         return True

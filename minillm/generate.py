@@ -23,9 +23,6 @@ from .decode_state import DecodeState, HostRows, batch_bucket, cache_bucket, pad
 from .graphs import StagedInputs, capture
 from .sampling import KernelNoise, SamplingParams, sample
 
-# stop strings are searched every STOP_CHECK_EVERY steps (each step when streaming): the search
-# decodes each row's new ids, costlier than a batch's step
-STOP_CHECK_EVERY = 16
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_GRAPH_TOKENS = 16384
 
@@ -211,10 +208,11 @@ class Engine:
     def steps(self, prompts, params: SamplingParams, stream=False, stop_check=None):
         """Generate for every prompt (lists of ids) in one batch, as a generator.
 
-        With stream, yields ("step", ids) after each step with the (B,) new ids (one sync per
-        step). stop_check(b, ids) -> bool is a host-side stop test (stop strings) for sequence b,
-        on its ids so far (a list the engine extends: read it, do not keep it); a sequence it has
-        ended is not asked about again.
+        With stream, yields ("step", ids) for each step with the (B,) new ids, read READ_LAG
+        steps behind the device. stop_check(b, ids) -> bool is a host-side stop test (stop
+        strings) for sequence b, on its ids so far (a list the engine extends: read it, do not
+        keep it), asked after each step read (HostRows.done); a sequence it has ended is not asked
+        about again.
         Last yields ("done", out, timings): the generated ids per sequence (up to the step where
         all stopped; callers cut at EOS/stop) and the timings.
         """
@@ -304,7 +302,7 @@ class Engine:
                 if stream:
                     yield "step", ids
                 rows.add(ids)
-                done = rows.done(ask_stops=stream or rows.steps % STOP_CHECK_EVERY == 0)
+                done = rows.done()
         if watch:  # the steps the host saw: any later ones ran past the end
             n = rows.steps
         out = st.out[:B, :n].tolist()

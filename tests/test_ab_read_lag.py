@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from minillm.decode_state import READ_LAG, StepReads
+from minillm.sampling import SamplingParams
 from tests.conftest import ON_GPU
+from tests.models import real_tokenizer_dir
 from tests.probe_scripts import assert_refused_in_one_line, help_text, load, run
 
 
@@ -56,3 +58,37 @@ def test_alternate_and_first_fresh():
     assert calls == ["a", "b"] * 4
     assert ab.first_fresh([4, 4, 7, 4, 8], 1) == 2 and ab.first_fresh([4, 4, 7, 4, 8], 3) == 4
     assert ab.first_fresh([4, 4, 4], 1) is None
+
+
+def test_refuses_a_tokenizer_folder_without_one(tmp_path):
+    assert_refused_in_one_line("ab_read_lag", ["--tokenizer", str(tmp_path)],
+                               f"--tokenizer: expected a folder with tokenizer files, got {tmp_path}")
+
+
+def test_stop_string_variant_searches_each_step_read(tmp_path, monkeypatch, capsys):
+    """The stop-string variant hands generate the API's stop check for NEVER (a fresh one a call),
+    over the tokenizer found; without one it is left out, saying where it looked."""
+    ab = load("ab_read_lag")
+    monkeypatch.setenv("MINILLM_TOKENIZER_DIR", str(tmp_path))
+    assert ab.stop_decode(None) is None
+    assert f"no tokenizer at {tmp_path}" in capsys.readouterr().out
+
+    class Engine:
+        checks = []
+
+        def generate(self, prompts, params, stop_check=None):
+            self.checks.append(stop_check)
+            return None, {"steps": params.max_new_tokens, "decode_s": 0.5}
+
+    params = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    assert ab.decode_tok_s(Engine(), [[1], [2]], params, False) == 16.0
+    assert ab.decode_tok_s(Engine(), [[1], [2]], params, False, decode=lambda ids: "ab" * len(ids)) == 16.0
+    assert ab.decode_tok_s(Engine(), [[1], [2]], params, False, decode=lambda ids: ab.NEVER * bool(ids)) == 16.0
+    none, plain, found = Engine.checks
+    assert none is None and plain(0, [5, 6]) is False and found(0, [5]) is True
+
+
+@pytest.mark.skipif(real_tokenizer_dir() is None, reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
+def test_stop_decode_reads_the_tokenizer():
+    decode = load("ab_read_lag").stop_decode(real_tokenizer_dir())
+    assert decode([15496, 995]) == "Hello world"

@@ -10,6 +10,7 @@ import torch
 
 import minillm.decode_plan
 from minillm import LLM, ContextLengthError, MiniLLMError, SamplingParams
+from minillm.api import _find_stop, _stop_end, stop_checker
 from tests.models import build_checkpoint, hf_generate, real_tokenizer_dir
 
 
@@ -138,9 +139,44 @@ def test_stop_checks_decode_only_new_ids(llm_hf, monkeypatch):
     assert text == llm.last_result.text and len(llm.last_result.token_ids) == n
     assert sum(decoded) < 12 * n  # whole decodes at each step: about n * n in all
     decoded.clear()
-    stop_check, ids = llm._stopper(params), random.Random(0).choices(range(50257), k=1024)
-    assert not any(stop_check(0, ids[:k]) for k in range(16, 1025, 16))  # the engine's checks: 16 steps apart
+    stop_check, ids = stop_checker(llm.decode, params.stop), random.Random(0).choices(range(50257), k=1024)
+    assert not any(stop_check(0, ids[:k]) for k in range(1, 1025))  # the engine asks at each step
     assert sum(decoded) < 6 * len(ids)
+
+
+def test_a_stopped_row_is_cut_by_bisection(llm_hf, monkeypatch):
+    """_finish cuts a row at the shortest prefix whose text holds a stop string, the one an id at a
+    time from the end finds, in a few decodes of the row (bisection), not one per id past the
+    stop: a row that stopped long before its batch ended had cost a whole decode per id after it.
+    Random GPT-2 ids (multi-byte characters split across tokens among them) and stop strings cut
+    from their text, at its start, middle and end."""
+    llm, _ = llm_hf
+    rng = random.Random(7)
+    for trial in range(40):
+        ids = rng.choices(range(50257), k=rng.randrange(1, 300))
+        text = llm.decode(ids)
+        at = rng.choice([0, len(text) // 2, max(0, len(text) - 3)])
+        stops = [text[at:at + rng.randrange(1, 4)]] + (["\x00never"] if trial % 2 else [])
+        if not stops[0]:
+            continue
+        by_one = list(ids)  # the cut an id at a time (what _finish did)
+        while len(by_one) > 1 and _find_stop(llm.decode(by_one[:-1]), stops) >= 0:
+            by_one = by_one[:-1]
+        decodes = []
+        n = _stop_end(ids, lambda part: decodes.append(len(part)) or llm.decode(part), stops)
+        assert ids[:n] == by_one, (trial, stops)
+        assert len(decodes) <= len(ids).bit_length()
+    # through the API: a batch of two where row 0 stops early and row 1 runs on to the end
+    full = llm.generate(["Hello", "The"], SamplingParams(max_new_tokens=56, temperature=0, ignore_eos=True))
+    stop = full[0].text[4:7]
+    assert stop.strip() and stop not in full[1].text, "need a visible stop string only row 0 holds"
+    decoded, plain = [], llm.decode
+    monkeypatch.setattr(llm, "decode", lambda ids: decoded.append(len(ids)) or plain(ids))
+    got = llm.generate(["Hello", "The"], SamplingParams(max_new_tokens=56, temperature=0, ignore_eos=True,
+                                                        stop=[stop]))
+    assert got[0].text == full[0].text[:full[0].text.find(stop)] and got[0].finish_reason == "stop"
+    assert got[1].token_ids == full[1].token_ids and got[1].finish_reason == "length"
+    assert sum(decoded) < 14 * 56  # 339 ids; cut an id at a time from the end: 1,824
 
 
 @pytest.mark.parametrize("second", [False, True])

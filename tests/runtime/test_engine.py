@@ -13,7 +13,6 @@ import minillm.decode_plan
 from minillm import LLM, SamplingParams
 from minillm.checks import ContextLengthError, NonFiniteLogitsError, check_context, check_vocab
 from minillm.decode_state import READ_LAG, HostRows, StepReads, batch_bucket, cache_bucket
-from minillm.generate import STOP_CHECK_EVERY
 from tests.conftest import ON_GPU
 from tests.models import build_checkpoint
 
@@ -107,16 +106,15 @@ def test_batch_bucket():
     assert batch_bucket(300) == 300
 
 
-def test_host_rows_end_at_eos_ids_and_ask_stop_checks_when_told():
-    """Rows end at any eos id in the ids added; stop_check is asked only where done() is told to,
-    about the first rows still going (each asked once it has ended it)."""
+def test_host_rows_end_at_eos_ids_and_ask_stop_checks_in_order():
+    """Rows end at any eos id in the ids added; done() asks stop_check about the rows in order up
+    to the first still going, and not again about one it has ended."""
     seen = []
     rows = HostRows(3, (9, 11), lambda b, ids: seen.append((b, list(ids))) or 7 in ids)
     assert rows.watching and not HostRows(2, (), None).watching
     for step in ([5, 1, 4], [6, 9, 4]):
         rows.add(step)
     assert rows.ended == [False, True, False] and rows.steps == 2
-    assert not rows.done(ask_stops=False) and seen == []
     assert not rows.done() and seen == [(0, [5, 6])]  # (it stops at the first row that goes on)
     rows.add([7, 2, 11])  # row 0 reaches its stop string, row 2 the second eos id
     assert rows.done() and rows.stopped == [True, False, False] and rows.ended == [False, True, True]
@@ -125,7 +123,7 @@ def test_host_rows_end_at_eos_ids_and_ask_stop_checks_when_told():
     plain.add([9, 3])
     assert not plain.done() and plain.ids == [[], []]  # (ids kept for a stop_check only)
     plain.add([1, 9])
-    assert plain.done(ask_stops=False)
+    assert plain.done()
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda"] if ON_GPU else ["cpu"])
@@ -186,23 +184,28 @@ def test_a_call_ends_at_the_step_its_last_row_ends(path):
     assert [e[1][0] for e in events[:-1]] == runs[r][:k + 1] and events[-1][2]["steps"] == k + 1
 
 
-def test_rows_stopped_at_different_checks_end_the_call(path):
-    """A stop check says True once, at the check where its row's stop string shows up (the API's
-    searches only new text): a row it ended at one check stays ended, and the call ends at the
-    check where the last row stops, not at max_new_tokens."""
+@pytest.mark.parametrize("ends", [(5, 21), (21, 5)])
+def test_rows_stopped_at_different_steps_end_the_call(path, ends):
+    """A stop check says True once, at the step where its row's stop string shows up (the API's
+    searches only new text): a row it ended stays ended, and the call ends at the step where the
+    last row stops (each step read is checked), not at max_new_tokens. A row after one still
+    going is asked once that one ends, about all its ids."""
     llm = LLM(path, device="cpu", dtype="float32", backend="torch")
-    params = SamplingParams(max_new_tokens=3 * STOP_CHECK_EVERY, temperature=0, ignore_eos=True)
-    ends = {0: 5, 1: STOP_CHECK_EVERY + 5}  # the step each row stops at
-    told = set()
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    told, asked = set(), []
 
-    def once_per_row(b, ids):  # True at the first check past the row's end only
-        if len(ids) > ends[b] and b not in told:
+    def once_per_row(b, ids):  # True at the first check at or past the row's stop only
+        asked.append((b, len(ids)))
+        if len(ids) >= ends[b] and b not in told:
             told.add(b)
             return True
         return False
 
     _, timings = llm.engine.generate([[1, 2, 3], [4, 5]], params, stop_check=once_per_row)
-    assert timings["steps"] == 2 * STOP_CHECK_EVERY  # row 0 stopped at the first check, row 1 at the second
+    assert timings["steps"] == max(ends)
+    assert [n for b, n in asked if b == 0] == list(range(1, ends[0] + 1))  # row 0: each step to its stop
+    # row 1: first at row 0's stop, about all its ids, then each step to the call's end
+    assert [n for b, n in asked if b == 1] == list(range(ends[0], max(ends) + 1))
 
 
 def test_without_graphs_one_cache_is_held(path):
@@ -252,11 +255,11 @@ def test_cuda_graphs_stop_at_eos_identical(path, tmp_path):
     plain = LLM(path, dtype="float16", cuda_graphs=False)
     for row0, prompt in enumerate(candidates):  # a greedy run may fall into a loop: take one that does not
         first = plain.generate([prompt], free)[0].token_ids
-        # a token that first shows up in row 0 after one stop check (STOP_CHECK_EVERY steps)
-        k = next((i for i in range(STOP_CHECK_EVERY + 1, len(first)) if first[i] not in first[:i]), None)
+        # a token that first shows up in row 0 past step 2 * READ_LAG
+        k = next((i for i in range(2 * READ_LAG, len(first)) if first[i] not in first[:i]), None)
         if k is not None:
             break
-    assert k is not None, f"each of {len(candidates)} prompts repeats itself past token {STOP_CHECK_EVERY}"
+    assert k is not None, f"each of {len(candidates)} prompts repeats itself past token {2 * READ_LAG}"
     prompts = [prompt] + [p for i, p in enumerate(candidates) if i != row0][:2]
     eos_dir = tmp_path / "eos"
     shutil.copytree(path, eos_dir)
