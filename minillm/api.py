@@ -272,8 +272,8 @@ def stop_checker(decode, stops):
 def _stop_end(ids, decode, stops):
     """The length of the shortest prefix of ids whose text holds a stop string (the whole of ids'
     does), found by bisection: a row that stopped long before its batch's call ended had been cut
-    an id at a time, a whole decode each (0.08-0.11 s for 970 ids past the stop, GPT-2's tokenizer on a
-    2-core CPU). Where a prefix's text begins every longer prefix's (byte-level BPE), holding a
+    an id at a time, a whole decode each (0.08-0.11 s for 970 ids past the stop, GPT-2's
+    tokenizer on a 2-core CPU). Where a prefix's text begins every longer prefix's (byte-level BPE), holding a
     stop string is monotone in the length and the bisection finds the one length where it starts;
     under any decode it ends at a length whose text holds one and one id less does not."""
     lo, hi = 0, len(ids)  # the text of ids[:lo] holds none (the empty text), that of ids[:hi] one
