@@ -88,7 +88,8 @@ def test_stop_string_variant_searches_each_step_read(tmp_path, monkeypatch, caps
     assert none is None and plain(0, [5, 6]) is False and found(0, [5]) is True
 
 
-@pytest.mark.skipif(real_tokenizer_dir() is None, reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
+@pytest.mark.skipif(real_tokenizer_dir() is None,
+                    reason="the GPT-2 tokenizer is not at ../shared/assets/gpt2-tokenizer")
 def test_stop_decode_reads_the_tokenizer():
     decode = load("ab_read_lag").stop_decode(real_tokenizer_dir())
     assert decode([15496, 995]) == "Hello world"
