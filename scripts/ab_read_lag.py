@@ -87,18 +87,23 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds: expected >= 1, got {args.rounds}")
-    if args.tokenizer is not None and load_tokenizer(args.tokenizer) is None:
+    # the stop-string variant's decode, from the folder given (loaded once, here), else found in main
+    args.decode = None if args.tokenizer is None else stop_decode(args.tokenizer)
+    if args.tokenizer is not None and args.decode is None:
         p.error(f"--tokenizer: expected a folder with tokenizer files, got {args.tokenizer}")
     return args
 
 
 def stop_decode(folder):
-    """The decode of the tokenizer for the stop-string variant, or None where there is none."""
-    if folder is None:
+    """The decode of the tokenizer for the stop-string variant, or None where there is none (said
+    where the folder is the default one, looked for as --tokenizer's help says)."""
+    given = folder is not None
+    if not given:
         folder = Path(os.environ.get("MINILLM_TOKENIZER_DIR", ROOT / ".gpu_assets" / "gpt2-tokenizer"))
     tok = load_tokenizer(folder) if folder.is_dir() else None
     if tok is None:
-        print(f"stop-string variant left out: no tokenizer at {folder} (--tokenizer)")
+        if not given:
+            print(f"stop-string variant left out: no tokenizer at {folder} (--tokenizer)")
         return None
     return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
@@ -106,7 +111,7 @@ def stop_decode(folder):
 def main(argv=None):
     args = parse_args(argv)
     require_cuda("ab_read_lag.py")
-    decode = stop_decode(args.tokenizer)
+    decode = args.decode or stop_decode(None)
     cfg, weights = model_weights("gpt2", "cuda", torch.float16)
     engine = Engine(GPT(cfg, weights, "triton"), use_cuda_graphs=True)
     free = SamplingParams(max_new_tokens=128, temperature=0, ignore_eos=True)
