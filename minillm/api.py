@@ -10,7 +10,7 @@ import torch
 
 from .checks import ContextLengthError, MiniLLMError, is_integer
 from .generate import Engine, eos_ids
-from .loader import ModelLoadError, load_weights, read_config, resolve
+from .loader import ModelLoadError, load_weights, read_config, read_sampling_defaults, resolve
 from .model import GPT, check_backend
 from .sampling import SamplingParams
 from .tokenizer import IncrementalText, load_tokenizer
@@ -32,16 +32,6 @@ class GenerationResult:
 
 def _token_id(t, vocab_size):
     return is_integer(t) and 0 <= t < vocab_size
-
-
-def _params(params):
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params: expected a SamplingParams or None, got {type(params).__name__}")
-    # checked again, as a copy: fields set after construction skipped the checks, and a stream
-    # keeps its settings whatever the caller sets while it runs
-    return dataclasses.replace(params)
 
 
 def _count(n):
@@ -107,6 +97,8 @@ class LLM:
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
         self.config = read_config(self.model_dir)
+        # generation_config.json's sampling settings: what a call without params runs with
+        self.sampling_defaults = read_sampling_defaults(self.model_dir)
         check_backend(backend, self.config)  # before the weights load
         weights = load_weights(self.model_dir, self.config, self.device, dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -123,6 +115,25 @@ class LLM:
         return (f"LLM({self.model_dir.name}: {c.n_layer} layers, {c.n_embd} wide, {_count(c.n_params)} params; "
                 f"device={self.device}, dtype={str(self.dtype).replace('torch.', '')}, backend={self.backend}, "
                 f"cuda_graphs={self.engine.use_cuda_graphs})")
+
+    def default_params(self, **overrides):
+        """SamplingParams as this model's generation_config.json sets them (its temperature, top_k,
+        top_p, repetition_penalty and max_new_tokens; do_sample false: greedy), as transformers'
+        generate takes them, with SamplingParams' defaults for the rest and `overrides` on top.
+        What generate() and stream() run with when given no params.
+
+        >>> llm.generate("Hello", llm.default_params(max_new_tokens=20, seed=0))
+        """
+        return SamplingParams(**{**self.sampling_defaults, **overrides})
+
+    def _call_params(self, params):
+        if params is None:
+            return self.default_params()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params: expected a SamplingParams or None, got {type(params).__name__}")
+        # checked again, as a copy: fields set after construction skipped the checks, and a stream
+        # keeps its settings whatever the caller sets while it runs
+        return dataclasses.replace(params)
 
     # -- prompts and text ---------------------------------------------------------------------
     def encode(self, text):
@@ -200,11 +211,12 @@ class LLM:
 
         prompts: a str, a list of str, or token ids: lists or 1-D tensors (lengths may differ), or a
             (B, T) tensor.
+        params: a SamplingParams; None runs with the model's own settings (default_params()).
         Returns one GenerationResult per prompt: .token_ids (generated only), .text,
         .finish_reason ("stop" or "length") and .metrics (prompt_tokens, new_tokens, ttft_s,
         decode_tok_s: NaN where the one new token came from prefill, batch_tok_s, total_s).
         """
-        params = _params(params)
+        params = self._call_params(params)
         if params.stop and self.tokenizer is None:  # ignoring them would run on past where they end
             raise MiniLLMError(f"{self.model_dir}: no tokenizer, so stop strings cannot be matched "
                                "(generation still ends at the model's eos_token_id)")
@@ -214,10 +226,11 @@ class LLM:
         return [self._finish(p, o, params, timings, len(ids)) for p, o in zip(ids, outs)]
 
     def stream(self, prompt, params: SamplingParams | None = None):
-        """Yield the text of one prompt's continuation piece by piece as tokens arrive.
+        """Yield the text of one prompt's continuation piece by piece as tokens arrive (params as
+        generate's).
         After the loop, `self.last_result` holds the full GenerationResult (None until a stream
         ends, so a stream that stopped early or failed leaves no other call's result there)."""
-        params = _params(params)
+        params = self._call_params(params)
         if self.tokenizer is None:
             raise MiniLLMError(f"{self.model_dir}: stream() needs a tokenizer to produce text")
         prompts = self._prompt_ids(prompt)

@@ -27,7 +27,9 @@ EPILOG_GENERATE = """examples:
 
 One prompt streams its text as it is generated; several prompts (or -n N samples) run as one
 batch and print when done. A summary line goes to stderr: prompt tokens, new tokens, time to
-first token, decode tokens/s.
+first token, decode tokens/s. Settings not given on the command line are the model's, where its
+generation_config.json names them (as transformers' generate takes them; do_sample false there
+means greedy); stderr says which were taken from it.
 """
 
 
@@ -76,16 +78,17 @@ def build_parser():
                        "more prompts.", epilog=EPILOG_GENERATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads the prompt from stdin")
     g.add_argument("--model", "-m", default="gpt2", help="local folder, weights/NAME, or hub id (default: gpt2)")
-    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=64,
-                   help="tokens to generate at most (default: 64)")
-    g.add_argument("--temperature", type=_number(lo=0), default=1.0,
-                   help="sampling temperature; 0 = greedy (default: 1.0)")
-    g.add_argument("--top-k", type=_int_at_least(0), default=50, help="keep the k likeliest tokens; "
-                   "0 disables (default: 50)")
-    g.add_argument("--top-p", type=_number(lo=0, hi=1, lo_open=True), default=1.0,
-                   help="nucleus sampling mass in (0, 1] (default: 1.0)")
-    g.add_argument("--repetition-penalty", type=_number(lo=0, lo_open=True), default=1.0,
-                   help="> 1 discourages repeats (default: 1.0)")
+    # default None: the model's generation_config.json, else SamplingParams' default (the help's)
+    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=None,
+                   help="tokens to generate at most (default: the model's, else 64)")
+    g.add_argument("--temperature", type=_number(lo=0), default=None,
+                   help="sampling temperature; 0 = greedy (default: the model's, else 1.0)")
+    g.add_argument("--top-k", type=_int_at_least(0), default=None, help="keep the k likeliest tokens; "
+                   "0 disables (default: the model's, else 50)")
+    g.add_argument("--top-p", type=_number(lo=0, hi=1, lo_open=True), default=None,
+                   help="nucleus sampling mass in (0, 1] (default: the model's, else 1.0)")
+    g.add_argument("--repetition-penalty", type=_number(lo=0, lo_open=True), default=None,
+                   help="> 1 discourages repeats (default: the model's, else 1.0)")
     g.add_argument("--seed", type=_int_at_least(SEED_MIN, SEED_END, "[-2**63, 2**64)"), default=None,
                    help="random seed for reproducible samples")
     g.add_argument("--greedy", action="store_true", help="always take the likeliest token (temperature 0)")
@@ -187,11 +190,11 @@ def cmd_generate(args):
     import warnings  # torch and the engine load only once the arguments are known to be good
 
     from .api import LLM
-    from .sampling import SamplingParams
 
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0 if args.greedy else args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                            seed=args.seed, stop=args.stop)
+    given = {name: getattr(args, name) for name in ("max_new_tokens", "temperature", "top_k", "top_p",
+                                                     "repetition_penalty") if getattr(args, name) is not None}
+    if args.greedy:
+        given["temperature"] = 0.0
     with warnings.catch_warnings():
         if not args.verbose:
             warnings.simplefilter("ignore")
@@ -201,6 +204,12 @@ def cmd_generate(args):
         raise RuntimeError(f"{llm.model_dir}: no tokenizer files (tokenizer.json, or vocab.json and merges.txt), "
                            "so text prompts cannot be encoded")
     print(f"[minillm] {llm!r}", file=sys.stderr)
+    taken = {k: v for k, v in llm.sampling_defaults.items() if k not in given}
+    if taken:
+        print("[minillm] from the model's generation_config.json: "
+              + ", ".join(f"{k.replace('_', '-')} {v:g}" + (" (greedy)" if k == "temperature" and v == 0 else "")
+                          for k, v in taken.items()), file=sys.stderr)
+    params = llm.default_params(**given, seed=args.seed, stop=args.stop)
     batch = [p for p in prompts for _ in range(args.num_samples)]
     if len(batch) == 1:
         for piece in llm.stream(batch[0], params):

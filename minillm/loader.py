@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, GPTConfig
+from .sampling import generation_defaults
 
 WEIGHTS_DIR = Path(os.environ.get("MINILLM_WEIGHTS_DIR", Path(__file__).resolve().parents[1] / "weights"))
 CONFIG_FILES = ["config.json", "generation_config.json"]
@@ -42,6 +43,7 @@ def download(repo_id, local_dir=None):
         config_dir = snapshot_download(repo_id, allow_patterns=CONFIG_FILES, local_dir=local_dir)
         try:
             read_config(config_dir)
+            read_sampling_defaults(config_dir)
         except ModelLoadError as e:
             raise ModelLoadError(str(e).replace(str(Path(config_dir)), repo_id)) from None
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
@@ -104,13 +106,29 @@ def _read_settings(path):
     return settings
 
 
+def _generation_settings(model_dir):
+    """(path, parsed settings or None) of the folder's generation_config.json: where transformers'
+    generate reads its end-of-sequence ids and its default sampling settings."""
+    path = Path(model_dir) / "generation_config.json"
+    return path, _read_settings(path) if path.is_file() else None
+
+
+def read_sampling_defaults(model_dir):
+    """The SamplingParams fields the folder's generation_config.json sets (sampling.generation_defaults),
+    {} where it sets none or there is no such file."""
+    gen_path, generation = _generation_settings(model_dir)
+    try:
+        return {} if generation is None else generation_defaults(generation)
+    except ValueError as e:
+        raise ModelLoadError(f"{gen_path}: {e}") from None
+
+
 def read_config(model_dir):
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
     hf = _read_settings(path)
-    gen_path = path.with_name("generation_config.json")  # where transformers' generate reads eos
-    generation = _read_settings(gen_path) if gen_path.is_file() else None
+    gen_path, generation = _generation_settings(model_dir)
     try:
         return GPTConfig.from_hf(hf, source=str(path), generation=generation, generation_source=str(gen_path))
     except ConfigError as e:

@@ -77,6 +77,29 @@ class SamplingParams:
                 float(self.repetition_penalty))
 
 
+# generation_config.json's settings that transformers' generate takes as its defaults, as
+# SamplingParams fields. Each default of transformers (GenerationConfig._get_default_generation_params:
+# temperature 1, top_k 50, top_p 1, repetition_penalty 1) is SamplingParams' too, but for length:
+# 20 tokens in all there, 64 new ones here
+GENERATION_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")
+
+
+def generation_defaults(settings):
+    """SamplingParams fields from a model's parsed generation_config.json, as transformers'
+    generate (and vLLM) take them when a call names none: each setting it names replaces
+    SamplingParams' default (null, in transformers 5, is unset: the default stays), and
+    do_sample false makes the default greedy (temperature 0), whatever temperature it names.
+    Raises ValueError naming the setting where one is not a valid value."""
+    fields = {name: settings[name] for name in GENERATION_FIELDS if settings.get(name) is not None}
+    do_sample = settings.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample: expected true, false or null, got {do_sample!r}")
+    if do_sample is False:
+        fields["temperature"] = 0.0
+    params = SamplingParams(**fields)  # its checks name the field
+    return {name: getattr(params, name) for name in fields}  # as Python numbers
+
+
 def process_logits(logits, params: SamplingParams, seen=None):
     """transformers' logits processors, in its order (kernels.reference.sampling_scores).
     logits (B, V) -> float32 scores (B, V). seen (B, V) bool marks the tokens of each prompt and

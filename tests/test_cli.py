@@ -64,6 +64,31 @@ def test_stdin_prompt_and_batch(model):
     assert q.stdout.count("--- prompt") == 4 and "sample 2" in q.stdout
 
 
+@needs_tokenizer
+def test_settings_not_given_are_the_models(model, tmp_path):
+    """Flags left out take the model's generation_config.json settings, and stderr names them."""
+    import json
+    import shutil
+
+    shutil.copytree(model, tmp_path, dirs_exist_ok=True)
+    gen_file = tmp_path / "generation_config.json"
+    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), "do_sample": False, "max_new_tokens": 6,
+                                    "top_k": 9}))
+    p = run("generate", "--model", str(tmp_path), "--device", "cpu", "Hello world")
+    assert p.returncode == 0, p.stderr
+    taken = next(line for line in p.stderr.splitlines() if "generation_config.json" in line)
+    assert taken.startswith("[minillm] from the model's generation_config.json: ")
+    assert {"max-new-tokens 6", "top-k 9", "temperature 0 (greedy)"} == set(taken.split(": ", 1)[1].split(", "))
+    assert "6 new tokens" in p.stderr.splitlines()[-1]
+    same = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "6", "Hello world")
+    assert same.returncode == 0 and same.stdout == p.stdout, same.stderr
+    flags = run("generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "3", "--temperature",
+                "0.5", "--seed", "1", "Hello world")
+    assert flags.returncode == 0, flags.stderr
+    assert "[minillm] from the model's generation_config.json: top-k 9\n" in flags.stderr
+    assert "3 new tokens" in flags.stderr.splitlines()[-1]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "--temperature: expected a number >= 0"),
     (["--top-p", "0"], "--top-p: expected a number in (0, 1]"),

@@ -97,6 +97,17 @@ def test_stream_pieces_join_to_the_text(llm_hf):
     assert llm.last_result is None
 
 
+def test_stream_and_generate_without_params_take_the_models_settings(llm_hf, monkeypatch):
+    """stream() and generate() given no params run as default_params() (the model's
+    generation_config.json settings: loader tests), not as SamplingParams()."""
+    llm, _ = llm_hf
+    monkeypatch.setattr(llm, "sampling_defaults", {"max_new_tokens": 5, "temperature": 0.0})
+    greedy = llm.generate("Once upon a time", SamplingParams(max_new_tokens=5, temperature=0))[0]
+    assert "".join(llm.stream("Once upon a time")) == llm.last_result.text == greedy.text
+    assert llm.last_result.token_ids == greedy.token_ids == llm.generate("Once upon a time")[0].token_ids
+    assert len(greedy.token_ids) == 5 or greedy.finish_reason == "stop"
+
+
 def test_stop_string(llm_hf):
     llm, _ = llm_hf
     full = llm.generate("Hello", SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))[0]

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from minillm import LLM, ModelLoadError, SamplingParams
 from minillm.config import GPTConfig
-from minillm.loader import load_weights, read_config
+from minillm.loader import load_weights, read_config, read_sampling_defaults
 from tests.models import build_checkpoint, hf_generate
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
@@ -256,6 +256,67 @@ def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
     (tmp_path / "generation_config.json").write_text(text)
     with pytest.raises(ModelLoadError, match=f"^{re.escape(str(tmp_path))}/generation_config.json: {message}"):
         read_config(tmp_path)
+
+
+def _with_generation(tiny_checkpoint, tmp_path, settings):
+    """tiny_checkpoint's files in tmp_path, its generation_config.json with settings added."""
+    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
+    gen_file = tmp_path / "generation_config.json"
+    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), **settings}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("settings,expect", [
+    ({}, {}),  # save_pretrained's file: ids only
+    ({"do_sample": True, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.2,
+      "max_new_tokens": 30}, {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.2,
+                              "max_new_tokens": 30}),
+    ({"do_sample": False, "temperature": 0.7, "top_k": 5}, {"temperature": 0.0, "top_k": 5}),
+    ({"do_sample": None, "temperature": None, "top_k": None, "max_new_tokens": None}, {}),  # null: unset
+    ({"num_beams": 1, "max_length": 50, "top_p": 1}, {"top_p": 1.0}),  # settings SamplingParams has not: passed over
+])
+def test_sampling_defaults_from_generation_config(tiny_checkpoint, tmp_path, settings, expect):
+    got = read_sampling_defaults(_with_generation(tiny_checkpoint, tmp_path, settings))
+    assert got == expect and all(type(got[k]) is type(v) for k, v in expect.items())
+
+
+def test_no_generation_config_no_sampling_defaults(tiny_checkpoint, tmp_path):
+    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "generation_config.json").unlink()
+    assert read_sampling_defaults(tmp_path) == {}
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"top_k": -1}, "top_k: expected an integer >= 0, got -1"),
+    ({"top_k": 40.5}, "top_k: expected an integer >= 0, got 40.5"),
+    ({"temperature": "hot"}, "temperature: expected a number >= 0, got 'hot'"),
+    ({"top_p": 0}, "top_p: expected a number in \\(0, 1\\], got 0"),
+    ({"max_new_tokens": 0}, "max_new_tokens: expected an integer >= 1, got 0"),
+    ({"do_sample": "yes"}, "do_sample: expected true, false or null, got 'yes'"),
+])
+def test_bad_sampling_settings_are_refused_at_load(tiny_checkpoint, tmp_path, settings, message):
+    path = _with_generation(tiny_checkpoint, tmp_path, settings)
+    pattern = f"^{re.escape(str(path))}/generation_config.json: {message}$"
+    with pytest.raises(ModelLoadError, match=pattern):
+        read_sampling_defaults(path)
+    with pytest.raises(ModelLoadError, match=pattern):
+        LLM(str(path), device="cpu")
+
+
+def test_default_params_and_explicit_params(tiny_checkpoint, tmp_path):
+    """A call without params takes the model's settings; default_params(**overrides) puts the
+    caller's on top of them; a SamplingParams given is run as it is, the model's settings unread."""
+    path = _with_generation(tiny_checkpoint, tmp_path, {"do_sample": False, "max_new_tokens": 3, "top_k": 7})
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        llm = LLM(str(path), device="cpu")
+    assert llm.default_params() == SamplingParams(max_new_tokens=3, temperature=0.0, top_k=7)
+    assert llm.default_params(max_new_tokens=5, seed=1) == SamplingParams(max_new_tokens=5, temperature=0.0,
+                                                                           top_k=7, seed=1)
+    prompt = [1, 2, 3]
+    assert len(llm.generate(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))[0].token_ids) == 2
+    (alone,) = llm.generate(prompt)
+    assert alone.token_ids == llm.generate(prompt, SamplingParams(max_new_tokens=3, temperature=0))[0].token_ids
+    assert len(alone.token_ids) == 3 or alone.finish_reason == "stop"
 
 
 def test_heads_too_wide_for_the_triton_backend_are_refused_before_loading(tmp_path, monkeypatch):

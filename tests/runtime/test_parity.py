@@ -255,6 +255,46 @@ def test_sampling_same_seed_same_ids(engines, kw):
         assert got.token_ids == expect
 
 
+@pytest.mark.parametrize("settings", [
+    dict(do_sample=True, temperature=1.2, top_k=40, top_p=0.95, repetition_penalty=1.3, max_new_tokens=14),
+    dict(do_sample=False, temperature=0.7, max_new_tokens=9),  # greedy: transformers ignores the temperature
+    dict(temperature=1.5, top_k=None),  # do_sample unset: minillm samples, as vLLM; transformers would not.
+    # top_k null: transformers 5's default (50), SamplingParams' too
+])
+def test_model_sampling_defaults_like_transformers(tmp_path, settings):
+    """A call without params runs with the settings of the model's generation_config.json, as
+    transformers' generate does: the same ids, seeded alike (torch backend, CPU or GPU's own
+    generator), on a model whose logits are not so peaked that sampling is greedy."""
+    import json
+
+    hf = build_checkpoint(tmp_path, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=96, seed=9, peak=4.0)
+    gen_file = tmp_path / "generation_config.json"
+    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), **settings}))
+    dev = "cuda" if ON_GPU else "cpu"
+    hf = type(hf).from_pretrained(str(tmp_path)).to(dev).eval()
+    llm = LLM(str(tmp_path), device=dev, dtype="float32", backend="torch")
+    prompt = [3, 141, 59, 26, 5]
+    new = settings.get("max_new_tokens", 64)
+    assert llm.default_params().max_new_tokens == new
+    hf_settings = {} if "do_sample" in settings else dict(do_sample=True)  # (transformers' default is greedy)
+    if "max_new_tokens" not in settings:  # (transformers' default is 20 tokens in all)
+        hf_settings["max_new_tokens"] = new
+    torch.manual_seed(5)
+    expect = hf_generate(hf, prompt, ignore_eos=False, **hf_settings)
+    torch.manual_seed(5)
+    got = llm.generate([prompt])[0]
+    greedy = llm.generate([prompt], SamplingParams(max_new_tokens=new, temperature=0))[0].token_ids
+    if settings.get("do_sample", True):
+        assert expect != greedy, "the sampled ids are the greedy ones: the test proves nothing"
+    else:
+        assert expect == greedy
+    if ON_GPU:
+        assert got.token_ids[:4] == expect[:4]
+    else:
+        assert got.token_ids == expect
+    assert len(got.token_ids) == new or got.finish_reason == "stop"
+
+
 def _until_eos(ids, eos):
     return ids[:ids.index(eos) + 1] if eos in ids else ids
 
