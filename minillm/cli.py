@@ -9,7 +9,7 @@ import os
 import sys
 
 from .checks import count
-from .sampling import SEED_END, SEED_MIN
+from .sampling import GENERATION_FIELDS, SEED_END, SEED_MIN
 
 EPILOG_MAIN = """examples:
   minillm generate --model gpt2 "The meaning of life is"
@@ -191,8 +191,7 @@ def cmd_generate(args):
 
     from .api import LLM
 
-    given = {name: getattr(args, name) for name in ("max_new_tokens", "temperature", "top_k", "top_p",
-                                                     "repetition_penalty") if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in GENERATION_FIELDS if getattr(args, name) is not None}
     if args.greedy:
         given["temperature"] = 0.0
     with warnings.catch_warnings():

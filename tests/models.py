@@ -4,6 +4,7 @@ Random init gives near-uniform next-token distributions, where a 1e-6 difference
 argmax. The lm_head is scaled up so the logits are peaked: the parity tests check every step's
 top-1/top-2 margin.
 """
+import json
 import os
 import shutil
 from pathlib import Path
@@ -60,6 +61,17 @@ def build_checkpoint(path, *, n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_
             if f.is_file() and f.suffix in (".json", ".txt"):
                 shutil.copy(f, path / f.name)
     return model
+
+
+def add_generation_settings(path, settings, copy_from=None):
+    """The checkpoint at path (copied there from copy_from first, if given) with settings added
+    to the generation_config.json save_pretrained wrote; returns path."""
+    path = Path(path)
+    if copy_from is not None:
+        shutil.copytree(copy_from, path, dirs_exist_ok=True)
+    gen_file = path / "generation_config.json"
+    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), **settings}))
+    return path
 
 
 def teacher_forced(model, ids, prompt_len):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ON_GPU
-from tests.models import build_checkpoint, real_tokenizer_dir
+from tests.models import add_generation_settings, build_checkpoint, real_tokenizer_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_tokenizer = pytest.mark.skipif(real_tokenizer_dir() is None,
@@ -67,13 +67,7 @@ def test_stdin_prompt_and_batch(model):
 @needs_tokenizer
 def test_settings_not_given_are_the_models(model, tmp_path):
     """Flags left out take the model's generation_config.json settings, and stderr names them."""
-    import json
-    import shutil
-
-    shutil.copytree(model, tmp_path, dirs_exist_ok=True)
-    gen_file = tmp_path / "generation_config.json"
-    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), "do_sample": False, "max_new_tokens": 6,
-                                    "top_k": 9}))
+    add_generation_settings(tmp_path, {"do_sample": False, "max_new_tokens": 6, "top_k": 9}, copy_from=model)
     p = run("generate", "--model", str(tmp_path), "--device", "cpu", "Hello world")
     assert p.returncode == 0, p.stderr
     taken = next(line for line in p.stderr.splitlines() if "generation_config.json" in line)

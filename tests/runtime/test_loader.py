@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from minillm import LLM, ModelLoadError, SamplingParams
 from minillm.config import GPTConfig
 from minillm.loader import load_weights, read_config, read_sampling_defaults
-from tests.models import build_checkpoint, hf_generate
+from tests.models import add_generation_settings, build_checkpoint, hf_generate
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
 
@@ -258,14 +258,6 @@ def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
         read_config(tmp_path)
 
 
-def _with_generation(tiny_checkpoint, tmp_path, settings):
-    """tiny_checkpoint's files in tmp_path, its generation_config.json with settings added."""
-    shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
-    gen_file = tmp_path / "generation_config.json"
-    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), **settings}))
-    return tmp_path
-
-
 @pytest.mark.parametrize("settings,expect", [
     ({}, {}),  # save_pretrained's file: ids only
     ({"do_sample": True, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.2,
@@ -276,7 +268,7 @@ def _with_generation(tiny_checkpoint, tmp_path, settings):
     ({"num_beams": 1, "max_length": 50, "top_p": 1}, {"top_p": 1.0}),  # settings SamplingParams has not: passed over
 ])
 def test_sampling_defaults_from_generation_config(tiny_checkpoint, tmp_path, settings, expect):
-    got = read_sampling_defaults(_with_generation(tiny_checkpoint, tmp_path, settings))
+    got = read_sampling_defaults(add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint))
     assert got == expect and all(type(got[k]) is type(v) for k, v in expect.items())
 
 
@@ -295,7 +287,7 @@ def test_no_generation_config_no_sampling_defaults(tiny_checkpoint, tmp_path):
     ({"do_sample": "yes"}, "do_sample: expected true, false or null, got 'yes'"),
 ])
 def test_bad_sampling_settings_are_refused_at_load(tiny_checkpoint, tmp_path, settings, message):
-    path = _with_generation(tiny_checkpoint, tmp_path, settings)
+    path = add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint)
     pattern = f"^{re.escape(str(path))}/generation_config.json: {message}$"
     with pytest.raises(ModelLoadError, match=pattern):
         read_sampling_defaults(path)
@@ -306,7 +298,8 @@ def test_bad_sampling_settings_are_refused_at_load(tiny_checkpoint, tmp_path, se
 def test_default_params_and_explicit_params(tiny_checkpoint, tmp_path):
     """A call without params takes the model's settings; default_params(**overrides) puts the
     caller's on top of them; a SamplingParams given is run as it is, the model's settings unread."""
-    path = _with_generation(tiny_checkpoint, tmp_path, {"do_sample": False, "max_new_tokens": 3, "top_k": 7})
+    path = add_generation_settings(tmp_path, {"do_sample": False, "max_new_tokens": 3, "top_k": 7},
+                                   copy_from=tiny_checkpoint)
     with pytest.warns(UserWarning, match="no tokenizer"):
         llm = LLM(str(path), device="cpu")
     assert llm.default_params() == SamplingParams(max_new_tokens=3, temperature=0.0, top_k=7)

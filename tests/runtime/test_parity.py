@@ -16,7 +16,7 @@ from transformers import TopKLogitsWarper, TopPLogitsWarper
 from minillm import LLM, SamplingParams
 from minillm.sampling import process_logits
 from tests.conftest import ON_GPU
-from tests.models import build_checkpoint, hf_generate
+from tests.models import add_generation_settings, build_checkpoint, hf_generate
 
 pytestmark = pytest.mark.xdist_group("parity")  # one worker: the engines and their greedy runs are built once
 
@@ -265,11 +265,8 @@ def test_model_sampling_defaults_like_transformers(tmp_path, settings):
     """A call without params runs with the settings of the model's generation_config.json, as
     transformers' generate does: the same ids, seeded alike (torch backend, CPU or GPU's own
     generator), on a model whose logits are not so peaked that sampling is greedy."""
-    import json
-
     hf = build_checkpoint(tmp_path, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=96, seed=9, peak=4.0)
-    gen_file = tmp_path / "generation_config.json"
-    gen_file.write_text(json.dumps({**json.loads(gen_file.read_text()), **settings}))
+    add_generation_settings(tmp_path, settings)
     dev = "cuda" if ON_GPU else "cpu"
     hf = type(hf).from_pretrained(str(tmp_path)).to(dev).eval()
     llm = LLM(str(tmp_path), device=dev, dtype="float32", backend="torch")
