@@ -157,9 +157,17 @@ class Engine:
                              max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
                              reads=reads)
             self._states[key] = st
-        self._compile_ahead(st, padded, params, decode=new)
-        if new and self.use_cuda_graphs:
-            self._capture(st, params)
+        if not new:
+            self._compile_ahead(st, padded, params)
+            return st
+        # a new state's dry pass and warm-up steps draw noise from torch's generators: put them back,
+        # so that a call without a seed samples from where its caller left them (torch.manual_seed
+        # before it gives transformers' ids), the first call as any later one
+        dev = self.model.device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            self._compile_ahead(st, padded, params, decode=True)
+            if self.use_cuda_graphs:
+                self._capture(st, params)
         return st
 
     def _compile_ahead(self, st, padded, params, decode=False):

@@ -51,6 +51,27 @@ def test_cuda_graphs_on_off_identical(path, dtype, params):
     assert a == b
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("top_k", [30, 0], ids=["noise-in-kernel", "noise-by-torch"])
+def test_a_call_without_a_seed_draws_where_the_caller_left_the_generator(path, top_k):
+    """torch.manual_seed before a call without a seed gives the same ids whether the call is an
+    engine's first (a new decode state: a dry pass and two warm-up steps before its capture, each
+    drawing noise) or a later one, and as an engine without graphs (on the same padded batch)."""
+    prompts = _prompts(3, SIZE["vocab_size"], seed=6)
+    params = SamplingParams(max_new_tokens=16, temperature=0.9, top_k=top_k, ignore_eos=True)
+    on = LLM(path, dtype="float16")
+    off = LLM(path, dtype="float16", cuda_graphs=False)
+    padded = prompts + [[1]] * (batch_bucket(3) - 3)
+    runs = []
+    for llm, batch in ((on, prompts), (on, prompts), (off, padded), (off, padded)):
+        torch.manual_seed(21)
+        runs.append([r.token_ids for r in llm.generate(batch, params)[:3]])
+        runs[-1].append(torch.rand(2, device="cuda").tolist())  # and the generator ends where it did
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    torch.manual_seed(22)
+    assert [r.token_ids for r in on.generate(prompts, params)] != runs[0][:3]
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the sampler computes torch's CUDA noise in-kernel on a GPU only")
 @pytest.mark.parametrize("graphs", [True, False])
 def test_kernel_noise_same_ids_and_generator(path, monkeypatch, graphs):
