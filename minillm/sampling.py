@@ -26,7 +26,8 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 disables). Default 50, as in transformers.
     top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
     repetition_penalty: > 1 discourages tokens already in the prompt or output (1 disables).
-    seed: seeds torch's generators before generating, for reproducible samples.
+    seed: seeds torch's generators before generating, for reproducible samples. None: the call
+        draws from where the caller left them (torch.manual_seed before it reproduces it too).
     stop: a string or strings that end a sequence (not included in the text); None: none.
     ignore_eos: keep generating past the end-of-sequence token (benchmarks).
     """
