@@ -10,9 +10,9 @@ import torch
 
 from .checks import ContextLengthError, MiniLLMError, is_integer
 from .generate import Engine, eos_ids
-from .loader import ModelLoadError, load_weights, read_config, read_sampling_defaults, resolve
+from .loader import ModelLoadError, load_weights, read_config, read_generation_settings, resolve
 from .model import GPT, check_backend
-from .sampling import SamplingParams
+from .sampling import SamplingParams, settings_text
 from .tokenizer import IncrementalText, load_tokenizer
 
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -97,8 +97,13 @@ class LLM:
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
         self.config = read_config(self.model_dir)
-        # generation_config.json's sampling settings: what a call without params runs with
-        self.sampling_defaults = read_sampling_defaults(self.model_dir)
+        # generation_config.json's sampling settings: what a call without params runs with; and
+        # those that transformers' generate would apply and this engine does not
+        self.sampling_defaults, self.unapplied_settings = read_generation_settings(self.model_dir)
+        if self.unapplied_settings:
+            warnings.warn(f"{self.model_dir / 'generation_config.json'}: minillm does not apply "
+                          f"{settings_text(self.unapplied_settings)} (transformers' generate would)",
+                          stacklevel=2)
         check_backend(backend, self.config)  # before the weights load
         weights = load_weights(self.model_dir, self.config, self.device, dtype)
         self.tokenizer = load_tokenizer(self.model_dir)

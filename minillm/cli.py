@@ -9,7 +9,7 @@ import os
 import sys
 
 from .checks import count
-from .sampling import GENERATION_FIELDS, SEED_END, SEED_MIN
+from .sampling import GENERATION_FIELDS, SEED_END, SEED_MIN, settings_text
 
 EPILOG_MAIN = """examples:
   minillm generate --model gpt2 "The meaning of life is"
@@ -29,7 +29,8 @@ One prompt streams its text as it is generated; several prompts (or -n N samples
 batch and print when done. A summary line goes to stderr: prompt tokens, new tokens, time to
 first token, decode tokens/s. Settings not given on the command line are the model's, where its
 generation_config.json names them (as transformers' generate takes them; do_sample false there
-means greedy); stderr says which were taken from it.
+means greedy); stderr says which were taken from it, and names the file's settings that
+transformers would apply and minillm does not (num_beams, no_repeat_ngram_size, ...).
 """
 
 
@@ -208,6 +209,9 @@ def cmd_generate(args):
         print("[minillm] from the model's generation_config.json: "
               + ", ".join(f"{k.replace('_', '-')} {v:g}" + (" (greedy)" if k == "temperature" and v == 0 else "")
                           for k, v in taken.items()), file=sys.stderr)
+    if llm.unapplied_settings:
+        print(f"[minillm] not applied from the model's generation_config.json (transformers' generate would): "
+              f"{settings_text(llm.unapplied_settings)}", file=sys.stderr)
     params = llm.default_params(**given, seed=args.seed, stop=args.stop)
     batch = [p for p in prompts for _ in range(args.num_samples)]
     if len(batch) == 1:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, GPTConfig
-from .sampling import generation_defaults
+from .sampling import generation_defaults, unapplied_settings
 
 WEIGHTS_DIR = Path(os.environ.get("MINILLM_WEIGHTS_DIR", Path(__file__).resolve().parents[1] / "weights"))
 CONFIG_FILES = ["config.json", "generation_config.json"]
@@ -43,7 +43,7 @@ def download(repo_id, local_dir=None):
         config_dir = snapshot_download(repo_id, allow_patterns=CONFIG_FILES, local_dir=local_dir)
         try:
             read_config(config_dir)
-            read_sampling_defaults(config_dir)
+            read_generation_settings(config_dir)
         except ModelLoadError as e:
             raise ModelLoadError(str(e).replace(str(Path(config_dir)), repo_id)) from None
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
@@ -113,12 +113,15 @@ def _generation_settings(model_dir):
     return path, _read_settings(path) if path.is_file() else None
 
 
-def read_sampling_defaults(model_dir):
-    """The SamplingParams fields the folder's generation_config.json sets (sampling.generation_defaults),
-    {} where it sets none or there is no such file."""
+def read_generation_settings(model_dir):
+    """(defaults, unapplied) from the folder's generation_config.json: the SamplingParams fields
+    it sets (sampling.generation_defaults), and the settings transformers' generate would apply
+    that minillm does not (sampling.unapplied_settings); ({}, {}) where there is no such file."""
     gen_path, generation = _generation_settings(model_dir)
+    if generation is None:
+        return {}, {}
     try:
-        return {} if generation is None else generation_defaults(generation)
+        return generation_defaults(generation), unapplied_settings(generation)
     except ValueError as e:
         raise ModelLoadError(f"{gen_path}: {e}") from None
 

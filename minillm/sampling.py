@@ -101,6 +101,37 @@ def generation_defaults(settings):
     return {name: getattr(params, name) for name in fields}  # as Python numbers
 
 
+# generation_config.json's settings that change which tokens transformers' generate picks and that
+# minillm does not apply (beam and contrastive search, further logits processors, forced or
+# suppressed tokens, a time limit), each with the values that leave generate's output as it is
+# without them. A model naming another value runs without it, and says so (LLM, the CLI). Length
+# (max_length) is not among them: minillm's default length differs from transformers' anyway.
+UNAPPLIED_NEUTRAL = {
+    "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "penalty_alpha": (0,),
+    "diversity_penalty": (0,), "min_length": (0,), "min_new_tokens": (0,), "typical_p": (1,),
+    "min_p": (0,), "epsilon_cutoff": (0,), "eta_cutoff": (0,), "no_repeat_ngram_size": (0,),
+    "guidance_scale": (1,), "bad_words_ids": ([],), "sequence_bias": ({},), "suppress_tokens": ([],),
+    "begin_suppress_tokens": ([],), "forced_bos_token_id": (), "forced_eos_token_id": (),
+    "exponential_decay_length_penalty": (), "stop_strings": ([], ""), "dola_layers": (),
+    "watermarking_config": (), "token_healing": (False,), "max_time": (),
+}
+
+
+def unapplied_settings(settings):
+    """{name: value} of the settings of a parsed generation_config.json that transformers'
+    generate would apply and minillm does not (UNAPPLIED_NEUTRAL; nulls and neutral values left
+    out), in the file's order."""
+    return {name: value for name, value in settings.items()
+            if name in UNAPPLIED_NEUTRAL and value is not None and value not in UNAPPLIED_NEUTRAL[name]}
+
+
+def settings_text(settings):
+    """'num_beams 4, bad_words_ids [[5]]': settings as the file writes them, for one line."""
+    import json
+
+    return ", ".join(f"{name} {json.dumps(value)}" for name, value in settings.items())
+
+
 def process_logits(logits, params: SamplingParams, seen=None):
     """transformers' logits processors, in its order (kernels.reference.sampling_scores).
     logits (B, V) -> float32 scores (B, V). seen (B, V) bool marks the tokens of each prompt and

@@ -66,8 +66,10 @@ def test_stdin_prompt_and_batch(model):
 
 @needs_tokenizer
 def test_settings_not_given_are_the_models(model, tmp_path):
-    """Flags left out take the model's generation_config.json settings, and stderr names them."""
-    add_generation_settings(tmp_path, {"do_sample": False, "max_new_tokens": 6, "top_k": 9}, copy_from=model)
+    """Flags left out take the model's generation_config.json settings, and stderr names them, and
+    the file's settings that minillm does not apply."""
+    add_generation_settings(tmp_path, {"do_sample": False, "max_new_tokens": 6, "top_k": 9, "num_beams": 4,
+                                       "no_repeat_ngram_size": 2}, copy_from=model)
     p = run("generate", "--model", str(tmp_path), "--device", "cpu", "Hello world")
     assert p.returncode == 0, p.stderr
     taken = next(line for line in p.stderr.splitlines() if "generation_config.json" in line)
@@ -76,6 +78,9 @@ def test_settings_not_given_are_the_models(model, tmp_path):
     assert "6 new tokens" in p.stderr.splitlines()[-1]
     same = run("generate", "--model", model, "--device", "cpu", "--greedy", "--max-new-tokens", "6", "Hello world")
     assert same.returncode == 0 and same.stdout == p.stdout, same.stderr
+    unapplied = ("[minillm] not applied from the model's generation_config.json (transformers' generate would): "
+                 "num_beams 4, no_repeat_ngram_size 2\n")
+    assert unapplied in p.stderr and "not applied" not in same.stderr
     flags = run("generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "3", "--temperature",
                 "0.5", "--seed", "1", "Hello world")
     assert flags.returncode == 0, flags.stderr

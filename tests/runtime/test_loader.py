@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from minillm import LLM, ModelLoadError, SamplingParams
 from minillm.config import GPTConfig
-from minillm.loader import load_weights, read_config, read_sampling_defaults
+from minillm.loader import load_weights, read_config, read_generation_settings
 from tests.models import add_generation_settings, build_checkpoint, hf_generate
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
@@ -268,14 +269,41 @@ def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
     ({"num_beams": 1, "max_length": 50, "top_p": 1}, {"top_p": 1.0}),  # settings SamplingParams has not: passed over
 ])
 def test_sampling_defaults_from_generation_config(tiny_checkpoint, tmp_path, settings, expect):
-    got = read_sampling_defaults(add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint))
+    got, _ = read_generation_settings(add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint))
     assert got == expect and all(type(got[k]) is type(v) for k, v in expect.items())
 
 
 def test_no_generation_config_no_sampling_defaults(tiny_checkpoint, tmp_path):
     shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
     (tmp_path / "generation_config.json").unlink()
-    assert read_sampling_defaults(tmp_path) == {}
+    assert read_generation_settings(tmp_path) == ({}, {})
+
+
+@pytest.mark.parametrize("settings,expect", [
+    ({"num_beams": 1, "typical_p": 1.0, "min_p": None, "bad_words_ids": [], "token_healing": False,
+      "max_length": 50, "forced_bos_token_id": None}, {}),  # neutral, null, or length: nothing to say
+    ({"num_beams": 4, "no_repeat_ngram_size": 3, "top_k": 5}, {"num_beams": 4, "no_repeat_ngram_size": 3}),
+    ({"bad_words_ids": [[5], [7, 8]], "min_new_tokens": 2, "typical_p": 0.9, "token_healing": True},
+     {"bad_words_ids": [[5], [7, 8]], "min_new_tokens": 2, "typical_p": 0.9, "token_healing": True}),
+    ({"suppress_tokens": [1], "forced_eos_token_id": 0, "min_p": 0.05, "stop_strings": ["\n"]},
+     {"suppress_tokens": [1], "forced_eos_token_id": 0, "min_p": 0.05, "stop_strings": ["\n"]}),
+])
+def test_settings_minillm_does_not_apply_are_named(tiny_checkpoint, tmp_path, settings, expect):
+    """Settings with which transformers' generate would pick other tokens, and minillm does not
+    apply, are named: LLM.unapplied_settings and one warning at load; neutral values are not."""
+    path = add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint)
+    assert read_generation_settings(path)[1] == expect
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = LLM(str(path), device="cpu")
+    assert llm.unapplied_settings == expect
+    said = [str(w.message) for w in caught if "does not apply" in str(w.message)]
+    if expect:
+        text = ", ".join(f"{k} {json.dumps(v)}" for k, v in expect.items())
+        assert said == [f"{path}/generation_config.json: minillm does not apply {text} (transformers' generate "
+                        "would)"]
+    else:
+        assert said == []
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -290,7 +318,7 @@ def test_bad_sampling_settings_are_refused_at_load(tiny_checkpoint, tmp_path, se
     path = add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint)
     pattern = f"^{re.escape(str(path))}/generation_config.json: {message}$"
     with pytest.raises(ModelLoadError, match=pattern):
-        read_sampling_defaults(path)
+        read_generation_settings(path)
     with pytest.raises(ModelLoadError, match=pattern):
         LLM(str(path), device="cpu")
 

@@ -6,6 +6,8 @@ every greedy comparison first checks that the top-1/top-2 margin at each step is
 the logit difference between the two engines, so an agreement cannot be luck.
 """
 import dataclasses
+import json
+import re
 import sys
 
 import pytest
@@ -14,7 +16,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from minillm import LLM, SamplingParams
-from minillm.sampling import process_logits
+from minillm.sampling import UNAPPLIED_NEUTRAL, process_logits
 from tests.conftest import ON_GPU
 from tests.models import add_generation_settings, build_checkpoint, hf_generate
 
@@ -290,6 +292,26 @@ def test_model_sampling_defaults_like_transformers(tmp_path, settings):
     else:
         assert got.token_ids == expect
     assert len(got.token_ids) == new or got.finish_reason == "stop"
+
+
+# (164: the test model's first greedy id, so that suppressing it changes the output)
+@pytest.mark.parametrize("setting", [dict(no_repeat_ngram_size=1), dict(suppress_tokens=[164])])
+def test_a_setting_minillm_does_not_apply_is_named_not_silent(tmp_path, setting):
+    """A generation_config.json setting that transformers' generate applies and minillm does not
+    (sampling.UNAPPLIED_NEUTRAL) makes transformers pick other tokens, so minillm names it at load
+    rather than differ in silence; its ids are transformers' without the setting."""
+    hf = build_checkpoint(tmp_path, n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=96, seed=9, peak=4.0)
+    name, value = next(iter(setting.items()))
+    add_generation_settings(tmp_path, dict(do_sample=False, max_new_tokens=16, **setting))
+    hf = type(hf).from_pretrained(str(tmp_path)).eval()
+    with pytest.warns(UserWarning, match=re.escape(f"minillm does not apply {name} {json.dumps(value)} ")):
+        llm = LLM(str(tmp_path), device="cpu", dtype="float32", backend="torch")
+    assert llm.unapplied_settings == setting
+    prompt = [3, 141, 59, 26, 5, 0]
+    with_it = hf_generate(hf, prompt, ignore_eos=False)
+    without = hf_generate(hf, prompt, ignore_eos=False, **{name: UNAPPLIED_NEUTRAL[name][0]})
+    assert with_it != without, "transformers did not apply the setting: the test proves nothing"
+    assert llm.generate([prompt])[0].token_ids == without
 
 
 def _until_eos(ids, eos):
