@@ -109,7 +109,9 @@ def generation_defaults(settings):
 UNAPPLIED_NEUTRAL = {
     "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "penalty_alpha": (0,),
     "diversity_penalty": (0,), "min_length": (0,), "min_new_tokens": (0,), "typical_p": (1,),
-    "min_p": (0,), "epsilon_cutoff": (0,), "eta_cutoff": (0,), "no_repeat_ngram_size": (0,),
+    "min_p": (0,), "top_h": (), "epsilon_cutoff": (0,), "eta_cutoff": (0,), "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,), "encoder_repetition_penalty": (1,), "constraints": ([],),
+    "force_words_ids": ([],),
     "guidance_scale": (1,), "bad_words_ids": ([],), "sequence_bias": ({},), "suppress_tokens": ([],),
     "begin_suppress_tokens": ([],), "forced_bos_token_id": (), "forced_eos_token_id": (),
     "exponential_decay_length_penalty": (), "stop_strings": ([], ""), "dola_layers": (),
