@@ -107,15 +107,17 @@ def generation_defaults(settings):
 # without them. A model naming another value runs without it, and says so (LLM, the CLI). Length
 # (max_length) is not among them: minillm's default length differs from transformers' anyway.
 UNAPPLIED_NEUTRAL = {
-    "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "penalty_alpha": (0,),
-    "diversity_penalty": (0,), "min_length": (0,), "min_new_tokens": (0,), "typical_p": (1,),
-    "min_p": (0,), "top_h": (), "epsilon_cutoff": (0,), "eta_cutoff": (0,), "no_repeat_ngram_size": (0,),
-    "encoder_no_repeat_ngram_size": (0,), "encoder_repetition_penalty": (1,), "constraints": ([],),
-    "force_words_ids": ([],),
-    "guidance_scale": (1,), "bad_words_ids": ([],), "sequence_bias": ({},), "suppress_tokens": ([],),
-    "begin_suppress_tokens": ([],), "forced_bos_token_id": (), "forced_eos_token_id": (),
-    "exponential_decay_length_penalty": (), "stop_strings": ([], ""), "dola_layers": (),
-    "watermarking_config": (), "token_healing": (False,), "max_time": (),
+    # search: beams, groups, several sequences, contrastive search, DoLa
+    "num_beams": (1,), "num_beam_groups": (1,), "diversity_penalty": (0,), "num_return_sequences": (1,),
+    "penalty_alpha": (0,), "dola_layers": (), "constraints": ([],), "force_words_ids": ([],),
+    # logits processors and warpers beyond temperature, top-k, top-p and the repetition penalty
+    "typical_p": (1,), "min_p": (0,), "top_h": (), "epsilon_cutoff": (0,), "eta_cutoff": (0,),
+    "no_repeat_ngram_size": (0,), "encoder_no_repeat_ngram_size": (0,), "encoder_repetition_penalty": (1,),
+    "guidance_scale": (1,), "watermarking_config": (), "exponential_decay_length_penalty": (),
+    # tokens forced, suppressed, biased; when a sequence may end
+    "bad_words_ids": ([],), "sequence_bias": ({},), "suppress_tokens": ([],), "begin_suppress_tokens": ([],),
+    "forced_bos_token_id": (), "forced_eos_token_id": (), "min_length": (0,), "min_new_tokens": (0,),
+    "stop_strings": ([], ""), "max_time": (), "token_healing": (False,),
 }
 
 
