@@ -10,7 +10,7 @@ import torch
 
 from .checks import ContextLengthError, MiniLLMError, is_integer
 from .generate import Engine, eos_ids
-from .loader import ModelLoadError, load_weights, read_config, read_generation_settings, resolve
+from .loader import ModelLoadError, load_weights, read_model_settings, resolve
 from .model import GPT, check_backend
 from .sampling import SamplingParams, settings_text
 from .tokenizer import IncrementalText, load_tokenizer
@@ -96,10 +96,10 @@ class LLM:
             raise ValueError(f"cuda_graphs: expected True, False or None (on CUDA), got {cuda_graphs!r}")
         t0 = time.perf_counter()
         self.model_dir = resolve(model)
-        self.config = read_config(self.model_dir)
-        # generation_config.json's sampling settings: what a call without params runs with; and
-        # those that transformers' generate would apply and this engine does not
-        self.sampling_defaults, self.unapplied_settings = read_generation_settings(self.model_dir)
+        # sampling_defaults: generation_config.json's settings, what a call without params runs
+        # with; unapplied_settings: its settings that transformers' generate would apply and this
+        # engine does not
+        self.config, self.sampling_defaults, self.unapplied_settings = read_model_settings(self.model_dir)
         if self.unapplied_settings:
             warnings.warn(f"{self.model_dir / 'generation_config.json'}: minillm does not apply "
                           f"{settings_text(self.unapplied_settings)} (transformers' generate would)",

@@ -42,8 +42,7 @@ def download(repo_id, local_dir=None):
         # its config first: a model this engine cannot run fails before its weights download
         config_dir = snapshot_download(repo_id, allow_patterns=CONFIG_FILES, local_dir=local_dir)
         try:
-            read_config(config_dir)
-            read_generation_settings(config_dir)
+            read_model_settings(config_dir)
         except ModelLoadError as e:
             raise ModelLoadError(str(e).replace(str(Path(config_dir)), repo_id)) from None
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
@@ -106,36 +105,33 @@ def _read_settings(path):
     return settings
 
 
-def _generation_settings(model_dir):
-    """(path, parsed settings or None) of the folder's generation_config.json: where transformers'
-    generate reads its end-of-sequence ids and its default sampling settings."""
-    path = Path(model_dir) / "generation_config.json"
-    return path, _read_settings(path) if path.is_file() else None
-
-
-def read_generation_settings(model_dir):
-    """(defaults, unapplied) from the folder's generation_config.json: the SamplingParams fields
-    it sets (sampling.generation_defaults), and the settings transformers' generate would apply
-    that minillm does not (sampling.unapplied_settings); ({}, {}) where there is no such file."""
-    gen_path, generation = _generation_settings(model_dir)
-    if generation is None:
-        return {}, {}
+def read_model_settings(model_dir):
+    """(config, sampling defaults, unapplied settings) of a model folder, each file parsed once:
+    the GPTConfig of its config.json, with the end-of-sequence ids transformers' generate stops at
+    (generation_config.json's where that file is); the SamplingParams fields generation_config.json
+    sets (sampling.generation_defaults); and its settings transformers' generate would apply and
+    minillm does not (sampling.unapplied_settings). Without that file: ({}, {}) for the two."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
+    hf = _read_settings(path)
+    gen_path = path.with_name("generation_config.json")
+    generation = _read_settings(gen_path) if gen_path.is_file() else None
     try:
-        return generation_defaults(generation), unapplied_settings(generation)
+        cfg = GPTConfig.from_hf(hf, source=str(path), generation=generation, generation_source=str(gen_path))
+    except ConfigError as e:
+        raise ModelLoadError(str(e)) from None
+    if generation is None:
+        return cfg, {}, {}
+    try:
+        return cfg, generation_defaults(generation), unapplied_settings(generation)
     except ValueError as e:
         raise ModelLoadError(f"{gen_path}: {e}") from None
 
 
 def read_config(model_dir):
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ModelLoadError(f"{model_dir}: no config.json (expected a Hugging Face model folder)")
-    hf = _read_settings(path)
-    gen_path, generation = _generation_settings(model_dir)
-    try:
-        return GPTConfig.from_hf(hf, source=str(path), generation=generation, generation_source=str(gen_path))
-    except ConfigError as e:
-        raise ModelLoadError(str(e)) from None
+    """The folder's GPTConfig (read_model_settings)."""
+    return read_model_settings(model_dir)[0]
 
 
 def expected_shapes(cfg: GPTConfig):

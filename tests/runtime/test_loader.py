@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from minillm import LLM, ModelLoadError, SamplingParams
 from minillm.config import GPTConfig
-from minillm.loader import load_weights, read_config, read_generation_settings
+from minillm.loader import load_weights, read_config, read_model_settings
 from tests.models import add_generation_settings, build_checkpoint, hf_generate
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64)
@@ -269,14 +269,14 @@ def test_unreadable_generation_config(tiny_checkpoint, tmp_path, text, message):
     ({"num_beams": 1, "max_length": 50, "top_p": 1}, {"top_p": 1.0}),  # settings SamplingParams has not: passed over
 ])
 def test_sampling_defaults_from_generation_config(tiny_checkpoint, tmp_path, settings, expect):
-    got, _ = read_generation_settings(add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint))
+    _, got, _ = read_model_settings(add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint))
     assert got == expect and all(type(got[k]) is type(v) for k, v in expect.items())
 
 
 def test_no_generation_config_no_sampling_defaults(tiny_checkpoint, tmp_path):
     shutil.copytree(tiny_checkpoint, tmp_path, dirs_exist_ok=True)
     (tmp_path / "generation_config.json").unlink()
-    assert read_generation_settings(tmp_path) == ({}, {})
+    assert read_model_settings(tmp_path)[1:] == ({}, {})
 
 
 @pytest.mark.parametrize("settings,expect", [
@@ -292,7 +292,7 @@ def test_settings_minillm_does_not_apply_are_named(tiny_checkpoint, tmp_path, se
     """Settings with which transformers' generate would pick other tokens, and minillm does not
     apply, are named: LLM.unapplied_settings and one warning at load; neutral values are not."""
     path = add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint)
-    assert read_generation_settings(path)[1] == expect
+    assert read_model_settings(path)[2] == expect
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         llm = LLM(str(path), device="cpu")
@@ -318,7 +318,7 @@ def test_bad_sampling_settings_are_refused_at_load(tiny_checkpoint, tmp_path, se
     path = add_generation_settings(tmp_path, settings, copy_from=tiny_checkpoint)
     pattern = f"^{re.escape(str(path))}/generation_config.json: {message}$"
     with pytest.raises(ModelLoadError, match=pattern):
-        read_generation_settings(path)
+        read_model_settings(path)
     with pytest.raises(ModelLoadError, match=pattern):
         LLM(str(path), device="cpu")
 
