@@ -6,6 +6,7 @@ draw `torch.multinomial(p, 1)` makes, so with the same seed the ids equal transf
 `generate(do_sample=True)`. Everything here is shape-static and sync-free, so it is captured in
 the decode step's CUDA graph.
 """
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -131,8 +132,6 @@ def unapplied_settings(settings):
 
 def settings_text(settings):
     """'num_beams 4, bad_words_ids [[5]]': settings as the file writes them, for one line."""
-    import json
-
     return ", ".join(f"{name} {json.dumps(value)}" for name, value in settings.items())
 
 
