@@ -150,20 +150,17 @@ class Engine:
         prompts (where given) if its shape is new."""
         key = (batch, params.graph_key(), max_len, reads)
         st = self._states.get(key)
-        new = st is None
-        if new:
-            c, dev = self.model.config, self.model.device
-            st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
-                             max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
-                             reads=reads)
-            self._states[key] = st
-        if not new:
+        if st is not None:
             self._compile_ahead(st, padded, params)
             return st
+        c, dev = self.model.config, self.model.device
+        st = DecodeState(batch, c.vocab_size, c.n_positions, dev, with_seen=params.repetition_penalty != 1.0,
+                         max_len=max_len, noise=KernelNoise.new(self.model.ops, params, batch, c.vocab_size, dev),
+                         reads=reads)
+        self._states[key] = st
         # a new state's dry pass and warm-up steps draw noise from torch's generators: put them back,
         # so that a call without a seed samples from where its caller left them (torch.manual_seed
         # before it gives transformers' ids), the first call as any later one
-        dev = self.model.device
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             self._compile_ahead(st, padded, params, decode=True)
             if self.use_cuda_graphs:
