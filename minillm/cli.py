@@ -198,6 +198,8 @@ def cmd_generate(args):
     with warnings.catch_warnings():
         if not args.verbose:
             warnings.simplefilter("ignore")
+        # the unapplied generation_config.json settings get their own stderr line below
+        warnings.filterwarnings("ignore", message=r".*minillm does not apply ")
         llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                   cuda_graphs=False if args.no_cuda_graphs else None)
     if llm.tokenizer is None:

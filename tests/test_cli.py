@@ -81,6 +81,9 @@ def test_settings_not_given_are_the_models(model, tmp_path):
     unapplied = ("[minillm] not applied from the model's generation_config.json (transformers' generate would): "
                  "num_beams 4, no_repeat_ngram_size 2\n")
     assert unapplied in p.stderr and "not applied" not in same.stderr
+    verbose = run("generate", "--model", str(tmp_path), "--device", "cpu", "--verbose", "Hello world")
+    assert verbose.returncode == 0, verbose.stderr
+    assert verbose.stderr.count("num_beams 4") == 1, verbose.stderr  # said once, not also as a warning
     flags = run("generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "3", "--temperature",
                 "0.5", "--seed", "1", "Hello world")
     assert flags.returncode == 0, flags.stderr
