@@ -6,9 +6,9 @@ import importlib
 
 _EXPORTS = {"LLM": "api", "MiniLLMError": "checks", "PRESETS": "config", "GPTConfig": "config",
             "ContextLengthError": "checks", "GenerationResult": "api", "NonFiniteLogitsError": "checks",
-            "ModelLoadError": "loader", "SamplingParams": "sampling"}
+            "ModelLoadError": "loader", "SamplingParams": "sampling", "UnappliedSettingsWarning": "checks"}
 __all__ = ["LLM", "SamplingParams", "GenerationResult", "GPTConfig", "PRESETS", "MiniLLMError", "ModelLoadError",
-           "ContextLengthError", "NonFiniteLogitsError"]
+           "ContextLengthError", "NonFiniteLogitsError", "UnappliedSettingsWarning"]
 __version__ = "0.1.0"
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLengthError, MiniLLMError, is_integer
+from .checks import ContextLengthError, MiniLLMError, UnappliedSettingsWarning, is_integer
 from .generate import Engine, eos_ids
 from .loader import ModelLoadError, load_weights, read_model_settings, resolve
 from .model import GPT, check_backend
@@ -103,7 +103,7 @@ class LLM:
         if self.unapplied_settings:
             warnings.warn(f"{self.model_dir / 'generation_config.json'}: minillm does not apply "
                           f"{settings_text(self.unapplied_settings)} (transformers' generate would)",
-                          stacklevel=2)
+                          UnappliedSettingsWarning, stacklevel=2)
         check_backend(backend, self.config)  # before the weights load
         weights = load_weights(self.model_dir, self.config, self.device, dtype)
         self.tokenizer = load_tokenizer(self.model_dir)

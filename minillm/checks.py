@@ -16,6 +16,11 @@ class NonFiniteLogitsError(RuntimeError):
     """A step's logits (or sampling scores) were not finite, so it named no token."""
 
 
+class UnappliedSettingsWarning(UserWarning):
+    """The model's generation_config.json names settings transformers' generate would apply and
+    minillm does not (LLM.unapplied_settings); a class of its own so a caller can filter it."""
+
+
 def check_context(prompt_len, max_new_tokens, n_positions):
     """The last new token is never fed back, so prompt + max_new_tokens - 1 positions are used."""
     if prompt_len > n_positions:

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 
-from .checks import count
+from .checks import UnappliedSettingsWarning, count
 from .sampling import GENERATION_FIELDS, SEED_END, SEED_MIN, settings_text
 
 EPILOG_MAIN = """examples:
@@ -199,7 +199,7 @@ def cmd_generate(args):
         if not args.verbose:
             warnings.simplefilter("ignore")
         # the unapplied generation_config.json settings get their own stderr line below
-        warnings.filterwarnings("ignore", message=r".*minillm does not apply ")
+        warnings.simplefilter("ignore", UnappliedSettingsWarning)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                   cuda_graphs=False if args.no_cuda_graphs else None)
     if llm.tokenizer is None:

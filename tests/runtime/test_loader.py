@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minillm import LLM, ModelLoadError, SamplingParams
+from minillm import LLM, ModelLoadError, SamplingParams, UnappliedSettingsWarning
 from minillm.config import GPTConfig
 from minillm.loader import load_weights, read_config, read_model_settings
 from tests.models import add_generation_settings, build_checkpoint, hf_generate
@@ -298,6 +298,7 @@ def test_settings_minillm_does_not_apply_are_named(tiny_checkpoint, tmp_path, se
         llm = LLM(str(path), device="cpu")
     assert llm.unapplied_settings == expect
     said = [str(w.message) for w in caught if "does not apply" in str(w.message)]
+    assert all(w.category is UnappliedSettingsWarning for w in caught if "does not apply" in str(w.message))
     if expect:
         text = ", ".join(f"{k} {json.dumps(v)}" for k, v in expect.items())
         assert said == [f"{path}/generation_config.json: minillm does not apply {text} (transformers' generate "
