@@ -15,7 +15,7 @@ import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from minillm import LLM, SamplingParams
+from minillm import LLM, SamplingParams, UnappliedSettingsWarning
 from minillm.sampling import UNAPPLIED_NEUTRAL, process_logits
 from tests.conftest import ON_GPU
 from tests.models import add_generation_settings, build_checkpoint, hf_generate
@@ -304,7 +304,7 @@ def test_a_setting_minillm_does_not_apply_is_named_not_silent(tmp_path, setting)
     name, value = next(iter(setting.items()))
     add_generation_settings(tmp_path, dict(do_sample=False, max_new_tokens=16, **setting))
     hf = type(hf).from_pretrained(str(tmp_path)).eval()
-    with pytest.warns(UserWarning, match=re.escape(f"minillm does not apply {name} {json.dumps(value)} ")):
+    with pytest.warns(UnappliedSettingsWarning, match=re.escape(f"minillm does not apply {name} {json.dumps(value)} ")):
         llm = LLM(str(tmp_path), device="cpu", dtype="float32", backend="torch")
     assert llm.unapplied_settings == setting
     prompt = [3, 141, 59, 26, 5, 0]
