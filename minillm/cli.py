@@ -163,6 +163,13 @@ def _add_runtime_args(p):
     p.add_argument("--verbose", action="store_true", help="show tracebacks and load details")
 
 
+def _taken_text(taken):
+    """'top-k 9, temperature 0 (greedy)': the settings taken from the model, as flags name them;
+    15 figures, so a value prints as the file wrote it (1000000, 0.123456789), not rounded."""
+    return ", ".join(f"{k.replace('_', '-')} {v:.15g}" + (" (greedy)" if k == "temperature" and v == 0 else "")
+                     for k, v in taken.items())
+
+
 def _read_stdin():
     """stdin's text, decoded as UTF-8 whatever the locale; bytes that are not UTF-8 are an error."""
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
@@ -208,9 +215,7 @@ def cmd_generate(args):
     print(f"[minillm] {llm!r}", file=sys.stderr)
     taken = {k: v for k, v in llm.sampling_defaults.items() if k not in given}
     if taken:
-        print("[minillm] from the model's generation_config.json: "
-              + ", ".join(f"{k.replace('_', '-')} {v:g}" + (" (greedy)" if k == "temperature" and v == 0 else "")
-                          for k, v in taken.items()), file=sys.stderr)
+        print(f"[minillm] from the model's generation_config.json: {_taken_text(taken)}", file=sys.stderr)
     if llm.unapplied_settings:
         print(f"[minillm] not applied from the model's generation_config.json (transformers' generate would): "
               f"{settings_text(llm.unapplied_settings)}", file=sys.stderr)

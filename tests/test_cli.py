@@ -91,6 +91,14 @@ def test_settings_not_given_are_the_models(model, tmp_path):
     assert "3 new tokens" in flags.stderr.splitlines()[-1]
 
 
+def test_taken_settings_print_as_written():
+    from minillm.cli import _taken_text
+    taken = {"max_new_tokens": 1000000, "temperature": 0.123456789, "top_p": 0.95, "repetition_penalty": 1.0}
+    assert _taken_text(taken) == ("max-new-tokens 1000000, temperature 0.123456789, top-p 0.95, "
+                                  "repetition-penalty 1")
+    assert _taken_text({"temperature": 0.0}) == "temperature 0 (greedy)"
+
+
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "--temperature: expected a number >= 0"),
     (["--top-p", "0"], "--top-p: expected a number in (0, 1]"),
