@@ -48,6 +48,8 @@ def download(repo_id, local_dir=None):
         path = snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_dir=local_dir)
     except LocalEntryNotFoundError:
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hugging Face hub could not be reached"
+        if local_dir is not None:  # `minillm download`: no local folder was looked for
+            raise ModelLoadError(f"{repo_id}: cannot download into {local_dir}: {why}") from None
         raise ModelLoadError(f"{repo_id}: not a local folder and not in the Hugging Face cache, and {why}") from None
     except GatedRepoError:
         raise ModelLoadError(f"{repo_id}: a gated model; accept its terms on the Hugging Face hub, then log in "
