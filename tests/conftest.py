@@ -17,6 +17,13 @@ if not ON_GPU:
 
 import pytest  # noqa: E402
 
+from tests import seeding  # noqa: E402
+
+# a fresh torch seed per test, named in a failure's report (MINILLM_TEST_SEED replays it)
+pytest_configure = seeding.pytest_configure
+pytest_runtest_makereport = seeding.pytest_runtest_makereport
+torch_seed = seeding.torch_seed
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     from tests.interpreter_patching import install
 
