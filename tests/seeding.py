@@ -5,8 +5,9 @@ still tries new inputs; a failing test's report names its seed, and
 
     MINILLM_TEST_SEED=<seed> python -m pytest 'tests/kernels/test_linear.py::test_name[case]'
 
-draws the same inputs again (the seed covers torch's CPU and CUDA generators; a test that seeds its
-own generator keeps doing so). `tests/conftest.py` installs these hooks for the suite.
+draws the same inputs again. The seed covers torch's CPU and CUDA generators; code that seeds its
+own (the checkpoint builders in `tests/models.py`) keeps doing so, and a module-scoped fixture draws
+before any test's seed is set. `tests/conftest.py` installs these hooks for the suite.
 """
 import os
 
