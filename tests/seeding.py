@@ -10,23 +10,20 @@ own (the checkpoint builders in `tests/models.py`) keeps doing so, and a module-
 before any test's seed is set. `tests/conftest.py` installs these hooks for the suite.
 """
 import os
+import secrets
 
 import pytest
 import torch
 
 SEED_ENV = "MINILLM_TEST_SEED"
-_FIXED_SEED = pytest.StashKey[object]()  # the run's MINILLM_TEST_SEED, or None: draw per test
+_FIXED_SEED = pytest.StashKey["int | None"]()  # the run's MINILLM_TEST_SEED; None: draw per test
 _TEST_SEED = pytest.StashKey[int]()
 
 
 def _parse_seed(text: str) -> int:
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if not 0 <= seed < 2**63:
-        raise pytest.UsageError(f"{SEED_ENV}: expected an integer in [0, 2**63), got {text!r}")
-    return seed
+    if text.isdecimal() and int(text) < 2**63:
+        return int(text)
+    raise pytest.UsageError(f"{SEED_ENV}: expected an integer in [0, 2**63), got {text!r}")
 
 
 def pytest_configure(config):
@@ -37,7 +34,7 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def torch_seed(request):
     fixed = request.config.stash.get(_FIXED_SEED, None)
-    seed = fixed if fixed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    seed = fixed if fixed is not None else secrets.randbits(63)
     torch.manual_seed(seed)  # the CPU generator and every CUDA device's
     request.node.stash[_TEST_SEED] = seed
     return seed
