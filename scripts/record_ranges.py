@@ -1,0 +1,123 @@
+"""Counts and ranges of the committed generation-benchmark records, so the README's goal table
+and run counts can be checked against the files instead of kept by hand.
+
+Reads every `generate-*.json` under `ROOT/session-N/` (each call's own rows and its `again/`,
+`xl/` and `ttft/` runs) for the sessions asked, and groups minillm's rows by what they measure:
+gpt2 at batch 1, 8 and 64 with a 32-token prompt, gpt2-xl at batch 1, and the TTFT of a
+1024-token prompt. For each group it prints how many runs there are and the lowest and highest
+value (with its session) of minillm's tok/s, floor fraction and step, and of every baseline in
+the same file with minillm's ratio against it.
+
+Runs that reached no JSON (a call cut short, or files one stage overwrote) are not counted here;
+the session's README says which they are.
+
+    python3 scripts/record_ranges.py --root bench/results/h100 --sessions 182-237
+"""
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SESSION_DIR = re.compile(r"session-(\d+)$")
+
+
+def session_range(text):
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected a session number or a range like 182-237, got {text!r}")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) else first
+    if last < first:
+        raise argparse.ArgumentTypeError(f"the range {text!r} ends before it starts")
+    return first, last
+
+
+def group_of(row):
+    """The goal-table group a minillm row belongs to, or None for shapes the table leaves out."""
+    if row["prompt_len"] == 1024:
+        return "TTFT, 1024-token prompt"
+    if row["prompt_len"] != 32:
+        return None
+    if row["model"] == "gpt2":
+        return f"gpt2 batch {row['batch']}"
+    return f"{row['model']} batch {row['batch']}"
+
+
+def collect(root, first, last):
+    """{group: {measure: [(value, session), ...]}} and the set of GPU ids that ran them."""
+    groups = defaultdict(lambda: defaultdict(list))
+    gpus = set()
+    for session_dir in sorted(root.iterdir()):
+        m = SESSION_DIR.search(session_dir.name)
+        if m is None or not session_dir.is_dir() or not first <= int(m.group(1)) <= last:
+            continue
+        session = int(m.group(1))
+        for path in sorted(session_dir.rglob("generate-*.json")):
+            try:
+                rows = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path} is not valid JSON ({e})") from None
+            for row in rows:
+                if row.get("engine") != "minillm" or (group := group_of(row)) is None:
+                    continue
+                gpus.add(row.get("gpu_uuid", "")[:8] or path)
+                measures = groups[group]
+                if row["prompt_len"] == 1024:
+                    measures["minillm TTFT ms"].append((row["ttft_ms"], session))
+                else:
+                    measures["minillm tok/s"].append((row["tok_s"], session))
+                    measures["floor fraction"].append((row["floor_fraction"], session))
+                    measures["step us"].append((row["step_ms"] * 1e3, session))
+                for other in rows:
+                    if other.get("engine") in (None, "minillm") or any(
+                            other.get(k) != row[k] for k in ("model", "batch", "prompt_len")):
+                        continue
+                    if row["prompt_len"] == 1024:
+                        measures[f"{other['engine']} TTFT ms"].append((other["ttft_ms"], session))
+                    else:
+                        measures[f"{other['engine']} tok/s"].append((other["tok_s"], session))
+                        measures[f"minillm / {other['engine']}"].append((row["tok_s"] / other["tok_s"], session))
+    return groups, gpus
+
+
+def fmt(value):
+    if value >= 1000:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.4g}" if value < 1 else f"{value:.3f}"
+
+
+def report(groups, gpus, first, last):
+    lines = [f"Sessions {first}-{last}: {len(gpus)} GPUs", ""]
+    for group in sorted(groups, key=lambda g: (g.startswith("TTFT"), not g.startswith("gpt2 "), len(g), g)):
+        measures = groups[group]
+        runs = len(next(iter(measures.values())))
+        lines += [f"## {group}: {runs} run{'s' * (runs != 1)}", "", "| measure | low (session) | high (session) | rows |", "|---|---|---|---|"]
+        for name, values in measures.items():
+            (lo, s_lo), (hi, s_hi) = min(values), max(values)
+            lines.append(f"| {name} | {fmt(lo)} ({s_lo}) | {fmt(hi)} ({s_hi}) | {len(values)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", type=Path, default=Path("bench/results/h100"),
+                   help="folder holding session-N/ record folders (default: bench/results/h100)")
+    p.add_argument("--sessions", type=session_range, default=(0, 10**9),
+                   help="one session or an inclusive range, e.g. 182-237 (default: all)")
+    args = p.parse_args(argv)
+    if not args.root.is_dir():
+        p.error(f"--root: {args.root} is not a folder")
+    first, last = args.sessions
+    groups, gpus = collect(args.root, first, last)
+    if not groups:
+        p.error(f"--sessions: no generate-*.json records under {args.root} for sessions {first}-{last}")
+    print(report(groups, gpus, first, last))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
