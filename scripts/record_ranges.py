@@ -46,7 +46,8 @@ def group_of(row):
 
 
 def collect(root, first, last):
-    """{group: {measure: [(value, session), ...]}} and the set of GPU ids that ran them."""
+    """{group: {measure: [(value, session), ...]}} and the GPU ids that ran them (None stands for
+    rows written before the benchmark recorded the GPU's id)."""
     groups = defaultdict(lambda: defaultdict(list))
     gpus = set()
     for session_dir in sorted(root.iterdir()):
@@ -62,7 +63,7 @@ def collect(root, first, last):
             for row in rows:
                 if row.get("engine") != "minillm" or (group := group_of(row)) is None:
                     continue
-                gpus.add(row.get("gpu_uuid", "")[:8] or path)
+                gpus.add((row.get("gpu_uuid") or "")[:8] or None)
                 measures = groups[group]
                 if row["prompt_len"] == 1024:
                     measures["minillm TTFT ms"].append((row["ttft_ms"], session))
@@ -91,7 +92,9 @@ def fmt(value):
 
 
 def report(groups, gpus, first, last):
-    lines = [f"Sessions {first}-{last}: {len(gpus)} GPUs", ""]
+    named = len(gpus - {None})
+    unnamed = ", and rows that name no GPU" if None in gpus else ""
+    lines = [f"Sessions {first}-{last}: {named} GPU{'s' * (named != 1)}{unnamed}", ""]
     for group in sorted(groups, key=lambda g: (g.startswith("TTFT"), not g.startswith("gpt2 "), len(g), g)):
         measures = groups[group]
         runs = len(next(iter(measures.values())))

@@ -84,3 +84,12 @@ def test_bad_arguments_get_one_line_errors(records, args, message):
         args = ["--root", str(records), *args]
     p = subprocess.run([sys.executable, "scripts/record_ranges.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_rows_without_a_gpu_id_are_not_counted_as_gpus(tmp_path):
+    row = _row("minillm", 8500.0)
+    del row["gpu_uuid"]
+    _write(tmp_path / "session-140/call3/bench1/generate-h200.json", [row, _row("minillm", 8600.0, batch=64)])
+    groups, gpus = record_ranges.collect(tmp_path, 0, 200)
+    assert gpus == {None, "abcdef12"}
+    assert record_ranges.report(groups, gpus, 0, 200).startswith("Sessions 0-200: 1 GPU, and rows that name no GPU\n")
