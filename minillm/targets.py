@@ -35,16 +35,18 @@ TARGETS = (
 )
 
 
-def _key(r):
+def setting(r):
+    """What makes two rows comparable: model, batch, prompt, new tokens, dtype, decoding."""
     return r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype"), r.get("decoding", "greedy")
 
 
-def _find(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16", decoding="greedy"):
+def find_row(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16", decoding="greedy"):
     """The row of `engine` at that setting that measured what is asked (tok/s past one new
     token, TTFT otherwise), or None. The targets are for greedy decoding (rows of runs before
     the benchmark sampled have no "decoding": greedy)."""
     for r in rows:
-        if "error" in r or r["engine"] != engine or _key(r) != (model, batch, prompt_len, new_tokens, dtype, decoding):
+        wanted = (model, batch, prompt_len, new_tokens, dtype, decoding)
+        if "error" in r or r["engine"] != engine or setting(r) != wanted:
             continue
         if new_tokens == 1 or r.get("tok_s"):
             return r
@@ -63,7 +65,7 @@ def ratios(rows):
             continue
         over_peers = []
         for peer in peers:
-            other = _find(rows, peer, *_key(r))
+            other = find_row(rows, peer, *setting(r))
             over_peers.append(f"{r['tok_s'] / other['tok_s']:.1f}x" if other else "-")
         cells = [r["model"], r["batch"], r["prompt_len"], r["new_tokens"], r.get("dtype"), f"{r['tok_s']:,.0f}",
                  *over_peers, f"{r['floor_fraction']:.2f}"]
@@ -89,8 +91,8 @@ def check(rows, targets=TARGETS):
     0.4998, not 0.500)."""
     out = []
     for t in targets:
-        mine = _find(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
-        peer = _find(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+        mine = find_row(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
+        peer = find_row(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
         if mine is None or (t.against and peer is None):
             out.append((t, "not in this run", None))
             continue

@@ -20,6 +20,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minillm.targets import find_row, setting  # noqa: E402
+
 SESSION_DIR = re.compile(r"session-(\d+)$")
 
 
@@ -40,9 +43,15 @@ def group_of(row):
         return "TTFT, 1024-token prompt"
     if row["prompt_len"] != 32:
         return None
-    if row["model"] == "gpt2":
-        return f"gpt2 batch {row['batch']}"
     return f"{row['model']} batch {row['batch']}"
+
+
+def group_order(group):
+    """gpt2 before gpt2-xl, batches in numeric order, TTFT last."""
+    if group.startswith("TTFT"):
+        return 1, "", 0
+    model, _, batch = group.split()
+    return 0, model, int(batch)
 
 
 def collect(root, first, last):
@@ -60,8 +69,9 @@ def collect(root, first, last):
                 rows = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise SystemExit(f"error: {path} is not valid JSON ({e})") from None
+            peers = list(dict.fromkeys(r["engine"] for r in rows if r["engine"] != "minillm"))
             for row in rows:
-                if row.get("engine") != "minillm" or (group := group_of(row)) is None:
+                if row["engine"] != "minillm" or "error" in row or (group := group_of(row)) is None:
                     continue
                 gpus.add((row.get("gpu_uuid") or "")[:8] or None)
                 measures = groups[group]
@@ -71,15 +81,14 @@ def collect(root, first, last):
                     measures["minillm tok/s"].append((row["tok_s"], session))
                     measures["floor fraction"].append((row["floor_fraction"], session))
                     measures["step us"].append((row["step_ms"] * 1e3, session))
-                for other in rows:
-                    if other.get("engine") in (None, "minillm") or any(
-                            other.get(k) != row[k] for k in ("model", "batch", "prompt_len")):
+                for peer in peers:
+                    if (other := find_row(rows, peer, *setting(row))) is None:
                         continue
                     if row["prompt_len"] == 1024:
-                        measures[f"{other['engine']} TTFT ms"].append((other["ttft_ms"], session))
+                        measures[f"{peer} TTFT ms"].append((other["ttft_ms"], session))
                     else:
-                        measures[f"{other['engine']} tok/s"].append((other["tok_s"], session))
-                        measures[f"minillm / {other['engine']}"].append((row["tok_s"] / other["tok_s"], session))
+                        measures[f"{peer} tok/s"].append((other["tok_s"], session))
+                        measures[f"minillm / {peer}"].append((row["tok_s"] / other["tok_s"], session))
     return groups, gpus
 
 
@@ -95,10 +104,11 @@ def report(groups, gpus, first, last):
     named = len(gpus - {None})
     unnamed = ", and rows that name no GPU" if None in gpus else ""
     lines = [f"Sessions {first}-{last}: {named} GPU{'s' * (named != 1)}{unnamed}", ""]
-    for group in sorted(groups, key=lambda g: (g.startswith("TTFT"), not g.startswith("gpt2 "), len(g), g)):
+    for group in sorted(groups, key=group_order):
         measures = groups[group]
         runs = len(next(iter(measures.values())))
-        lines += [f"## {group}: {runs} run{'s' * (runs != 1)}", "", "| measure | low (session) | high (session) | rows |", "|---|---|---|---|"]
+        lines += [f"## {group}: {runs} run{'s' * (runs != 1)}", "",
+                  "| measure | low (session) | high (session) | rows |", "|---|---|---|---|"]
         for name, values in measures.items():
             (lo, s_lo), (hi, s_hi) = min(values), max(values)
             lines.append(f"| {name} | {fmt(lo)} ({s_lo}) | {fmt(hi)} ({s_hi}) | {len(values)} |")

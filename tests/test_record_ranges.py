@@ -13,7 +13,8 @@ import record_ranges  # noqa: E402
 
 
 def _row(engine, tok_s, batch=1, model="gpt2", prompt_len=32, ttft_ms=1.0, gpu="abcdef12-0000"):
-    return {"engine": engine, "model": model, "batch": batch, "prompt_len": prompt_len, "tok_s": tok_s,
+    return {"engine": engine, "model": model, "batch": batch, "prompt_len": prompt_len,
+            "new_tokens": 1 if prompt_len == 1024 else 128, "dtype": "float16", "decoding": "greedy", "tok_s": tok_s,
             "ttft_ms": ttft_ms, "step_ms": batch / tok_s * 1e3, "floor_fraction": tok_s / 12_000,
             "gpu_uuid": gpu}
 
@@ -93,3 +94,18 @@ def test_rows_without_a_gpu_id_are_not_counted_as_gpus(tmp_path):
     groups, gpus = record_ranges.collect(tmp_path, 0, 200)
     assert gpus == {None, "abcdef12"}
     assert record_ranges.report(groups, gpus, 0, 200).startswith("Sessions 0-200: 1 GPU, and rows that name no GPU\n")
+
+
+def test_baselines_pair_only_with_rows_of_the_same_setting(tmp_path):
+    """A baseline pairs with minillm only at the same setting (targets.find_row): a sampled row or
+    one that failed is no greedy baseline, and a failed minillm row is no run."""
+    sampled = {**_row("torch-compile", 1000.0), "decoding": "sample"}
+    failed = {**_row("hf-eager", 100.0), "error": "out of memory"}
+    failed_mine = {**_row("minillm", 5000.0, batch=64), "error": "out of memory"}
+    _write(tmp_path / "session-5/call1/generate-h100.json",
+           [_row("minillm", 7700.0), sampled, failed, _row("hf-eager", 110.0), failed_mine])
+    groups, _ = record_ranges.collect(tmp_path, 0, 10)
+    assert set(groups) == {"gpt2 batch 1"}
+    b1 = groups["gpt2 batch 1"]
+    assert "minillm / torch-compile" not in b1 and b1["hf-eager tok/s"] == [(110.0, 5)]
+    assert b1["minillm / hf-eager"] == [(70.0, 5)]
