@@ -15,8 +15,13 @@ import record_ranges  # noqa: E402
 def _row(engine, tok_s, batch=1, model="gpt2", prompt_len=32, ttft_ms=1.0, gpu="abcdef12-0000"):
     return {"engine": engine, "model": model, "batch": batch, "prompt_len": prompt_len,
             "new_tokens": 1 if prompt_len == 1024 else 128, "dtype": "float16", "decoding": "greedy", "tok_s": tok_s,
-            "ttft_ms": ttft_ms, "step_ms": batch / tok_s * 1e3, "floor_fraction": tok_s / 12_000,
+            "ttft_ms": ttft_ms, "prefill_tok_s": 1024 / ttft_ms * 1e3, "step_ms": batch / tok_s * 1e3,
+            "floor_fraction": tok_s / 12_000,
             "gpu_uuid": gpu}
+
+
+def _collect(root, first, last):
+    return record_ranges.collect(record_ranges.load_runs(root, first, last))
 
 
 def _write(path, rows):
@@ -42,7 +47,7 @@ def records(tmp_path):
 
 
 def test_counts_and_ranges_carry_their_sessions(records):
-    groups, gpus = record_ranges.collect(records, 0, 100)
+    groups, gpus = _collect(records, 0, 100)
     assert gpus == {"abcdef12", "99999999"}
     b1 = groups["gpt2 batch 1"]
     assert [v for v, _ in b1["minillm tok/s"]] == [7800.0, 7600.0, 7700.0]  # again/ sorts before generate-
@@ -58,7 +63,7 @@ def test_counts_and_ranges_carry_their_sessions(records):
 
 
 def test_session_range_filters(records):
-    groups, gpus = record_ranges.collect(records, 12, 12)
+    groups, gpus = _collect(records, 12, 12)
     assert gpus == {"99999999"} and set(groups) == {"gpt2 batch 1", "gpt2-xl batch 1"}
     assert groups["gpt2 batch 1"]["minillm / torch-compile"] == [(7700 / 2010, 12)]
 
@@ -91,7 +96,7 @@ def test_rows_without_a_gpu_id_are_not_counted_as_gpus(tmp_path):
     row = _row("minillm", 8500.0)
     del row["gpu_uuid"]
     _write(tmp_path / "session-140/call3/bench1/generate-h200.json", [row, _row("minillm", 8600.0, batch=64)])
-    groups, gpus = record_ranges.collect(tmp_path, 0, 200)
+    groups, gpus = _collect(tmp_path, 0, 200)
     assert gpus == {None, "abcdef12"}
     assert record_ranges.report(groups, gpus, 0, 200).startswith("Sessions 0-200: 1 GPU, and rows that name no GPU\n")
 
@@ -104,8 +109,44 @@ def test_baselines_pair_only_with_rows_of_the_same_setting(tmp_path):
     failed_mine = {**_row("minillm", 5000.0, batch=64), "error": "out of memory"}
     _write(tmp_path / "session-5/call1/generate-h100.json",
            [_row("minillm", 7700.0), sampled, failed, _row("hf-eager", 110.0), failed_mine])
-    groups, _ = record_ranges.collect(tmp_path, 0, 10)
+    groups, _ = _collect(tmp_path, 0, 10)
     assert set(groups) == {"gpt2 batch 1"}
     b1 = groups["gpt2 batch 1"]
     assert "minillm / torch-compile" not in b1 and b1["hf-eager tok/s"] == [(110.0, 5)]
     assert b1["minillm / hf-eager"] == [(70.0, 5)]
+
+
+def test_bench_stream_records_are_no_goal_runs(tmp_path):
+    """bench-stream's folder times minillm against its own streaming (no baseline): left out, while a
+    goal run whose model folder merely has "stream" in a longer name still counts."""
+    _write(tmp_path / "session-179/call3/stream/generate-h200.json",
+           [_row("minillm", 8649.0), _row("minillm-stream", 7606.0)])
+    _write(tmp_path / "session-179/call1/generate-h200.json", [_row("minillm", 8700.0)])
+    _write(tmp_path / "session-179/call2/streamed/generate-h200.json", [_row("minillm", 8600.0)])
+    groups, _ = _collect(tmp_path, 0, 200)
+    assert sorted(groups["gpt2 batch 1"]["minillm tok/s"]) == [(8600.0, 179), (8700.0, 179)]
+    assert not any(name.startswith("minillm-stream") or "/ minillm-stream" in name for name in groups["gpt2 batch 1"])
+
+
+def test_goal_tally_counts_own_run_and_fastest_host(tmp_path):
+    """Each goal counts the runs that measured it and met it against their own rows; a ratio against
+    transformers is counted again against the fastest baseline host among the runs (the README's
+    yardstick), so a run met only against a slow host is not met there."""
+    _write(tmp_path / "session-20/call1/generate-h100.json",  # 53.3x eager, 3.81x torch-compile, floor 0.667
+           [_row("minillm", 8000.0), _row("hf-eager", 150.0), _row("torch-compile", 2100.0)])
+    _write(tmp_path / "session-21/call1/generate-h100.json",  # 29.5x, 4.21x, floor 0.492
+           [_row("minillm", 5900.0), _row("hf-eager", 200.0), _row("torch-compile", 1400.0)])
+    _write(tmp_path / "session-22/call1/generate-h100.json",  # 40.9x, no torch-compile, floor 0.75
+           [_row("minillm", 9000.0), _row("hf-eager", 220.0)])
+    tally = {t.name: (runs, met, fastest) for t, runs, met, fastest in
+             record_ranges.goal_tally(record_ranges.load_runs(tmp_path, 0, 100))}
+    assert tally == {
+        "gpt2 batch 1 >= 40x transformers eager": (3, 2, (220.0, 22, 1)),  # only 9,000 is 40x of 220
+        "gpt2 batch 1 >= 4x torch-compile": (2, 1, None),
+        "gpt2 batch 1 floor fraction >= 0.5": (3, 2, None),
+    }
+    out = subprocess.run([sys.executable, "scripts/record_ranges.py", "--root", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "| gpt2 batch 1 >= 40x transformers eager | 3 | 2 | 1 (hf-eager 220.0 tok/s, session 22) |" in out
+    assert "| gpt2 batch 1 floor fraction >= 0.5 | 3 | 2 | - |" in out
+    assert "gpt2-xl" not in out  # a goal no run measured gets no line
