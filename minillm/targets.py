@@ -53,10 +53,23 @@ def find_row(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16"
     return None
 
 
+def peer_engines(rows):
+    """The engines other than minillm in the rows, in order of first appearance."""
+    return list(dict.fromkeys(r["engine"] for r in rows if r["engine"] != "minillm"))
+
+
+def target_rows(rows, t):
+    """(minillm's row, the baseline's row or None) for target t; either is None where the run
+    lacks it (the baseline is None too for a target with no baseline)."""
+    mine = find_row(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
+    peer = find_row(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+    return mine, peer
+
+
 def ratios(rows):
     """Markdown table: per setting where minillm decoded, its tok/s over each other engine's of
     the same run (a column per engine in the rows), and its floor fraction."""
-    peers = list(dict.fromkeys(r["engine"] for r in rows if r["engine"] != "minillm"))
+    peers = peer_engines(rows)
     lines = ["| model | batch | prompt | new tokens | dtype | minillm tok/s | "
              + "".join(f"x {p} | " for p in peers) + "floor fraction |",
              "|---|---:|---:|---:|---|---:|" + "---:|" * len(peers) + "---:|"]
@@ -91,8 +104,7 @@ def check(rows, targets=TARGETS):
     0.4998, not 0.500)."""
     out = []
     for t in targets:
-        mine = find_row(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
-        peer = find_row(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+        mine, peer = target_rows(rows, t)
         if mine is None or (t.against and peer is None):
             out.append((t, "not in this run", None))
             continue

@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.targets import TARGETS, check, find_row, setting  # noqa: E402
+from minillm.targets import TARGETS, check, find_row, peer_engines, setting, target_rows  # noqa: E402
 
 SESSION_DIR = re.compile(r"session-(\d+)$")
 NOT_GOAL_RUNS = "stream"  # gpu_session.sh's bench-stream folder
@@ -82,7 +82,7 @@ def collect(runs):
     groups = defaultdict(lambda: defaultdict(list))
     gpus = set()
     for session, rows in runs:
-        peers = list(dict.fromkeys(r["engine"] for r in rows if r["engine"] != "minillm"))
+        peers = peer_engines(rows)
         for row in rows:
             if row["engine"] != "minillm" or "error" in row or (group := group_of(row)) is None:
                 continue
@@ -117,8 +117,7 @@ def goal_tally(runs, targets=TARGETS):
             [(_, _, met)] = check(rows, (t,))
             if met is None:
                 continue
-            mine = find_row(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
-            peer = find_row(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+            mine, peer = target_rows(rows, t)
             measured.append((session, met, mine["tok_s"], peer["tok_s"] if peer else None))
         if not measured:
             continue
