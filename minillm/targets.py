@@ -21,6 +21,15 @@ class Target:
     prompt_len: int = 32
     new_tokens: int = 128
 
+    def value(self, mine, peer=None):
+        """What the goal is about, from minillm's row (and the baseline's, for a ratio)."""
+        if self.kind == "ratio":
+            return mine["tok_s"] / peer["tok_s"]
+        return mine["floor_fraction"] if self.kind == "floor" else mine["ttft_ms"]
+
+    def met_by(self, value):
+        return value <= self.goal if self.kind == "ttft" else value >= self.goal
+
 
 # issue 5 (decode at the speed of memory): prompt 32, 128 new tokens, greedy, fp16, H100 or H200
 TARGETS = (
@@ -44,8 +53,8 @@ def find_row(rows, engine, model, batch, prompt_len, new_tokens, dtype="float16"
     """The row of `engine` at that setting that measured what is asked (tok/s past one new
     token, TTFT otherwise), or None. The targets are for greedy decoding (rows of runs before
     the benchmark sampled have no "decoding": greedy)."""
+    wanted = (model, batch, prompt_len, new_tokens, dtype, decoding)
     for r in rows:
-        wanted = (model, batch, prompt_len, new_tokens, dtype, decoding)
         if "error" in r or r["engine"] != engine or setting(r) != wanted:
             continue
         if new_tokens == 1 or r.get("tok_s"):
@@ -59,10 +68,12 @@ def peer_engines(rows):
 
 
 def target_rows(rows, t):
-    """(minillm's row, the baseline's row or None) for target t; either is None where the run
-    lacks it (the baseline is None too for a target with no baseline)."""
+    """(minillm's row, the baseline's row) for target t (the baseline None for a target with
+    none), or None where the run lacks a row the target needs."""
     mine = find_row(rows, "minillm", t.model, t.batch, t.prompt_len, t.new_tokens)
     peer = find_row(rows, t.against, t.model, t.batch, t.prompt_len, t.new_tokens) if t.against else None
+    if mine is None or (t.against and peer is None):
+        return None
     return mine, peer
 
 
@@ -104,21 +115,18 @@ def check(rows, targets=TARGETS):
     0.4998, not 0.500)."""
     out = []
     for t in targets:
-        mine, peer = target_rows(rows, t)
-        if mine is None or (t.against and peer is None):
+        pair = target_rows(rows, t)
+        if pair is None:
             out.append((t, "not in this run", None))
             continue
+        mine, peer = pair
+        value = t.value(mine, peer)
+        met = t.met_by(value)
         if t.kind == "ratio":
-            value = mine["tok_s"] / peer["tok_s"]
-            met = value >= t.goal
             text = f"{_shown(value, t.goal, met, 2)}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)"
         elif t.kind == "floor":
-            value = mine["floor_fraction"]
-            met = value >= t.goal
             text = f"{_shown(value, t.goal, met, 3)} ({mine['step_ms']:.4f} ms a step)"
         else:
-            value = mine["ttft_ms"]
-            met = value <= t.goal
             text = f"{_shown(value, t.goal, met, 2, at_least=False)} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)"
         out.append((t, text, met))
     return out

@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.targets import TARGETS, check, find_row, peer_engines, setting, target_rows  # noqa: E402
+from minillm.targets import TARGETS, find_row, peer_engines, setting, target_rows  # noqa: E402
 
 SESSION_DIR = re.compile(r"session-(\d+)$")
 NOT_GOAL_RUNS = "stream"  # gpu_session.sh's bench-stream folder
@@ -106,25 +106,25 @@ def collect(runs):
 
 
 def goal_tally(runs, targets=TARGETS):
-    """[(target, runs that measured it, runs that met it, fastest)]: met as `minillm bench` marks
-    it, against the run's own rows. For a ratio against transformers, whose speed is its host's,
-    fastest is (baseline tok/s, session, runs that meet the goal against it) for the fastest
-    baseline host among these runs, the README's yardstick; None for the other goals."""
+    """[(target, runs that measured it, runs that met it, fastest)]: met by the rule `minillm
+    bench` marks it with (`Target.met_by`), against the run's own rows. For a ratio against
+    transformers, whose speed is its host's, fastest is (baseline tok/s, session, runs that meet
+    the goal against it) for the fastest baseline host among these runs, the README's yardstick;
+    None for the other goals."""
     tally = []
     for t in targets:
         measured = []  # (session, met, minillm tok/s, baseline tok/s)
         for session, rows in runs:
-            [(_, _, met)] = check(rows, (t,))
-            if met is None:
+            if (pair := target_rows(rows, t)) is None:
                 continue
-            mine, peer = target_rows(rows, t)
-            measured.append((session, met, mine["tok_s"], peer["tok_s"] if peer else None))
+            mine, peer = pair
+            measured.append((session, t.met_by(t.value(mine, peer)), mine["tok_s"], peer["tok_s"] if peer else None))
         if not measured:
             continue
         fastest = None
         if t.kind == "ratio" and t.against.startswith("hf-"):
             top, top_session = max((peer, session) for session, _, _, peer in measured)
-            fastest = top, top_session, sum(mine / top >= t.goal for _, _, mine, _ in measured)
+            fastest = top, top_session, sum(t.met_by(mine / top) for _, _, mine, _ in measured)
         tally.append((t, len(measured), sum(met for _, met, _, _ in measured), fastest))
     return tally
 
