@@ -118,7 +118,8 @@ def goal_tally(runs, targets=TARGETS):
             if (pair := target_rows(rows, t)) is None:
                 continue
             mine, peer = pair
-            measured.append((session, t.met_by(t.value(mine, peer)), mine["tok_s"], peer["tok_s"] if peer else None))
+            met = t.met_by(t.value(mine, peer))
+            measured.append((session, met, mine["tok_s"], peer["tok_s"] if peer else None))
         if not measured:
             continue
         fastest = None
