@@ -97,10 +97,11 @@ def ratios(rows):
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def _shown(value, t, met, digits):
+def _shown(value, t, digits):
     """value with `digits` decimals, or as many more (up to 6) as it takes for the text to sit on
     the same side of target t's goal as the value: a floor fraction of 0.49979 reads 0.4998, not
     0.500."""
+    met = t.met_by(value)
     while digits < 6:
         text = f"{value:.{digits}f}"
         if t.met_by(float(text)) == met:
@@ -124,11 +125,11 @@ def check(rows, targets=TARGETS):
         value = t.value(mine, peer)
         met = t.met_by(value)
         if t.kind == "ratio":
-            text = f"{_shown(value, t, met, 2)}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)"
+            text = f"{_shown(value, t, 2)}x ({mine['tok_s']:,.0f} / {peer['tok_s']:,.0f} tok/s)"
         elif t.kind == "floor":
-            text = f"{_shown(value, t, met, 3)} ({mine['step_ms']:.4f} ms a step)"
+            text = f"{_shown(value, t, 3)} ({mine['step_ms']:.4f} ms a step)"
         else:
-            text = f"{_shown(value, t, met, 2)} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)"
+            text = f"{_shown(value, t, 2)} ms ({mine['prefill_tok_s']:,.0f} prefill tok/s)"
         out.append((t, text, met))
     return out
 
